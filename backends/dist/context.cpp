@@ -1,0 +1,138 @@
+#include "backends/dist/context.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+
+#include "backends/dist/detail/pg_handle.h"
+
+namespace hp::dist {
+
+struct DistributedContext::StoreHolder {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+bool backend_available(const std::string& backend) {
+  if (backend == "gloo") return true;
+#ifdef HP_HAVE_CUDA
+  if (backend == "nccl") return true;
+#endif
+  return false;
+}
+
+namespace {
+
+bool is_local_address(const std::string& a) {
+  return a == "127.0.0.1" || a == "localhost" || a == "::1" || a.rfind("127.", 0) == 0;
+}
+
+std::string first_line(const std::string& s) {
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+}  // namespace
+
+DistributedContext::~DistributedContext() {
+  // Groups hold connections made through the store; drop them first.
+  groups_.clear();
+  store_.reset();
+}
+
+std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& env,
+                                                               const ProcessMesh& mesh,
+                                                               const ContextOptions& options) {
+  const std::string who = "rank " + std::to_string(env.rank) + ": ";
+  if (mesh.world_size() != env.world_size) {
+    throw CommError(who + "the mesh (" + mesh.shape() + ") has " +
+                    std::to_string(mesh.world_size()) + " ranks but the job has " +
+                    std::to_string(env.world_size));
+  }
+  if (!backend_available(options.backend)) {
+    throw CommError(who + "backend '" + options.backend +
+                    "' is not built into this hyperparallel: " +
+                    (options.backend == "nccl"
+                         ? "NCCL needs a LibTorch with CUDA, and Debian's libtorch-dev is CPU-only"
+                         : "unknown backend") +
+                    "; use gloo");
+  }
+  if (options.backend == "nccl") {
+    throw CommError(who + "the NCCL process group is not wired in this build; use gloo");
+  }
+
+  std::shared_ptr<DistributedContext> ctx(new DistributedContext());
+  ctx->env_ = env;
+  ctx->mesh_ = mesh;
+  ctx->store_ = std::make_unique<StoreHolder>();
+
+  if (env.world_size > 1) {
+    try {
+      if (options.init_method == "file") {
+        ctx->store_->store = c10::make_intrusive<c10d::FileStore>(options.init_file, env.world_size);
+      } else {
+        c10d::TCPStoreOptions so;
+        so.port = static_cast<std::uint16_t>(env.master_port);
+        so.isServer = env.rank == 0;
+        so.numWorkers = env.world_size;
+        so.waitWorkers = false;
+        so.timeout = options.timeout;
+        ctx->store_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+      }
+      ctx->store_->store->setTimeout(options.timeout);
+    } catch (const std::exception& e) {
+      throw CommError(who + "rendezvous at " +
+                      (options.init_method == "file"
+                           ? "file " + options.init_file
+                           : env.master_addr + ":" + std::to_string(env.master_port)) +
+                      " failed: " + first_line(e.what()));
+    }
+  }
+
+  std::string host = options.gloo_hostname;
+  if (host.empty()) host = is_local_address(env.master_addr) ? "127.0.0.1" : "";
+
+  for (const auto& name : ProcessMesh::group_names()) {
+    const auto all = mesh.all_groups(name);
+    for (std::size_t gi = 0; gi < all.size(); ++gi) {
+      const auto& members = all[gi];
+      auto it = std::find(members.begin(), members.end(), env.rank);
+      if (it == members.end()) continue;
+      std::shared_ptr<PgHandle> handle;
+      if (members.size() > 1) {
+        try {
+          auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+              "hp/" + name + "/" + std::to_string(gi), ctx->store_->store);
+          auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+          opts->devices.push_back(host.empty()
+                                      ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                      : c10d::ProcessGroupGloo::createDeviceForHostname(host));
+          opts->threads = 1;
+          handle = std::make_shared<PgHandle>();
+          handle->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+              prefixed, static_cast<int>(it - members.begin()), static_cast<int>(members.size()),
+              opts);
+        } catch (const std::exception& e) {
+          std::string m;
+          for (std::size_t i = 0; i < members.size(); ++i) m += (i ? "," : "") + std::to_string(members[i]);
+          throw CommError(who + "creating group '" + name + "' (global ranks [" + m +
+                          "]) failed: " + first_line(e.what()));
+        }
+      }
+      ctx->groups_[name] = std::make_unique<Group>(name, members, env.rank, handle, options.timeout);
+    }
+  }
+  return ctx;
+}
+
+Group& DistributedContext::group(const std::string& name) {
+  auto it = groups_.find(name);
+  if (it == groups_.end()) {
+    throw std::logic_error("internal error: no group named '" + name + "', please report");
+  }
+  return *it->second;
+}
+
+}  // namespace hp::dist

@@ -1,0 +1,64 @@
+#pragma once
+// The distributed context: this process's place in the job, the store every
+// rank met at, and one Group per mesh dimension (world, tp, dp, pp, ep, edp),
+// each created once. A group of one rank has no process group and costs
+// nothing.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "backends/dist/env.h"
+#include "backends/dist/group.h"
+#include "backends/dist/mesh.h"
+
+namespace hp::dist {
+
+struct ContextOptions {
+  /// "gloo" or "nccl" ("auto" is resolved by the caller).
+  std::string backend = "gloo";
+  /// "env": TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it);
+  /// "file": FileStore at `init_file`.
+  std::string init_method = "env";
+  std::string init_file;
+  /// Address Gloo binds to; empty: 127.0.0.1 when the master is local, else
+  /// this host's name.
+  std::string gloo_hostname;
+  std::chrono::milliseconds timeout{300000};
+
+  ContextOptions& with_backend(std::string b) { backend = std::move(b); return *this; }
+  ContextOptions& with_file(std::string f) { init_method = "file"; init_file = std::move(f); return *this; }
+  ContextOptions& with_timeout(std::chrono::milliseconds t) { timeout = t; return *this; }
+};
+
+/// Whether this LibTorch can run `backend` ("gloo" always; "nccl" only with CUDA).
+bool backend_available(const std::string& backend);
+
+class DistributedContext {
+ public:
+  /// Rendezvous with every rank and create all groups of `mesh`. Throws
+  /// CommError naming this rank and the cause (unreachable master, timeout,
+  /// mesh that does not match the world size, backend not built).
+  static std::shared_ptr<DistributedContext> create(const DistEnv& env, const ProcessMesh& mesh,
+                                                    const ContextOptions& options);
+  ~DistributedContext();
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  const DistEnv& env() const { return env_; }
+  const ProcessMesh& mesh() const { return mesh_; }
+  MeshCoord coord() const { return mesh_.coord(env_.rank); }
+  /// "world", "tp", "dp", "pp", "ep", "edp".
+  Group& group(const std::string& name);
+  const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
+
+ private:
+  DistributedContext() = default;
+  DistEnv env_;
+  ProcessMesh mesh_;
+  std::map<std::string, std::unique_ptr<Group>> groups_;
+  struct StoreHolder;
+  std::unique_ptr<StoreHolder> store_;
+};
+
+}  // namespace hp::dist

@@ -1,0 +1,209 @@
+#include "backends/dist/group.h"
+
+#include <ATen/ATen.h>
+#include "backends/dist/detail/pg_handle.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace hp::dist {
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::kMax: return c10d::ReduceOp::MAX;
+    case ReduceKind::kMin: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+std::uint64_t nbytes(const at::Tensor& t) {
+  return static_cast<std::uint64_t>(t.numel()) * t.element_size();
+}
+
+/// Gloo rejects bfloat16/half reductions; compute them in fp32.
+bool needs_upcast(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+}  // namespace
+
+Group::Group(std::string name, std::vector<int> global_ranks, int my_global_rank,
+             std::shared_ptr<PgHandle> pg, std::chrono::milliseconds timeout)
+    : name_(std::move(name)),
+      ranks_(std::move(global_ranks)),
+      my_global_rank_(my_global_rank),
+      pg_(std::move(pg)),
+      timeout_(timeout) {
+  auto it = std::find(ranks_.begin(), ranks_.end(), my_global_rank_);
+  if (it == ranks_.end()) {
+    throw std::logic_error("internal error: rank " + std::to_string(my_global_rank_) +
+                           " is not a member of group '" + name_ + "', please report");
+  }
+  my_index_ = static_cast<int>(it - ranks_.begin());
+  if (!pg_ && ranks_.size() > 1) {
+    throw std::logic_error("internal error: group '" + name_ + "' of " +
+                           std::to_string(ranks_.size()) + " ranks has no process group");
+  }
+}
+
+Group::~Group() = default;
+
+void Group::fail(const std::string& op, const std::string& cause) const {
+  std::string members;
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    members += (i ? "," : "") + std::to_string(ranks_[i]);
+  }
+  throw CommError("rank " + std::to_string(my_global_rank_) + ": " + op + " on group '" + name_ +
+                  "' (global ranks [" + members + "], timeout " +
+                  std::to_string(timeout_.count() / 1000.0).substr(0, 6) + " s) failed: " + cause);
+}
+
+template <typename Start>
+void Group::run(const std::string& op, std::uint64_t bytes, Start&& start) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c10::intrusive_ptr<c10d::Work> work = start(*pg_->pg);
+    work->wait(timeout_);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    // c10 errors carry a C++ backtrace after the first line; keep the cause.
+    auto nl = what.find('\n');
+    fail(op, nl == std::string::npos ? what : what.substr(0, nl));
+  }
+  auto& s = stats_[op.substr(0, op.find(' '))];
+  s.calls += 1;
+  s.bytes += bytes;
+  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Group::all_reduce(at::Tensor& t, ReduceKind op) {
+  if (size() == 1) return;
+  at::Tensor buf = needs_upcast(t) ? t.to(at::kFloat) : (t.is_contiguous() ? t : t.contiguous());
+  std::vector<at::Tensor> v{buf};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = timeout_;
+  run("all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); });
+  if (op == ReduceKind::kAvg) buf.div_(size());
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void Group::broadcast(at::Tensor& t, int root) {
+  if (size() == 1) return;
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = timeout_;
+  run("broadcast", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.broadcast(v, o); });
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
+  if (size() == 1) return {t.clone()};
+  at::Tensor in = t.contiguous();
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(in));
+  std::vector<at::Tensor> inputs{in};
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_;
+  run("all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1), [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); });
+  return out[0];
+}
+
+at::Tensor Group::all_gather(const at::Tensor& t, std::int64_t dim) {
+  if (size() == 1) return t.clone();
+  return at::cat(all_gather_list(t), dim);
+}
+
+at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKind op) {
+  if (dim < 0) dim += t.dim();
+  const std::int64_t n = size();
+  if (t.size(dim) % n != 0) {
+    fail("reduce_scatter", "dimension " + std::to_string(dim) + " has size " +
+                               std::to_string(t.size(dim)) + ", not divisible by the group size " +
+                               std::to_string(n));
+  }
+  if (n == 1) return t.clone();
+  // Chunk i goes to member i: lay the chunks out along dim 0, exchange them
+  // with one all-to-all, then reduce the n received chunks locally. Every
+  // member adds in the same order (member 0 first), so results agree bitwise.
+  at::Tensor work = needs_upcast(t) ? t.to(at::kFloat) : t;
+  const std::int64_t chunk = t.size(dim) / n;
+  std::vector<std::int64_t> shape = work.sizes().vec();
+  shape[dim] = chunk;
+  shape.insert(shape.begin() + dim, n);
+  at::Tensor send = work.reshape(shape).movedim(dim, 0).contiguous();
+  at::Tensor recv = at::empty_like(send);
+  std::vector<std::int64_t> counts;  // empty -> even split
+  c10d::AllToAllOptions o;
+  o.timeout = timeout_;
+  run("reduce_scatter", nbytes(send) / n * (n - 1), [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(recv, send, counts, counts, o); });
+  at::Tensor out;
+  switch (op) {
+    case ReduceKind::kMax: out = std::get<0>(recv.max(0)); break;
+    case ReduceKind::kMin: out = std::get<0>(recv.min(0)); break;
+    default: {
+      out = recv[0].clone();
+      for (std::int64_t i = 1; i < n; ++i) out.add_(recv[i]);
+      if (op == ReduceKind::kAvg) out.div_(n);
+    }
+  }
+  return out.to(t.scalar_type());
+}
+
+at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                             const std::vector<std::int64_t>& recv_counts) {
+  const auto n = static_cast<std::size_t>(size());
+  if (send_counts.size() != n || recv_counts.size() != n) {
+    fail("all_to_all", "expected " + std::to_string(n) + " send and receive counts, got " +
+                           std::to_string(send_counts.size()) + " and " +
+                           std::to_string(recv_counts.size()));
+  }
+  std::int64_t total_send = 0, total_recv = 0;
+  for (auto c : send_counts) total_send += c;
+  for (auto c : recv_counts) total_recv += c;
+  if (total_send != t.size(0)) {
+    fail("all_to_all", "send counts add up to " + std::to_string(total_send) +
+                           " rows but the tensor has " + std::to_string(t.size(0)));
+  }
+  std::vector<std::int64_t> shape = t.sizes().vec();
+  shape[0] = total_recv;
+  if (n == 1) return t.clone();
+  at::Tensor in = t.contiguous();
+  at::Tensor out = at::empty(shape, t.options());
+  std::vector<std::int64_t> sc = send_counts, rc = recv_counts;
+  c10d::AllToAllOptions o;
+  o.timeout = timeout_;
+  const std::int64_t row = t.size(0) ? static_cast<std::int64_t>(nbytes(in)) / t.size(0) : 0;
+  run("all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
+      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); });
+  return out;
+}
+
+void Group::send(const at::Tensor& t, int dst, int tag) {
+  at::Tensor buf = t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  run("send to member " + std::to_string(dst), nbytes(buf),
+      [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); });
+}
+
+void Group::recv(at::Tensor& t, int src, int tag) {
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  run("recv from member " + std::to_string(src), 0, [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); });
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void Group::barrier() {
+  if (size() == 1) return;
+  c10d::BarrierOptions o;
+  o.timeout = timeout_;
+  run("barrier", 0, [&](c10d::ProcessGroup& pg) { return pg.barrier(o); });
+}
+
+}  // namespace hp::dist

@@ -1,0 +1,76 @@
+#pragma once
+// Rank arithmetic for the process mesh, in one small value class: nobody else
+// computes a rank. world = pp x dp x tp with tp fastest-varying, then dp, then
+// pp (as Megatron). Expert parallel groups are carved out of the data-parallel
+// ranks: ep divides dp, an ep group is ep consecutive dp indices, and the
+// expert-data-parallel group (edp) joins the ranks holding the same experts.
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hp::dist {
+
+struct MeshCoord {
+  int pp = 0, dp = 0, tp = 0, ep = 0, edp = 0;
+};
+
+class ProcessMesh {
+ public:
+  ProcessMesh() = default;
+  /// Throws std::invalid_argument when a size is < 1 or ep does not divide dp.
+  ProcessMesh(int pp, int dp, int tp, int ep = 1);
+
+  static bool valid(int world, int pp, int dp, int tp, int ep = 1) noexcept {
+    return pp >= 1 && dp >= 1 && tp >= 1 && ep >= 1 && dp % ep == 0 &&
+           static_cast<long long>(pp) * dp * tp == world;
+  }
+
+  int world_size() const noexcept { return pp_ * dp_ * tp_; }
+  int pp_size() const noexcept { return pp_; }
+  int dp_size() const noexcept { return dp_; }
+  int tp_size() const noexcept { return tp_; }
+  int ep_size() const noexcept { return ep_; }
+  int edp_size() const noexcept { return dp_ / ep_; }
+
+  MeshCoord coord(int rank) const noexcept;
+  int tp_rank(int rank) const noexcept { return rank % tp_; }
+  int dp_rank(int rank) const noexcept { return (rank / tp_) % dp_; }
+  int pp_rank(int rank) const noexcept { return rank / (tp_ * dp_); }
+  int rank_of(int pp, int dp, int tp) const noexcept { return (pp * dp_ + dp) * tp_ + tp; }
+
+  /// The names of the groups every rank belongs to: world, tp, dp, pp, ep, edp.
+  static const std::vector<std::string>& group_names();
+  /// Global ranks of the `dim` group that `rank` belongs to, in group order.
+  std::vector<int> group_ranks(const std::string& dim, int rank) const;
+  /// Every group of kind `dim`, each as its global ranks; a stable order that
+  /// every rank computes the same way.
+  std::vector<std::vector<int>> all_groups(const std::string& dim) const;
+
+  /// "pp=1 dp=2 tp=2 ep=1"
+  std::string shape() const;
+  /// One line per rank: rank -> coordinates -> group members.
+  std::string describe() const;
+  /// "pp0 dp1 tp0" for log tags.
+  std::string tag(int rank) const;
+
+ private:
+  int pp_ = 1, dp_ = 1, tp_ = 1, ep_ = 1;
+};
+
+/// What features claim while planning the mesh; the host turns it into a
+/// ProcessMesh once every feature has had its say.
+struct MeshPlan {
+  struct Claim {
+    int size = 1;
+    std::string by;  ///< feature name
+  };
+  std::map<std::string, Claim> claims;  ///< "tp", "pp", "ep", "cp"
+  std::vector<std::string> conflicts;   ///< human-readable, filled by claim()
+
+  /// Claims mesh dimension `dim` with `size` for `feature`; a second claim of
+  /// the same dimension is recorded as a conflict.
+  void claim(const std::string& dim, int size, const std::string& feature);
+  int size_of(const std::string& dim) const;
+};
+
+}  // namespace hp::dist

@@ -1,0 +1,67 @@
+# Finds every dependency; a missing one stops configure and names the Debian
+# package that provides it (scripts/install-deps.sh installs them all).
+
+function(hp_require found what package)
+  if(NOT ${found})
+    message(FATAL_ERROR
+      "hyperparallel: ${what} not found. Install the Debian package '${package}' "
+      "(or run scripts/install-deps.sh, which installs every dependency).")
+  endif()
+endfunction()
+
+find_program(HP_CCACHE ccache)
+if(HP_USE_CCACHE AND HP_CCACHE)
+  # PCH + ccache needs these sloppiness settings or every PCH user misses.
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env
+      CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+      ${HP_CCACHE})
+endif()
+
+find_package(Torch QUIET PATHS /usr/lib/x86_64-linux-gnu/cmake/Torch)
+hp_require(Torch_FOUND "LibTorch (find_package(Torch))" libtorch-dev)
+# Debian's TorchConfig puts -D_GLIBCXX_USE_CXX11_ABI and friends in TORCH_CXX_FLAGS.
+find_path(HP_GLOO_INCLUDE gloo/config.h)
+hp_require(HP_GLOO_INCLUDE "Gloo headers (gloo/config.h)" libgloo-dev)
+set(HP_HAVE_CUDA OFF)
+if(TARGET torch_cuda OR CUDA_FOUND)
+  set(HP_HAVE_CUDA ON)
+endif()
+
+find_package(yaml-cpp QUIET)
+hp_require(yaml-cpp_FOUND "yaml-cpp" libyaml-cpp-dev)
+
+find_package(Boost 1.70 QUIET COMPONENTS filesystem)
+hp_require(Boost_FOUND "Boost (with Boost.DLL and Boost.Filesystem)" "libboost-dev libboost-filesystem-dev")
+find_path(HP_BOOST_DLL boost/dll/shared_library.hpp)
+hp_require(HP_BOOST_DLL "Boost.DLL headers" libboost-dev)
+
+find_package(fmt QUIET)
+hp_require(fmt_FOUND "fmt" libfmt-dev)
+find_package(spdlog QUIET)
+hp_require(spdlog_FOUND "spdlog" libspdlog-dev)
+
+find_package(nlohmann_json 3 QUIET)
+hp_require(nlohmann_json_FOUND "nlohmann-json" nlohmann-json3-dev)
+
+find_package(CLI11 QUIET)
+if(NOT CLI11_FOUND)
+  find_path(HP_CLI11_INCLUDE CLI/CLI.hpp)
+  hp_require(HP_CLI11_INCLUDE "CLI11" libcli11-dev)
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  target_include_directories(CLI11::CLI11 INTERFACE ${HP_CLI11_INCLUDE})
+endif()
+
+find_path(HP_XXHASH_INCLUDE xxhash.h)
+find_library(HP_XXHASH_LIB xxhash)
+hp_require(HP_XXHASH_LIB "xxhash" libxxhash-dev)
+
+find_path(HP_CIVETWEB_INCLUDE civetweb.h)
+find_library(HP_CIVETWEB_LIB civetweb)
+hp_require(HP_CIVETWEB_LIB "civetweb" libcivetweb-dev)
+
+if(HP_BUILD_TESTS)
+  find_package(GTest QUIET)
+  hp_require(GTest_FOUND "GoogleTest" "libgtest-dev libgmock-dev")
+endif()
+
+find_package(Threads REQUIRED)

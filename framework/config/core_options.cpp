@@ -1,0 +1,171 @@
+// The framework's own options. Feature plugins declare theirs under
+// `features.<name>.` when they are loaded.
+#include <filesystem>
+
+#include "framework/config/config.h"
+#include "framework/config/schema.h"
+#include "framework/util/build_info.h"
+
+namespace hp {
+
+const std::vector<std::string>& top_level_sections() {
+  static const std::vector<std::string> kSections = {
+      "run",         "model",      "data",    "training", "optimizer", "distributed",
+      "checkpoint",  "metrics",    "logging", "plugins",  "features"};
+  return kSections;
+}
+
+void declare_core_options(Schema& s) {
+  // run
+  s.add_string("run.name", "hp-run").describe("Name of the run, used in logs and metrics.");
+  s.add_string("run.output_dir", "runs/hp-run")
+      .describe("Directory for the resolved config, metrics.jsonl and logs.");
+  s.add_int("run.seed", 1234).range(0, 4294967295.0)
+      .describe("Seed for weights (with each parameter's global name), data order and dropout.");
+
+  // model
+  s.add_enum("model.type", "gpt", {"gpt", "mlp"}).describe("Which shipped model to build.");
+  s.add_int("model.layers", 4).range(1, 1024).describe("Number of transformer blocks (or MLP blocks).");
+  s.add_int("model.hidden", 256).range(1, 65536).describe("Hidden (model) width.");
+  s.add_int("model.heads", 4).range(1, 1024).describe("Attention heads; must divide model.hidden.");
+  s.add_int("model.ffn_hidden", 0).range(0, 262144)
+      .describe("Inner width of the MLP.").note("0 means 4 x model.hidden");
+  s.add_int("model.vocab_size", 256).range(2, 16777216)
+      .describe("Vocabulary size (256 for byte-level text).");
+  s.add_int("model.seq_len", 128).range(1, 1048576).describe("Tokens per sample.");
+  s.add_bool("model.tie_embeddings", false).describe("Share the token embedding with the output head.");
+  s.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
+  s.add_float("model.init_std", 0.02).range(1e-6, 10.0)
+      .describe("Standard deviation of the normal initialisation.");
+
+  // data
+  s.add_enum("data.type", "text", {"text", "synthetic"})
+      .describe("`text`: byte tokens from a file or directory; `synthetic`: a generated learnable task.");
+  s.add_string("data.path", "/usr/share/games/fortunes")
+      .describe("Text file or directory of text files (binary files are skipped).");
+  s.add_float("data.valid_fraction", 0.05).range(0.0, 0.5)
+      .describe("Fraction of the corpus held out for evaluation.");
+
+  // training
+  s.add_int("training.max_steps", 100).range(1, 1e12).describe("Optimizer steps to run.");
+  s.add_int("training.global_batch_size", 16).range(1, 1e9)
+      .describe("Samples per optimizer step over all data-parallel ranks.");
+  s.add_int("training.micro_batch_size", 4).range(1, 1e9)
+      .describe("Samples per forward/backward pass on one rank.");
+  s.add_int("training.log_interval", 10).range(1, 1e12).describe("Steps between progress lines.");
+  s.add_int("training.eval_interval", 0).range(0, 1e12)
+      .describe("Steps between evaluations on the valid split.").note("0 turns evaluation off");
+  s.add_int("training.eval_steps", 4).range(1, 1e9).describe("Micro-batches per evaluation.");
+
+  // optimizer
+  s.add_enum("optimizer.type", "adamw", {"sgd", "adam", "adamw"}).describe("Optimizer.");
+  s.add_float("optimizer.lr", 1e-3).range(0.0, 10.0).describe("Peak learning rate.");
+  s.add_float("optimizer.min_lr", 0.0).range(0.0, 10.0).describe("Final learning rate of the cosine schedule.");
+  s.add_enum("optimizer.schedule", "warmup_cosine", {"constant", "warmup_cosine"})
+      .describe("Learning-rate schedule.");
+  s.add_int("optimizer.warmup_steps", 0).range(0, 1e12).describe("Linear warm-up steps.");
+  s.add_float("optimizer.weight_decay", 0.0).range(0.0, 10.0).describe("Weight decay.");
+  s.add_float("optimizer.momentum", 0.0).range(0.0, 0.9999).describe("SGD momentum.");
+  s.add_float("optimizer.beta1", 0.9).range(0.0, 0.9999).describe("Adam beta1.");
+  s.add_float("optimizer.beta2", 0.999).range(0.0, 0.999999).describe("Adam beta2.");
+  s.add_float("optimizer.eps", 1e-8).range(1e-12, 1.0).describe("Adam epsilon.");
+  s.add_float("optimizer.grad_clip", 1.0).range(0.0, 1e6)
+      .describe("Global gradient-norm clip.").note("0 turns clipping off");
+
+  // distributed
+  s.add_enum("distributed.backend", "auto", {"auto", "gloo", "nccl"})
+      .describe("Communication backend; auto picks nccl when built with CUDA, else gloo.");
+  s.add_int("distributed.data_parallel_size", 0).range(0, 1e6)
+      .describe("Data-parallel size.").note("0 derives it as world / (pipeline x tensor)");
+  s.add_float("distributed.timeout_seconds", 300.0).range(0.1, 86400.0)
+      .describe("Timeout of every collective and of rendezvous.");
+  s.add_float("distributed.bucket_size_mb", 25.0).range(0.001, 4096.0)
+      .describe("Gradient all-reduce bucket size.");
+  s.add_enum("distributed.init_method", "env", {"env", "file"})
+      .describe("`env`: TCPStore at MASTER_ADDR:MASTER_PORT; `file`: FileStore at distributed.init_file.");
+  s.add_string("distributed.init_file", "").describe("FileStore path for init_method: file.");
+  s.add_string("distributed.gloo_hostname", "")
+      .describe("Address Gloo binds to.").note("empty: 127.0.0.1 when MASTER_ADDR is local, else this host's name");
+
+  // checkpoint
+  s.add_string("checkpoint.dir", "").describe("Checkpoint directory.").note("empty means <run.output_dir>/checkpoints");
+  s.add_int("checkpoint.interval", 0).range(0, 1e12)
+      .describe("Steps between checkpoints.").note("0 saves only at the end");
+  s.add_string("checkpoint.resume", "auto")
+      .describe("Where to resume from.").note("auto (latest in checkpoint.dir if any), never, or a checkpoint path");
+  s.add_int("checkpoint.keep", 0).range(0, 1e6)
+      .describe("Checkpoints to keep.").note("0 keeps all");
+
+  // metrics
+  s.add_bool("metrics.prometheus.enabled", false).describe("Serve /metrics over HTTP.");
+  s.add_int("metrics.prometheus.port", 9400).range(1, 65535)
+      .describe("Base port; each local rank serves on port + local rank.");
+  s.add_string("metrics.prometheus.bind", "127.0.0.1").describe("Address the HTTP endpoint binds to.");
+  s.add_bool("metrics.jsonl", true).describe("Append one JSON object per logged step to <run.output_dir>/metrics.jsonl.");
+
+  // logging
+  s.add_enum("logging.level", "info", {"trace", "debug", "info", "warn", "error", "off"})
+      .describe("Log level; the environment variable HP_LOG_LEVEL overrides it.");
+  s.add_string("logging.file", "").describe("Also write logs to this file (rank suffix added).");
+
+  // plugins
+  s.add_string_list("plugins.path", {})
+      .describe("Directories searched first for feature plugins (then HP_PLUGIN_PATH, then the install directory).");
+
+  // ---- cross-field rules needing no feature ------------------------------
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"model.hidden", "model.heads"})) return;
+    auto h = c.get_int("model.hidden"), n = c.get_int("model.heads");
+    if (c.get_string("model.type") == "gpt" && h % n != 0) {
+      e.add("model.heads", std::to_string(n),
+            "must divide model.hidden = " + std::to_string(h),
+            "a divisor of " + std::to_string(h));
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"training.global_batch_size", "training.micro_batch_size"})) return;
+    auto g = c.get_int("training.global_batch_size"), m = c.get_int("training.micro_batch_size");
+    if (m > g) {
+      e.add("training.micro_batch_size", std::to_string(m),
+            "is larger than training.global_batch_size = " + std::to_string(g),
+            "1 .. " + std::to_string(g));
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"distributed.backend"})) return;
+    if (c.get_string("distributed.backend") == "nccl" && !build_info::has_cuda()) {
+      e.add("distributed.backend", "nccl",
+            "this hyperparallel was built against a LibTorch without CUDA, so the NCCL backend "
+            "does not exist in it",
+            "auto, gloo");
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"distributed.init_method", "distributed.init_file"})) return;
+    if (c.get_string("distributed.init_method") == "file" &&
+        c.get_string("distributed.init_file").empty()) {
+      e.add("distributed.init_file", "\"\"", "is required when distributed.init_method is file",
+            "a path on a file system every rank can see");
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"data.type", "data.path"}) || c.get_string("data.type") != "text") return;
+    const auto& p = c.get_string("data.path");
+    std::error_code ec;
+    if (!std::filesystem::exists(p, ec)) {
+      e.add("data.path", p, "does not exist",
+            "a text file or a directory of text files (Debian's 'fortunes' package provides "
+            "/usr/share/games/fortunes)");
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"optimizer.lr", "optimizer.min_lr"})) return;
+    if (c.get_float("optimizer.min_lr") > c.get_float("optimizer.lr")) {
+      e.add("optimizer.min_lr", to_string(c.value("optimizer.min_lr")),
+            "is above optimizer.lr = " + to_string(c.value("optimizer.lr")),
+            "0 .. optimizer.lr");
+    }
+  });
+}
+
+}  // namespace hp

@@ -1,0 +1,5 @@
+#pragma once
+// Include in the one .cpp of a plugin that uses HP_FEATURE_PLUGIN.
+#include <boost/dll/alias.hpp>
+
+#include "framework/plugin/feature.h"

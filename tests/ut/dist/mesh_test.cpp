@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "backends/dist/mesh.h"
+
+using hp::dist::ProcessMesh;
+
+TEST(ProcessMesh, TensorParallelIsFastestVarying) {
+  ProcessMesh m(2, 2, 2);  // pp, dp, tp
+  EXPECT_EQ(m.world_size(), 8);
+  EXPECT_EQ(m.group_ranks("tp", 0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.group_ranks("dp", 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(m.group_ranks("pp", 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(m.group_ranks("pp", 3), (std::vector<int>{3, 7}));
+  auto c = m.coord(6);
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.dp, 1);
+  EXPECT_EQ(c.tp, 0);
+  EXPECT_EQ(m.rank_of(1, 1, 0), 6);
+}
+
+TEST(ProcessMesh, EveryRankIsInExactlyOneGroupOfEachKind) {
+  for (auto [pp, dp, tp, ep] : std::vector<std::array<int, 4>>{
+           {1, 4, 1, 2}, {2, 2, 2, 1}, {1, 8, 1, 4}, {3, 2, 1, 2}, {1, 1, 1, 1}}) {
+    ProcessMesh m(pp, dp, tp, ep);
+    for (const auto& name : ProcessMesh::group_names()) {
+      std::multiset<int> seen;
+      for (const auto& g : m.all_groups(name)) seen.insert(g.begin(), g.end());
+      EXPECT_EQ(static_cast<int>(seen.size()), m.world_size()) << name << " " << m.shape();
+      for (int r = 0; r < m.world_size(); ++r) EXPECT_EQ(seen.count(r), 1u) << name << " " << r;
+    }
+  }
+}
+
+TEST(ProcessMesh, ExpertGroupsAreCarvedOutOfDataParallel) {
+  ProcessMesh m(1, 4, 1, 2);
+  EXPECT_EQ(m.group_ranks("ep", 0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.group_ranks("ep", 3), (std::vector<int>{2, 3}));
+  EXPECT_EQ(m.group_ranks("edp", 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(m.group_ranks("edp", 1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(m.edp_size(), 2);
+}
+
+TEST(ProcessMesh, ValidChecksEveryRule) {
+  EXPECT_TRUE(ProcessMesh::valid(8, 2, 2, 2));
+  EXPECT_FALSE(ProcessMesh::valid(8, 2, 2, 1));
+  EXPECT_FALSE(ProcessMesh::valid(4, 1, 4, 1, 3));
+  EXPECT_FALSE(ProcessMesh::valid(0, 0, 1, 1));
+  EXPECT_THROW(ProcessMesh(1, 3, 1, 2), std::invalid_argument);
+}
+
+TEST(ProcessMesh, DescribeListsEveryRank) {
+  ProcessMesh m(1, 2, 2);
+  auto d = m.describe();
+  EXPECT_NE(d.find("rank 3 -> pp 0, dp 1, tp 1, ep 0, edp 1 -> tp[2,3] dp[1,3] pp[3]"),
+            std::string::npos) << d;
+}
+
+TEST(MeshPlan, SecondClaimIsAConflict) {
+  hp::dist::MeshPlan p;
+  p.claim("tp", 2, "tensor_parallel");
+  p.claim("tp", 4, "other");
+  ASSERT_EQ(p.conflicts.size(), 1u);
+  EXPECT_EQ(p.size_of("tp"), 2);
+  EXPECT_EQ(p.size_of("pp"), 1);
+}

@@ -1,0 +1,162 @@
+// Every plugin-loading error, triggered with a real (deliberately broken)
+// library, and the message it must show.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "framework/config/config.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/plugin/loader.h"
+#include "framework/runtime/setup.h"
+
+namespace {
+
+const std::string kDir = HP_TEST_PLUGIN_DIR;
+
+std::string load_error(const std::string& name) {
+  hp::PluginLoader loader({kDir});
+  try {
+    loader.load(name);
+  } catch (const hp::PluginError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string config_errors(const std::string& features_yaml) {
+  std::string yaml = "data: {type: synthetic}\nplugins: {path: [" + kDir + "]}\nfeatures:\n" +
+                     features_yaml;
+  try {
+    hp::prepare(hp::RawConfig::parse_string(yaml, "t.yaml"), 1);
+  } catch (const hp::ConfigException& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool mapped(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(path) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(PluginLoader, NoSuchFeatureSuggestsAndSaysWhereItLooked) {
+  auto err = load_error("test_godo");
+  EXPECT_NE(err.find("no such feature 'test_godo': no libhp_feature_test_godo.so in [" + kDir + "]"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("did you mean 'test_good'?"), std::string::npos) << err;
+  EXPECT_NE(err.find("features found: test_conflicts, test_good"), std::string::npos) << err;
+}
+
+TEST(PluginLoader, LibraryThatFailsToLoadShowsTheLoaderError) {
+  auto err = load_error("test_unloadable");
+  EXPECT_NE(err.find("feature 'test_unloadable': cannot load " + kDir +
+                     "/libhp_feature_test_unloadable.so: "),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("undefined symbol: hp_test_symbol_that_does_not_exist"), std::string::npos)
+      << err;
+}
+
+TEST(PluginLoader, FileThatIsNotALibrary) {
+  const std::string dir = ::testing::TempDir() + "/hp_fake_plugins";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/libhp_feature_text.so") << "this is not an ELF file\n";
+  hp::PluginLoader loader({dir});
+  try {
+    loader.load("text");
+    FAIL();
+  } catch (const hp::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot load " + dir + "/libhp_feature_text.so"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(PluginLoader, MissingEntryPoint) {
+  auto err = load_error("test_no_entry");
+  EXPECT_NE(err.find("libhp_feature_test_no_entry.so is not a hyperparallel feature plugin: entry "
+                     "point 'hp_feature_api_version' is missing"),
+            std::string::npos) << err;
+}
+
+TEST(PluginLoader, ApiVersionMismatchNamesBothVersions) {
+  auto err = load_error("test_old_api");
+  EXPECT_NE(err.find("was built for plugin API version 0, but this hyperparallel"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("needs version " + std::to_string(hp::kFeatureApiVersion)), std::string::npos)
+      << err;
+}
+
+TEST(PluginLoader, ConstructorThatThrows) {
+  auto err = load_error("test_throws");
+  EXPECT_NE(err.find("feature 'test_throws': the plugin's constructor failed in " + kDir +
+                     "/libhp_feature_test_throws.so: cannot start: no widgets configured"),
+            std::string::npos) << err;
+}
+
+TEST(PluginLoader, ObjectsKeepTheirLibraryLoaded) {
+  std::shared_ptr<hp::Feature> feature;
+  const std::string path = kDir + "/libhp_feature_test_good.so";
+  {
+    hp::PluginLoader loader({kDir});
+    feature = loader.load("test_good").feature;
+  }
+  EXPECT_TRUE(mapped(path));
+  // Calling into the plugin after the loader is gone must work.
+  EXPECT_TRUE(feature->required_features().empty());
+  hp::Schema schema;
+  feature->declare_options(schema, "features.test_good.");
+  EXPECT_NE(schema.find("features.test_good.size"), nullptr);
+}
+
+TEST(PluginConfig, FeatureOptionsAreValidatedAndRulesApplied) {
+  EXPECT_EQ(config_errors("  test_good: {enabled: true, size: 4}\n"), "");
+  auto err = config_errors("  test_good: {enabled: true, size: 3, sise: 1}\n");
+  EXPECT_NE(err.find("features.test_good.size = 3: must be even"), std::string::npos) << err;
+  EXPECT_NE(err.find("features.test_good.sise = 1: unknown key (did you mean "
+                     "'features.test_good.size'?)"),
+            std::string::npos) << err;
+}
+
+TEST(PluginConfig, FeatureThatNeedsAnotherThatIsOff) {
+  auto err = config_errors("  test_needs: {enabled: true}\n");
+  EXPECT_EQ(err,
+            "config error: features.test_needs.enabled = true: feature 'test_needs' needs feature "
+            "'test_good', which is not enabled (legal: set features.test_good.enabled: true, or "
+            "disable test_needs)");
+  EXPECT_EQ(config_errors("  test_needs: {enabled: true}\n  test_good: {enabled: true}\n"), "");
+}
+
+TEST(PluginConfig, ConflictingFeatures) {
+  auto err = config_errors("  test_good: {enabled: true}\n  test_conflicts: {enabled: true}\n");
+  EXPECT_NE(err.find("features 'test_good' and 'test_conflicts' cannot be enabled together"),
+            std::string::npos) << err;
+  EXPECT_EQ(config_errors("  test_good: {enabled: true}\n  test_conflicts: {enabled: false}\n"), "");
+}
+
+TEST(PluginConfig, LoadErrorsAreConfigErrorsAndSuppressTheirOptions) {
+  auto err = config_errors("  test_throws: {enabled: true, whatever: 1}\n");
+  EXPECT_NE(err.find("config error: features.test_throws = enabled: true: feature 'test_throws': "
+                     "the plugin's constructor failed"),
+            std::string::npos) << err;
+  EXPECT_EQ(err.find("whatever"), std::string::npos) << err;
+}
+
+TEST(FeatureRuntime, InstallRegistersHooksThatRun) {
+  auto setup = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\nplugins: {path: [" + kDir +
+                                      "]}\nfeatures: {test_good: {enabled: true}}\n",
+                                  "t.yaml"),
+      1);
+  ASSERT_EQ(setup.features.size(), 1u);
+  hp::FeatureRuntime rt(setup.config, nullptr);
+  rt.install(setup.features);
+  EXPECT_TRUE(rt.has_feature("test_good"));
+  EXPECT_EQ(rt.hook_count(hp::StepEvent::kStepEnd), 1u);
+  rt.run_hooks(hp::StepEvent::kStepEnd, hp::StepInfo{5, 1.0});
+}

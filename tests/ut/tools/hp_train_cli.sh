@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# hp-train's command line: --dry-run prints the resolved config and the mesh;
+# a config with three mistakes prints three lines, exits 2 and starts nothing.
+set -uo pipefail
+HP_TRAIN=$1
+fail() { echo "FAIL: $*"; exit 1; }
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+cat > "$dir/ok.yaml" <<'YAML'
+model: {layers: 2, hidden: 64, heads: 4}
+data: {type: synthetic}
+training: {max_steps: 3, global_batch_size: 8, micro_batch_size: 2}
+YAML
+
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --dry-run 2>&1); rc=$?
+[[ $rc -eq 0 ]] || fail "dry-run exit $rc: $out"
+grep -q "^  layers: 2$" <<<"$out" || fail "resolved config missing: $out"
+grep -q "^  lr: 0.001$" <<<"$out" || fail "defaults not filled in: $out"
+grep -q "mesh pp=1 dp=4 tp=1 ep=1 (world 4)" <<<"$out" || fail "mesh missing: $out"
+grep -q "rank 3 -> pp 0, dp 3, tp 0" <<<"$out" || fail "rank table missing: $out"
+grep -q "hp-launch" <<<"$out" && fail "dry-run launched workers: $out"
+
+# Three different mistakes: unknown key, wrong type, cross-field rule.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --dry-run --set model.layerz=3 \
+      --set optimizer.lr=fast --set training.micro_batch_size=3 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "expected exit 2, got $rc: $out"
+[[ $(grep -c "^config error: " <<<"$out") -eq 3 ]] || fail "expected 3 error lines: $out"
+grep -q "model.layerz = 3: unknown key (did you mean 'model.layers'?)" <<<"$out" || fail "$out"
+grep -q "optimizer.lr = fast: expected a number (legal: a number in \[0, 10\])" <<<"$out" || fail "$out"
+grep -q "training.global_batch_size = 8: must be divisible by micro_batch_size x data-parallel size = 3 x 4 = 12" <<<"$out" || fail "$out"
+
+# The same refusal without --dry-run: still nothing is started (no launcher,
+# no worker, no process group) and the exit code is 2.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --set model.layerz=3 --set optimizer.lr=fast \
+      --set training.micro_batch_size=3 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "expected exit 2 without dry-run, got $rc"
+grep -qE "hp-launch|\[rank|joined" <<<"$out" && fail "something started: $out"
+
+# A missing config file and malformed YAML are config errors too.
+out=$("$HP_TRAIN" "$dir/nope.yaml" 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q "cannot read the config file" <<<"$out" || fail "missing file: $rc $out"
+printf 'model: {layers: 2\n' > "$dir/bad.yaml"
+out=$("$HP_TRAIN" "$dir/bad.yaml" 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q "bad.yaml:.*not valid YAML" <<<"$out" || fail "bad yaml: $rc $out"
+
+# --options-markdown prints the table the RFCs carry.
+out=$("$HP_TRAIN" --options-markdown 2>&1) || fail "options-markdown failed"
+grep -q '| `training.micro_batch_size` | int | `4` | no |' <<<"$out" || fail "$out"
+echo "PASS"
