@@ -55,9 +55,10 @@ find_path(HP_XXHASH_INCLUDE xxhash.h)
 find_library(HP_XXHASH_LIB xxhash)
 hp_require(HP_XXHASH_LIB "xxhash" libxxhash-dev)
 
-find_path(HP_CIVETWEB_INCLUDE civetweb.h)
-find_library(HP_CIVETWEB_LIB civetweb)
-hp_require(HP_CIVETWEB_LIB "civetweb" libcivetweb-dev)
+# /metrics is served by framework/metrics/http_exposer.cpp on plain sockets:
+# Debian's civetweb 1.15 starts its threads with a fixed 100 KiB stack, which
+# glibc refuses in a process that has loaded LibTorch + OpenBLAS (their
+# thread-local storage alone is larger), so civetweb cannot run inside a trainer.
 
 if(HP_BUILD_TESTS)
   find_package(GTest QUIET)

@@ -10,14 +10,13 @@ PACKAGES=(
   libboost-dev libboost-filesystem-dev
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
-  libcivetweb-dev
   nlohmann-json3-dev
   libcli11-dev
   libxxhash-dev
   libopenblas0-openmp
   prometheus
   fortunes
-  curl
+  curl python3
 )
 
 missing=()

@@ -55,6 +55,9 @@ void declare_core_options(Schema& s) {
   s.add_int("training.log_interval", 10).range(1, 1e12).describe("Steps between progress lines.");
   s.add_int("training.eval_interval", 0).range(0, 1e12)
       .describe("Steps between evaluations on the valid split.").note("0 turns evaluation off");
+  s.add_int("training.dump_grads_at_step", 0).range(0, 1e12)
+      .describe("Write the full (gathered) gradients of this step to <run.output_dir>/grads_step<N>/, for parity checks.")
+      .note("0 turns it off");
   s.add_int("training.eval_steps", 4).range(1, 1e9).describe("Micro-batches per evaluation.");
 
   // optimizer
@@ -156,6 +159,13 @@ void declare_core_options(Schema& s) {
       e.add("data.path", p, "does not exist",
             "a text file or a directory of text files (Debian's 'fortunes' package provides "
             "/usr/share/games/fortunes)");
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"data.type", "model.vocab_size"}) || c.get_string("data.type") != "text") return;
+    if (c.get_int("model.vocab_size") < 256) {
+      e.add("model.vocab_size", std::to_string(c.get_int("model.vocab_size")),
+            "is below 256, but data.type text yields byte tokens 0..255", ">= 256");
     }
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {

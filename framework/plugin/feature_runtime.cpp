@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "framework/model/extensions.h"
+
 namespace hp {
 
 const char* to_string(StepEvent e) {
@@ -19,12 +21,15 @@ const char* to_string(StepEvent e) {
 }
 
 FeatureRuntime::FeatureRuntime(const Config& config, dist::DistributedContext* dist)
-    : config_(config), dist_(dist) {}
+    : config_(config), dist_(dist), model_(std::make_unique<ModelExtensions>()) {}
+
+ModelExtensions& FeatureRuntime::model() { return *model_; }
 
 FeatureRuntime::~FeatureRuntime() {
   // Hooks may hold code from plugin libraries: clear them while the
   // libraries are still loaded.
   hooks_.clear();
+  model_.reset();
 }
 
 void FeatureRuntime::install(const std::vector<LoadedFeature>& features) {

@@ -14,6 +14,7 @@
 namespace hp {
 
 class Config;
+class ModelExtensions;  // framework/model/extensions.h
 namespace dist {
 class DistributedContext;
 }
@@ -55,11 +56,17 @@ class FeatureRuntime {
   const std::vector<LoadedFeature>& features() const { return features_; }
   bool has_feature(const std::string& name) const;
 
+  /// Layer registry and forward wrappers (include framework/model/extensions.h).
+  ModelExtensions& model();
+
   void add_hook(StepEvent event, const std::string& owner, Hook hook);
   void run_hooks(StepEvent event, const StepInfo& info) const;
   std::size_t hook_count(StepEvent event) const;
 
  private:
+  // Declared first so it is destroyed last: everything below may hold code
+  // from the plugin libraries these keep loaded.
+  std::vector<LoadedFeature> features_;
   const Config& config_;
   dist::DistributedContext* dist_;
   struct NamedHook {
@@ -67,7 +74,7 @@ class FeatureRuntime {
     Hook fn;
   };
   std::map<StepEvent, std::vector<NamedHook>> hooks_;
-  std::vector<LoadedFeature> features_;  // declared last: destroyed last
+  std::unique_ptr<ModelExtensions> model_;
 };
 
 }  // namespace hp

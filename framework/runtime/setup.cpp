@@ -119,37 +119,37 @@ Setup prepare(const RawConfig& raw, int world_size) {
     }
   }
 
+  std::set<std::pair<std::string, std::string>> conflict_pairs;
   for (const auto& lf : s.features) {
     const std::string key = "features." + lf.name + ".enabled";
-    for (const auto& need : lf.feature->required_features()) {
+    std::vector<std::string> needs, conflicts;
+    try {
+      needs = lf.feature->required_features();
+      conflicts = lf.feature->conflicting_features();
+    } catch (const std::exception& e) {
+      errors.add(key, "true", "feature '" + lf.name + "' (" + lf.path +
+                                  ") failed to list its requirements: " + e.what());
+      continue;
+    }
+    for (const auto& need : needs) {
       if (std::find(enabled.begin(), enabled.end(), need) == enabled.end()) {
         errors.add(key, "true", "feature '" + lf.name + "' needs feature '" + need +
                                     "', which is not enabled",
                    "set features." + need + ".enabled: true, or disable " + lf.name);
       }
     }
-    for (const auto& other : lf.feature->conflicting_features()) {
-      // Report each conflicting pair once, at the feature named first.
+    for (const auto& other : conflicts) {
       auto me = std::find(enabled.begin(), enabled.end(), lf.name);
       auto it = std::find(enabled.begin(), enabled.end(), other);
-      if (it != enabled.end() && it > me) {
-        errors.add(key, "true", "features '" + lf.name + "' and '" + other +
-                                    "' cannot be enabled together",
-                   "enable at most one of " + lf.name + ", " + other);
-      } else if (it != enabled.end() && it < me) {
-        bool other_declares = false;
-        for (const auto& g : s.features) {
-          if (g.name != other) continue;
-          auto oc = g.feature->conflicting_features();
-          other_declares = std::find(oc.begin(), oc.end(), lf.name) != oc.end();
-        }
-        if (!other_declares) {
-          errors.add("features." + other + ".enabled", "true",
-                     "features '" + other + "' and '" + lf.name + "' cannot be enabled together",
-                     "enable at most one of " + other + ", " + lf.name);
-        }
-      }
+      if (it == enabled.end()) continue;
+      // One line per pair, at the feature the config names first.
+      conflict_pairs.insert(it < me ? std::make_pair(other, lf.name) : std::make_pair(lf.name, other));
     }
+  }
+  for (const auto& [first, second] : conflict_pairs) {
+    errors.add("features." + first + ".enabled", "true",
+               "features '" + first + "' and '" + second + "' cannot be enabled together",
+               "enable at most one of " + first + ", " + second);
   }
 
   dist::MeshPlan plan;

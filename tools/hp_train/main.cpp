@@ -16,6 +16,7 @@
 #include "framework/logging/logging.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
+#include "framework/trainer/trainer.h"
 #include "tools/hp_launch/launcher.h"
 
 namespace {
@@ -31,37 +32,6 @@ void print_features(const hp::Setup& s) {
   if (s.features.empty()) std::cout << " (none enabled)";
   std::cout << "\n";
   for (const auto& f : s.features) std::cout << "  " << f.name << " <- " << f.path << "\n";
-}
-
-int train(const hp::Setup& setup, const hp::dist::DistEnv& env) {
-  const auto& cfg = setup.config;
-  hp::log::init(env.rank, setup.mesh.tag(env.rank), cfg.get_string("logging.level"),
-                cfg.get_string("logging.file"));
-  auto log = hp::log::logger();
-  hp::dist::ContextOptions opts;
-  std::string backend = cfg.get_string("distributed.backend");
-  opts.backend = backend == "auto" ? (hp::dist::backend_available("nccl") ? "nccl" : "gloo") : backend;
-  opts.init_method = cfg.get_string("distributed.init_method");
-  opts.init_file = cfg.get_string("distributed.init_file");
-  opts.gloo_hostname = cfg.get_string("distributed.gloo_hostname");
-  opts.timeout = std::chrono::milliseconds(
-      static_cast<long long>(cfg.get_float("distributed.timeout_seconds") * 1000));
-  auto ctx = hp::dist::DistributedContext::create(env, setup.mesh, opts);
-  log->info("joined {} ({} backend, {} ranks, rendezvous via {})", setup.mesh.shape(),
-            opts.backend, env.world_size, env.source);
-
-  if (env.rank == 0) {
-    std::filesystem::create_directories(cfg.get_string("run.output_dir"));
-    std::ofstream(cfg.get_string("run.output_dir") + "/config.yaml") << cfg.to_yaml();
-  }
-  hp::FeatureRuntime runtime(cfg, ctx.get());
-  runtime.install(setup.features);
-  ctx->group("world").barrier();
-  std::fprintf(stderr,
-               "hp-train: rank %d: the training loop is not part of this build yet (issue 3); "
-               "the config, plugins and process groups were set up and checked\n",
-               env.rank);
-  return 3;
 }
 
 }  // namespace
@@ -142,7 +112,12 @@ int main(int argc, char** argv) {
   }
 
   try {
-    return train(setup, env);
+    hp::Trainer trainer = hp::Trainer::from_file(config_file, overrides);
+    trainer.fit();
+    return 0;
+  } catch (const hp::ConfigException& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return hp::kConfigErrorExitCode;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hp-train: rank %d failed: %s\n", env.rank, e.what());
     return 1;

@@ -1,0 +1,261 @@
+#include "checkpoint/manifest.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/detail/fs.h"
+#include "checkpoint/error.h"
+#include "checkpoint/safetensors.h"
+
+namespace hp::ckpt {
+namespace {
+
+using detail::format_shape;
+using nlohmann::json;
+
+/// Validating accessors that name the file and the key path on failure.
+class Parser {
+ public:
+  explicit Parser(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw CheckpointError("bad manifest " + source_ + ": " + key + " " + problem);
+  }
+  const json& field(const json& obj, const std::string& key, const std::string& path) const {
+    if (!obj.is_object() || !obj.contains(key)) {
+      fail(path + key, "is missing");
+    }
+    return obj.at(key);
+  }
+  std::int64_t integer(const json& obj, const std::string& key, const std::string& path) const {
+    const auto& v = field(obj, key, path);
+    if (!v.is_number_integer()) {
+      fail(path + key, "is not an integer: " + v.dump());
+    }
+    return v.get<std::int64_t>();
+  }
+  std::string string(const json& obj, const std::string& key, const std::string& path) const {
+    const auto& v = field(obj, key, path);
+    if (!v.is_string()) {
+      fail(path + key, "is not a string: " + v.dump());
+    }
+    return v.get<std::string>();
+  }
+  std::vector<std::int64_t> dims(const json& obj, const std::string& key,
+                                 const std::string& path) const {
+    const auto& v = field(obj, key, path);
+    if (!v.is_array()) {
+      fail(path + key, "is not an array of non-negative integers: " + v.dump());
+    }
+    std::vector<std::int64_t> out;
+    for (const auto& d : v) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
+        fail(path + key, "is not an array of non-negative integers: " + v.dump());
+      }
+      out.push_back(d.get<std::int64_t>());
+    }
+    return out;
+  }
+
+ private:
+  std::string source_;
+};
+
+std::string describe(const ShardRecord& s) {
+  return s.file + " offsets " + format_shape(s.offsets) + " lengths " + format_shape(s.lengths);
+}
+
+/// Product of `dims`, or -1 on overflow.
+std::int64_t volume(const std::vector<std::int64_t>& dims) {
+  std::int64_t v = 1;
+  for (const auto d : dims) {
+    if (__builtin_mul_overflow(v, d, &v)) {
+      return -1;
+    }
+  }
+  return v;
+}
+
+bool overlap(const ShardRecord& a, const ShardRecord& b) {
+  for (std::size_t d = 0; d < a.offsets.size(); ++d) {
+    const auto lo = std::max(a.offsets[d], b.offsets[d]);
+    const auto hi = std::min(a.offsets[d] + a.lengths[d], b.offsets[d] + b.lengths[d]);
+    if (hi <= lo) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string format_xxh64(std::uint64_t hash) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+json manifest_to_json(const Manifest& m) {
+  json tensors = json::object();
+  for (const auto& [name, t] : m.tensors) {
+    json shards = json::array();
+    for (const auto& s : t.shards) {
+      shards.push_back({{"file", s.file},
+                        {"offsets", s.offsets},
+                        {"lengths", s.lengths},
+                        {"byte_range", json::array({s.byte_begin, s.byte_end})},
+                        {"xxh64", s.xxh64}});
+    }
+    const auto dtype = safetensors_dtype_name(t.dtype);
+    if (!dtype) {
+      throw CheckpointInternalError("manifest tensor '" + name + "' has dtype " +
+                                    std::string(c10::toString(t.dtype)) +
+                                    ", which safetensors cannot store");
+    }
+    tensors[name] = {{"global_shape", t.global_shape}, {"dtype", *dtype}, {"shards", shards}};
+  }
+  return {{"format_version", m.format_version},
+          {"step", m.step},
+          {"layout", m.layout},
+          {"config_hash", m.config_hash},
+          {"tensors", tensors}};
+}
+
+Manifest manifest_from_json(const json& j, const std::string& source) {
+  Parser p(source);
+  if (!j.is_object()) {
+    p.fail("the document", "is not a JSON object");
+  }
+  Manifest m;
+  const auto version = p.integer(j, "format_version", "");
+  if (version != Manifest::kFormatVersion) {
+    throw CheckpointError("unknown checkpoint format version " + std::to_string(version) + " in " +
+                          source + "; this hyperparallel reads version " +
+                          std::to_string(Manifest::kFormatVersion));
+  }
+  m.format_version = static_cast<int>(version);
+  m.step = p.integer(j, "step", "");
+  m.config_hash = p.string(j, "config_hash", "");
+  const auto& layout = p.field(j, "layout", "");
+  if (!layout.is_object()) {
+    p.fail("layout", "is not an object");
+  }
+  for (const auto& [axis, degree] : layout.items()) {
+    m.layout[axis] = static_cast<int>(p.integer(layout, axis, "layout."));
+  }
+  const auto& tensors = p.field(j, "tensors", "");
+  if (!tensors.is_object()) {
+    p.fail("tensors", "is not an object");
+  }
+  for (const auto& [name, tj] : tensors.items()) {
+    const std::string path = "tensors['" + name + "'].";
+    TensorRecord t;
+    t.global_shape = p.dims(tj, "global_shape", path);
+    const auto dtype_name = p.string(tj, "dtype", path);
+    const auto dtype = safetensors_dtype_from_name(dtype_name);
+    if (!dtype) {
+      p.fail(path + "dtype", "is unknown: '" + dtype_name + "' (hyperparallel reads " +
+                                 supported_safetensors_dtypes() + ")");
+    }
+    t.dtype = *dtype;
+    const auto& shards = p.field(tj, "shards", path);
+    if (!shards.is_array() || shards.empty()) {
+      p.fail(path + "shards", "is not a non-empty array");
+    }
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string sp = path + "shards[" + std::to_string(i) + "].";
+      const auto& sj = shards[i];
+      ShardRecord s;
+      s.file = p.string(sj, "file", sp);
+      if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." ||
+          s.file == "..") {
+        p.fail(sp + "file", "is not a plain file name: '" + s.file + "'");
+      }
+      s.offsets = p.dims(sj, "offsets", sp);
+      s.lengths = p.dims(sj, "lengths", sp);
+      if (s.offsets.size() != t.global_shape.size() || s.lengths.size() != t.global_shape.size()) {
+        p.fail(sp + "offsets/lengths", "do not have one entry per dimension of global shape " +
+                                           format_shape(t.global_shape));
+      }
+      for (std::size_t d = 0; d < t.global_shape.size(); ++d) {
+        if (s.offsets[d] + s.lengths[d] > t.global_shape[d]) {
+          p.fail(sp + "offsets/lengths",
+                 "reach past global shape " + format_shape(t.global_shape) + ": " + describe(s));
+        }
+      }
+      const auto& range = p.field(sj, "byte_range", sp);
+      const auto non_negative = [](const json& v) {
+        return v.is_number_integer() && v.get<std::int64_t>() >= 0;
+      };
+      if (!range.is_array() || range.size() != 2 || !non_negative(range[0]) ||
+          !non_negative(range[1])) {
+        p.fail(sp + "byte_range", "is not [begin, end]: " + range.dump());
+      }
+      s.byte_begin = range[0].get<std::uint64_t>();
+      s.byte_end = range[1].get<std::uint64_t>();
+      const auto count = volume(s.lengths);
+      if (count < 0 || s.byte_end < s.byte_begin ||
+          s.byte_end - s.byte_begin !=
+              static_cast<std::uint64_t>(count) * c10::elementSize(t.dtype)) {
+        p.fail(sp + "byte_range", "does not hold lengths " + format_shape(s.lengths) + " of " +
+                                      dtype_name + ": " + range.dump());
+      }
+      s.xxh64 = p.string(sj, "xxh64", sp);
+      if (s.xxh64.size() != 16 ||
+          s.xxh64.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        p.fail(sp + "xxh64", "is not 16 lowercase hex digits: '" + s.xxh64 + "'");
+      }
+      t.shards.push_back(std::move(s));
+    }
+    m.tensors.emplace(name, std::move(t));
+  }
+  return m;
+}
+
+Manifest load_manifest(const std::string& path) {
+  const std::string text = detail::read_text_file(path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw CheckpointError("bad manifest " + path + ": not valid JSON (" + e.what() + ")");
+  }
+  return manifest_from_json(j, path);
+}
+
+std::string tiling_problem(const TensorRecord& t) {
+  const auto total = volume(t.global_shape);
+  if (total < 0) {
+    return "global shape " + format_shape(t.global_shape) + " has too many elements";
+  }
+  if (t.shards.empty()) {
+    return "no shard covers it";
+  }
+  std::int64_t covered = 0;
+  for (std::size_t i = 0; i < t.shards.size(); ++i) {
+    const auto& a = t.shards[i];
+    if (a.offsets.size() != t.global_shape.size() || a.lengths.size() != t.global_shape.size()) {
+      return "shard " + describe(a) + " does not have the rank of global shape " +
+             format_shape(t.global_shape);
+    }
+    for (std::size_t d = 0; d < a.offsets.size(); ++d) {
+      if (a.offsets[d] < 0 || a.lengths[d] < 0 || a.offsets[d] + a.lengths[d] > t.global_shape[d]) {
+        return "shard " + describe(a) + " reaches outside global shape " +
+               format_shape(t.global_shape);
+      }
+    }
+    for (std::size_t k = 0; k < i; ++k) {
+      if (overlap(t.shards[k], a)) {
+        return "shards " + describe(t.shards[k]) + " and " + describe(a) + " overlap";
+      }
+    }
+    covered += volume(a.lengths);
+  }
+  if (covered != total) {
+    return "the shards cover " + std::to_string(covered) + " of its " + std::to_string(total) +
+           " elements (global shape " + format_shape(t.global_shape) + "), leaving a gap";
+  }
+  return "";
+}
+
+}  // namespace hp::ckpt

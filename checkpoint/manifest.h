@@ -1,0 +1,71 @@
+#pragma once
+// The manifest of a committed checkpoint (manifest.json): what each tensor is
+// and which byte ranges of which files hold which parts of it. Its JSON:
+//
+//   {"format_version": 1, "step": 100, "config_hash": "...",
+//    "layout": {"pp": 2, "dp": 1, "tp": 2, "ep": 1},
+//    "tensors": {"<name>": {"global_shape": [8, 4], "dtype": "F32",
+//       "shards": [{"file": "model-rank00000.safetensors",
+//                   "offsets": [0, 0], "lengths": [4, 4],
+//                   "byte_range": [123, 187], "xxh64": "0123456789abcdef"}]}}}
+//
+// dtype names are those of safetensors; file names are relative to the step
+// directory; byte ranges are absolute within the file.
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace hp::ckpt {
+
+/// Parallel degrees the checkpoint was written under, e.g. {"pp": 2, "tp": 2}.
+/// Informational: any layout can read any checkpoint.
+using Layout = std::map<std::string, int>;
+
+/// One box of a tensor stored contiguously in one file.
+struct ShardRecord {
+  std::string file;
+  std::vector<std::int64_t> offsets;
+  std::vector<std::int64_t> lengths;
+  std::uint64_t byte_begin = 0;
+  std::uint64_t byte_end = 0;
+  /// XXH64 (seed 0) of the bytes, 16 lowercase hex digits.
+  std::string xxh64;
+};
+
+struct TensorRecord {
+  std::vector<std::int64_t> global_shape;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<ShardRecord> shards;
+};
+
+struct Manifest {
+  /// The only format this build reads or writes.
+  static constexpr int kFormatVersion = 1;
+
+  int format_version = kFormatVersion;
+  std::int64_t step = 0;
+  Layout layout;
+  std::string config_hash;
+  std::map<std::string, TensorRecord> tensors;
+};
+
+nlohmann::json manifest_to_json(const Manifest& manifest);
+/// Parses and validates (shard boxes inside the global shape, byte ranges
+/// that hold exactly their box). `source` names the file in error messages.
+/// Another format_version is refused with a CheckpointError.
+Manifest manifest_from_json(const nlohmann::json& json, const std::string& source);
+/// Reads and parses a manifest file.
+Manifest load_manifest(const std::string& path);
+
+/// Why the shards of `tensor` do not tile its global shape exactly (a gap or
+/// an overlap), or "" when they do.
+std::string tiling_problem(const TensorRecord& tensor);
+
+/// 16 lowercase hex digits.
+std::string format_xxh64(std::uint64_t hash);
+
+}  // namespace hp::ckpt

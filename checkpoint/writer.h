@@ -1,0 +1,91 @@
+#pragma once
+// Writing a checkpoint from any number of ranks, committed atomically.
+//
+//   rank 0:      CheckpointWriter::prepare(root, step);   // drops a stale step_X.tmp
+//   all ranks:   barrier
+//                CheckpointWriter w(root, step, rank);
+//                w.write_file("model-rank00003.safetensors", {{"w", local, global, offsets}});
+//                w.finish_rank();
+//   all ranks:   barrier
+//   rank 0:      CheckpointWriter::commit(root, step, state, layout, config_hash, keep);
+//
+// Until commit renames <root>/step_X.tmp to <root>/step_X and then replaces
+// <root>/latest, a crash at any point leaves the previous checkpoint (and
+// `latest`) untouched. The ranks must share the file system of `root`.
+//
+// Fault injection (for tests): when the environment variable HP_FAULT_INJECT
+// is `checkpoint:<stage>`, the process kills itself with SIGKILL at that stage:
+//   checkpoint:after_files    in write_file, after the file's data is written
+//   checkpoint:before_rename  in commit, after manifest.json and state.json are
+//                             written, before step_X.tmp is renamed to step_X
+//   checkpoint:before_latest  in commit, after the rename, before `latest` is written
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+
+namespace hp::ckpt {
+
+/// A tensor as one rank holds it: `local` is the box of the global tensor
+/// starting at `offsets` (one per dimension). A whole tensor has zero offsets
+/// and `local.sizes() == global_shape`.
+struct ShardedTensor {
+  std::string name;
+  at::Tensor local;
+  std::vector<std::int64_t> global_shape;
+  std::vector<std::int64_t> offsets;
+};
+
+/// Writes one rank's part of step `step` under `root_dir`.
+class CheckpointWriter {
+ public:
+  /// Creates <root>/step_%08d.tmp if needed (every rank may do so).
+  CheckpointWriter(std::string root_dir, std::int64_t step, int rank);
+
+  /// Rank 0, before the barrier that precedes every rank's constructor:
+  /// creates `root` if needed and removes a stale step_X.tmp left by a crash.
+  static void prepare(const std::string& root, std::int64_t step);
+
+  /// Writes `tensors` to the safetensors file `file_name` (a plain name,
+  /// unique across all ranks, e.g. "model-rank00003.safetensors") in the
+  /// staging directory and records their shards. A tensor name may appear in
+  /// several files of a rank, but only once per file.
+  void write_file(const std::string& file_name, const std::vector<ShardedTensor>& tensors);
+
+  /// Writes shards-rank%05d.json, this rank's part of the manifest, with
+  /// fsync. Every rank calls it once, even one that wrote no file.
+  void finish_rank();
+
+  /// Rank 0, after every rank's finish_rank (a barrier): merges the ranks'
+  /// parts into manifest.json, checking that every tensor's shards tile its
+  /// global shape exactly (else CheckpointInternalError naming the tensor),
+  /// writes state.json, renames step_X.tmp to step_X (atomically exchanging
+  /// it with an existing step_X) and then points `latest` at it. Everything is
+  /// fsynced, files and directories. `keep` > 0 then deletes all but the
+  /// newest `keep` step directories (never the one just committed).
+  static void commit(const std::string& root, std::int64_t step, const nlohmann::json& state,
+                     const Layout& layout, const std::string& config_hash, int keep = 0);
+
+  /// "step_00000100"
+  static std::string step_dir_name(std::int64_t step);
+
+  const std::string& staging_dir() const { return staging_; }
+  std::int64_t step() const { return step_; }
+  int rank() const { return rank_; }
+
+ private:
+  std::string root_;
+  std::int64_t step_;
+  int rank_;
+  std::string staging_;
+  std::map<std::string, TensorRecord> shards_;
+  std::vector<std::string> files_;
+  bool finished_ = false;
+};
+
+}  // namespace hp::ckpt

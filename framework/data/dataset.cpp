@@ -1,0 +1,177 @@
+#include "framework/data/dataset.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+#include "framework/config/config.h"
+
+namespace fs = std::filesystem;
+
+namespace hp {
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
+  std::uint64_t z = 0x9e3779b97f4a7c15ULL;
+  for (std::uint64_t w : {a, b, c, d}) {
+    z ^= w + 0x9e3779b97f4a7c15ULL + (z << 6) + (z >> 2);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+  }
+  return z;
+}
+
+Batch make_batch(const Dataset& ds, Split split, std::int64_t step, std::int64_t first,
+                 std::int64_t count, std::int64_t seq) {
+  Batch b;
+  b.tokens = at::empty({count, seq}, at::kLong);
+  b.targets = at::empty({count, seq}, at::kLong);
+  auto* t = b.tokens.data_ptr<std::int64_t>();
+  auto* y = b.targets.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < count; ++i) {
+    ds.sample(split, step, first + i, t + i * seq, y + i * seq, seq);
+  }
+  return b;
+}
+
+namespace {
+
+bool looks_binary(const std::string& bytes) {
+  const std::size_t n = std::min<std::size_t>(bytes.size(), 4096);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bytes[i] == '\0') return true;
+  }
+  return false;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+class TextDataset : public Dataset {
+ public:
+  TextDataset(const std::string& path, std::int64_t seq, double valid_fraction, std::uint64_t seed)
+      : seed_(seed) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      throw std::runtime_error("data.path = " + path + ": the corpus does not exist");
+    }
+    std::vector<fs::path> files;
+    if (fs::is_directory(path, ec)) {
+      for (const auto& e : fs::recursive_directory_iterator(path, ec)) {
+        if (e.is_symlink() || !e.is_regular_file()) continue;
+        if (e.path().extension() == ".dat") continue;  // fortune's binary index files
+        files.push_back(e.path());
+      }
+      std::sort(files.begin(), files.end());
+    } else {
+      files.push_back(path);
+    }
+    for (const auto& f : files) {
+      std::string bytes = read_all(f);
+      if (looks_binary(bytes)) continue;
+      text_ += bytes;
+      ++files_used_;
+    }
+    if (text_.empty()) {
+      throw std::runtime_error("data.path = " + path + ": the corpus is empty (no text files" +
+                               (files.empty() ? "" : " among " + std::to_string(files.size()) +
+                                                         " files") + ")");
+    }
+    const auto n = static_cast<std::int64_t>(text_.size());
+    valid_begin_ = static_cast<std::int64_t>(static_cast<double>(n) * (1.0 - valid_fraction));
+    const std::int64_t need = seq + 1;
+    if (valid_begin_ < need || (valid_fraction > 0 && n - valid_begin_ < need)) {
+      throw std::runtime_error("data.path = " + path + ": the corpus has " + std::to_string(n) +
+                               " bytes, too few for one sample of " + std::to_string(need) +
+                               " bytes in each split");
+    }
+    path_ = path;
+  }
+
+  void sample(Split split, std::int64_t step, std::int64_t index, std::int64_t* tokens,
+              std::int64_t* targets, std::int64_t seq) const override {
+    const bool train = split == Split::kTrain || valid_begin_ == static_cast<std::int64_t>(text_.size());
+    const std::int64_t begin = train ? 0 : valid_begin_;
+    const std::int64_t end = train ? valid_begin_ : static_cast<std::int64_t>(text_.size());
+    const std::uint64_t span = static_cast<std::uint64_t>(end - begin - seq - 1) + 1;
+    const std::int64_t start =
+        begin + static_cast<std::int64_t>(mix(seed_, train ? 1 : 2, static_cast<std::uint64_t>(step),
+                                              static_cast<std::uint64_t>(index)) % span);
+    const auto* p = reinterpret_cast<const unsigned char*>(text_.data()) + start;
+    for (std::int64_t i = 0; i < seq; ++i) {
+      tokens[i] = p[i];
+      targets[i] = p[i + 1];
+    }
+  }
+
+  std::string describe() const override {
+    return "text corpus " + path_ + ": " + std::to_string(files_used_) + " files, " +
+           std::to_string(text_.size()) + " bytes (" + std::to_string(valid_begin_) +
+           " train, " + std::to_string(text_.size() - static_cast<std::size_t>(valid_begin_)) +
+           " valid)";
+  }
+
+ private:
+  std::uint64_t seed_;
+  std::string text_;
+  std::string path_;
+  std::int64_t valid_begin_ = 0;
+  int files_used_ = 0;
+};
+
+class SyntheticDataset : public Dataset {
+ public:
+  SyntheticDataset(std::int64_t vocab, std::uint64_t seed) : vocab_(vocab), seed_(seed) {
+    a_ = static_cast<std::int64_t>(mix(seed, 11) % static_cast<std::uint64_t>(vocab - 1)) + 1;
+    c_ = static_cast<std::int64_t>(mix(seed, 12) % static_cast<std::uint64_t>(vocab));
+  }
+  void sample(Split split, std::int64_t step, std::int64_t index, std::int64_t* tokens,
+              std::int64_t* targets, std::int64_t seq) const override {
+    std::int64_t x = static_cast<std::int64_t>(
+        mix(seed_, split == Split::kTrain ? 3 : 4, static_cast<std::uint64_t>(step),
+            static_cast<std::uint64_t>(index)) %
+        static_cast<std::uint64_t>(vocab_));
+    for (std::int64_t i = 0; i < seq; ++i) {
+      tokens[i] = x;
+      x = (a_ * x + c_) % vocab_;
+      targets[i] = x;
+    }
+  }
+  std::string describe() const override {
+    return "synthetic: x[i+1] = (" + std::to_string(a_) + " * x[i] + " + std::to_string(c_) +
+           ") mod " + std::to_string(vocab_);
+  }
+
+ private:
+  std::int64_t vocab_;
+  std::uint64_t seed_;
+  std::int64_t a_ = 1, c_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> make_text_dataset(const std::string& path, std::int64_t seq,
+                                           double valid_fraction, std::uint64_t seed) {
+  return std::make_shared<TextDataset>(path, seq, valid_fraction, seed);
+}
+
+std::shared_ptr<Dataset> make_synthetic_dataset(std::int64_t vocab, std::uint64_t seed) {
+  return std::make_shared<SyntheticDataset>(vocab, seed);
+}
+
+std::shared_ptr<Dataset> make_dataset(const Config& c) {
+  const auto seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+  if (c.get_string("data.type") == "synthetic") {
+    return make_synthetic_dataset(c.get_int("model.vocab_size"), seed);
+  }
+  return make_text_dataset(c.get_string("data.path"), c.get_int("model.seq_len"),
+                           c.get_float("data.valid_fraction"), seed);
+}
+
+}  // namespace hp

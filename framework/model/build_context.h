@@ -1,0 +1,126 @@
+#pragma once
+// What a layer sees while it is built: the config, this rank's place in the
+// mesh, the layer registry, and the one way to create a parameter, which
+// initialises the FULL tensor from (seed, global name) and keeps this rank's
+// slice, so weights never depend on the layout.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/model/activations.h"
+#include "framework/model/shard_spec.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace hp {
+
+class Config;
+class LayerRegistry;
+namespace dist {
+class DistributedContext;
+class Group;
+}  // namespace dist
+
+/// How a parameter is initialised (over the full tensor).
+struct Init {
+  enum class Kind { kNormal, kZeros, kOnes } kind = Kind::kNormal;
+  double std = 0.02;
+  static Init normal(double s) { return {Kind::kNormal, s}; }
+  static Init zeros() { return {Kind::kZeros, 0.0}; }
+  static Init ones() { return {Kind::kOnes, 0.0}; }
+};
+
+/// A parameter of this rank with its layout-independent description.
+struct ParamEntry {
+  ShardSpec spec;
+  at::Tensor tensor;
+};
+
+/// Wraps a forward computation (used by recompute): gets the inner function
+/// and its input, returns its output.
+using ForwardFn = std::function<Activations(const Activations&)>;
+using Wrapper = std::function<Activations(const ForwardFn& inner, const Activations& in)>;
+using WrapperFilter = std::function<bool(int block_index, const std::string& block_name)>;
+
+/// [offset, length) of part `index` when `total` is split into `parts`
+/// nearly equal pieces (the first `total % parts` pieces one longer).
+std::pair<std::int64_t, std::int64_t> split_range(std::int64_t total, std::int64_t parts,
+                                                  std::int64_t index);
+
+class BuildContext {
+ public:
+  BuildContext(const Config& config, dist::DistributedContext* dist, const LayerRegistry& layers,
+               std::uint64_t seed);
+
+  const Config& config() const { return config_; }
+  /// Null when running without process groups (single-process unit tests).
+  dist::DistributedContext* dist() const { return dist_; }
+  const LayerRegistry& layers() const { return layers_; }
+  std::uint64_t seed() const { return seed_; }
+
+  /// Size of / this rank's index in a mesh group ("tp", "dp", ...); 1 / 0
+  /// without process groups.
+  int group_size(const std::string& group) const;
+  int group_rank(const std::string& group) const;
+  dist::Group* group(const std::string& group) const;
+
+  /// Creates, initialises and registers parameter `local_name` of `module`.
+  /// With `split_dim` >= 0 the full tensor is split over `split_group` with
+  /// split_range(), and this rank keeps its piece.
+  at::Tensor param(torch::nn::Module& module, const std::string& global_name,
+                   const std::string& local_name, const std::vector<std::int64_t>& global_shape,
+                   Init init, int split_dim = -1, const std::string& split_group = "tp",
+                   const std::string& grad_sync_group = "dp");
+  /// Same, with an explicit slice (for layouts split_range does not describe).
+  at::Tensor param_slice(torch::nn::Module& module, const std::string& global_name,
+                         const std::string& local_name,
+                         const std::vector<std::int64_t>& global_shape, Init init, int split_dim,
+                         std::int64_t offset, std::int64_t length, const std::string& split_group,
+                         const std::string& grad_sync_group = "dp");
+
+  const std::vector<ParamEntry>& params() const { return params_; }
+
+  /// Tensors shared between blocks (tied embeddings).
+  void share(const std::string& key, const at::Tensor& t) { shared_[key] = t; }
+  at::Tensor shared(const std::string& key) const;
+
+  /// Forward wrappers by scope ("block", "attention.core"), set by features;
+  /// `applies(index, name)` says whether that block (in model order) gets it.
+  void set_wrapper(const std::string& scope, Wrapper w, WrapperFilter applies = nullptr);
+  /// The wrapper of `scope` for the block being built now, or null.
+  const Wrapper* wrapper(const std::string& scope) const;
+  /// Index (in model order) of the block being built; -1 outside blocks.
+  void set_current_block(int index, std::string name = "") {
+    current_block_ = index;
+    current_block_name_ = std::move(name);
+  }
+  int current_block() const { return current_block_; }
+
+ private:
+  const Config& config_;
+  dist::DistributedContext* dist_;
+  const LayerRegistry& layers_;
+  std::uint64_t seed_;
+  std::vector<ParamEntry> params_;
+  std::map<std::string, at::Tensor> shared_;
+  struct ScopedWrapper {
+    Wrapper fn;
+    WrapperFilter applies;
+  };
+  std::map<std::string, ScopedWrapper> wrappers_;
+  int current_block_ = -1;
+  std::string current_block_name_;
+};
+
+/// The full tensor a parameter starts from: a function of (seed, global name).
+at::Tensor initial_value(std::uint64_t seed, const std::string& global_name,
+                         const std::vector<std::int64_t>& shape, Init init);
+
+}  // namespace hp

@@ -1,0 +1,21 @@
+#include "framework/model/extensions.h"
+
+#include <stdexcept>
+
+namespace hp {
+
+void ModelExtensions::add_wrapper(const std::string& scope, const std::string& owner, Wrapper w,
+                                  WrapperFilter applies) {
+  auto it = wrappers_.find(scope);
+  if (it != wrappers_.end()) {
+    throw std::invalid_argument("the '" + scope + "' forward wrapper is claimed by both '" +
+                                it->second.owner + "' and '" + owner + "'");
+  }
+  wrappers_[scope] = Entry{owner, std::move(w), std::move(applies)};
+}
+
+void ModelExtensions::apply_to(BuildContext& ctx) const {
+  for (const auto& [scope, e] : wrappers_) ctx.set_wrapper(scope, e.fn, e.applies);
+}
+
+}  // namespace hp

@@ -1,0 +1,36 @@
+#pragma once
+// The model-side extension points features install into: the layer
+// registry (TP, EP replace kinds) and forward wrappers (recompute).
+#include <map>
+#include <string>
+
+#include "framework/model/build_context.h"
+#include "framework/model/layers.h"
+
+namespace hp {
+
+class ModelExtensions {
+ public:
+  ModelExtensions() : layers_(LayerRegistry::dense()) {}
+
+  LayerRegistry& layers() { return layers_; }
+  const LayerRegistry& layers() const { return layers_; }
+
+  /// One wrapper per scope ("block", "attention.core"); a second owner of the
+  /// same scope is refused naming both.
+  void add_wrapper(const std::string& scope, const std::string& owner, Wrapper w,
+                   WrapperFilter applies = nullptr);
+  /// Hands every wrapper to a build context.
+  void apply_to(BuildContext& ctx) const;
+
+ private:
+  LayerRegistry layers_;
+  struct Entry {
+    std::string owner;
+    Wrapper fn;
+    WrapperFilter applies;
+  };
+  std::map<std::string, Entry> wrappers_;
+};
+
+}  // namespace hp

@@ -1,0 +1,199 @@
+#include "framework/model/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace hp {
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  // [B, T, h, d] -> [B, h, T, d]
+  auto qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+  const auto T = q.size(1);
+  auto scores = at::matmul(qt, kt.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  auto mask = at::ones({T, T}, q.options().dtype(at::kBool)).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  auto ctx = at::matmul(at::softmax(scores, -1), vt);  // [B, h, T, d]
+  return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
+}
+
+namespace {
+
+class DenseLinear : public Layer {
+ public:
+  DenseLinear(const LayerSpec& s, BuildContext& ctx) {
+    if (!s.tied_weight.empty()) {
+      weight_ = ctx.shared(s.tied_weight);
+    } else {
+      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std));
+    }
+    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros());
+  }
+  at::Tensor forward(const at::Tensor& x) override { return at::linear(x, weight_, bias_); }
+
+ private:
+  at::Tensor weight_, bias_;
+};
+
+class DenseEmbedding : public Layer {
+ public:
+  DenseEmbedding(const LayerSpec& s, BuildContext& ctx) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+    ctx.share(s.name + ".weight", weight_);
+  }
+  at::Tensor forward(const at::Tensor& ids) override { return at::embedding(weight_, ids); }
+
+ private:
+  at::Tensor weight_;
+};
+
+class DenseLayerNorm : public Layer {
+ public:
+  DenseLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones());
+    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros());
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5);
+  }
+
+ private:
+  std::int64_t dim_;
+  at::Tensor weight_, bias_;
+};
+
+/// q, k, v from one column-split projection whose rows are laid out head by
+/// head ([head][q|k|v][head_dim]), so any split by whole heads keeps q, k and
+/// v of a head together; output projection row-split.
+class HeadsAttention : public Layer {
+ public:
+  HeadsAttention(const LayerSpec& s, BuildContext& ctx) : head_dim_(s.in / s.heads) {
+    LayerSpec qkv{"linear.column", s.name + ".qkv", s.in, 3 * s.in};
+    qkv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
+    LayerSpec proj{"linear.row", s.name + ".proj", s.in, s.in};
+    proj.with_bias(s.bias).with_input_is_parallel(true).with_init_std(s.init_std);
+    qkv_ = register_module("qkv", ctx.layers().make(qkv, ctx));
+    proj_ = register_module("proj", ctx.layers().make(proj, ctx));
+    if (const Wrapper* w = ctx.wrapper("attention.core")) core_wrapper_ = *w;
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    auto y = qkv_->forward(x);  // [B, T, local_heads * 3 * head_dim]
+    const auto local_heads = y.size(-1) / (3 * head_dim_);
+    auto parts = y.view({x.size(0), x.size(1), local_heads, 3, head_dim_}).unbind(3);
+    at::Tensor ctx;
+    if (core_wrapper_) {
+      ForwardFn core = [](const Activations& a) {
+        return make_activations({{"y", causal_attention(a["q"], a["k"], a["v"])}});
+      };
+      ctx = core_wrapper_(core, make_activations({{"q", parts[0]}, {"k", parts[1]}, {"v", parts[2]}}))["y"];
+    } else {
+      ctx = causal_attention(parts[0], parts[1], parts[2]);
+    }
+    return proj_->forward(ctx);
+  }
+
+ private:
+  std::int64_t head_dim_;
+  std::shared_ptr<Layer> qkv_, proj_;
+  Wrapper core_wrapper_;
+};
+
+class ColumnRowMlp : public Layer {
+ public:
+  ColumnRowMlp(const LayerSpec& s, BuildContext& ctx) {
+    LayerSpec fc1{"linear.column", s.name + ".fc1", s.in, s.out};
+    fc1.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
+    LayerSpec fc2{"linear.row", s.name + ".fc2", s.out, s.in};
+    fc2.with_bias(s.bias).with_input_is_parallel(true).with_init_std(s.init_std);
+    fc1_ = register_module("fc1", ctx.layers().make(fc1, ctx));
+    fc2_ = register_module("fc2", ctx.layers().make(fc2, ctx));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return fc2_->forward(at::gelu(fc1_->forward(x)));
+  }
+
+ private:
+  std::shared_ptr<Layer> fc1_, fc2_;
+};
+
+class DenseCrossEntropy : public LossLayer {
+ public:
+  LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) override {
+    auto flat = logits.reshape({-1, logits.size(-1)});
+    auto sum = at::nll_loss(at::log_softmax(flat, -1), targets.reshape({-1}), {},
+                            at::Reduction::Sum);
+    return {sum, targets.numel()};
+  }
+};
+
+template <typename T>
+LayerFactory factory() {
+  return [](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<T>(s, ctx); };
+}
+
+}  // namespace
+
+LayerRegistry LayerRegistry::dense() {
+  LayerRegistry r;
+  r.layers_["linear.column"] = {"dense", factory<DenseLinear>()};
+  r.layers_["linear.row"] = {"dense", factory<DenseLinear>()};
+  r.layers_["embedding.vocab"] = {"dense", factory<DenseEmbedding>()};
+  r.layers_["layer_norm"] = {"dense", factory<DenseLayerNorm>()};
+  r.layers_["attention.heads"] = {"dense", factory<HeadsAttention>()};
+  r.layers_["mlp"] = {"dense", factory<ColumnRowMlp>()};
+  r.losses_["loss.cross_entropy"] = {"dense", [](const LayerSpec&, BuildContext&) {
+                                       return std::make_shared<DenseCrossEntropy>();
+                                     }};
+  return r;
+}
+
+void LayerRegistry::replace(const std::string& kind, const std::string& owner, LayerFactory f) {
+  auto it = layers_.find(kind);
+  if (it == layers_.end()) {
+    throw std::invalid_argument("feature '" + owner + "' replaces unknown layer kind '" + kind + "'");
+  }
+  if (it->second.owner != "dense") {
+    throw std::invalid_argument("layer kind '" + kind + "' is replaced by both '" +
+                                it->second.owner + "' and '" + owner + "'");
+  }
+  it->second = {owner, std::move(f)};
+}
+
+void LayerRegistry::replace_loss(const std::string& kind, const std::string& owner, LossFactory f) {
+  auto it = losses_.find(kind);
+  if (it == losses_.end()) {
+    throw std::invalid_argument("feature '" + owner + "' replaces unknown loss kind '" + kind + "'");
+  }
+  if (it->second.owner != "dense") {
+    throw std::invalid_argument("loss kind '" + kind + "' is replaced by both '" +
+                                it->second.owner + "' and '" + owner + "'");
+  }
+  it->second = {owner, std::move(f)};
+}
+
+std::shared_ptr<Layer> LayerRegistry::make(const LayerSpec& spec, BuildContext& ctx) const {
+  auto it = layers_.find(spec.kind);
+  if (it == layers_.end()) {
+    throw std::invalid_argument("model error: unknown layer kind '" + spec.kind + "' for '" +
+                                spec.name + "'");
+  }
+  return it->second.factory(spec, ctx);
+}
+
+std::shared_ptr<LossLayer> LayerRegistry::make_loss(const LayerSpec& spec, BuildContext& ctx) const {
+  auto it = losses_.find(spec.kind);
+  if (it == losses_.end()) {
+    throw std::invalid_argument("model error: unknown loss kind '" + spec.kind + "'");
+  }
+  return it->second.factory(spec, ctx);
+}
+
+std::string LayerRegistry::owner(const std::string& kind) const {
+  auto it = layers_.find(kind);
+  if (it != layers_.end()) return it->second.owner;
+  auto jt = losses_.find(kind);
+  return jt == losses_.end() ? "" : jt->second.owner;
+}
+
+}  // namespace hp

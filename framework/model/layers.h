@@ -1,0 +1,93 @@
+#pragma once
+// Layers are asked for by KIND, never by class. With no feature loaded every
+// kind builds the dense LibTorch layer; a feature (tensor parallel, expert
+// parallel) replaces a kind, and models written once run on any layout.
+//
+// Kinds: linear.column, linear.row, embedding.vocab, attention.heads, mlp,
+// layer_norm, loss.cross_entropy.
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "framework/model/block.h"
+#include "framework/model/build_context.h"
+
+namespace hp {
+
+/// A layer with one input and one output tensor.
+class Layer : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+
+/// Cross entropy over logits (possibly split over the vocabulary by a
+/// feature) and integer targets; returns the summed loss and token count.
+class LossLayer : public torch::nn::Module {
+ public:
+  virtual LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) = 0;
+};
+
+struct LayerSpec {
+  std::string kind;
+  std::string name;          ///< global prefix of its parameters, e.g. "blocks.3.attn"
+  std::int64_t in = 0;       ///< input features; vocabulary size for embedding.vocab
+  std::int64_t out = 0;      ///< output features; embedding width; FFN width for mlp
+  std::int64_t heads = 0;    ///< attention.heads
+  bool bias = true;
+  double init_std = 0.02;
+  double dropout = 0.0;
+  /// linear.column: gather the split output back to full width.
+  bool gather_output = true;
+  /// linear.row: the input is already split along features.
+  bool input_is_parallel = false;
+  /// embedding.vocab / linear.column: reuse this shared tensor as the weight
+  /// (tied embeddings); "" to create one.
+  std::string tied_weight;
+
+  LayerSpec& with_bias(bool b) { bias = b; return *this; }
+  LayerSpec& with_gather_output(bool g) { gather_output = g; return *this; }
+  LayerSpec& with_input_is_parallel(bool p) { input_is_parallel = p; return *this; }
+  LayerSpec& with_init_std(double s) { init_std = s; return *this; }
+  LayerSpec& with_tied_weight(std::string key) { tied_weight = std::move(key); return *this; }
+  LayerSpec& with_dropout(double d) { dropout = d; return *this; }
+};
+
+using LayerFactory = std::function<std::shared_ptr<Layer>(const LayerSpec&, BuildContext&)>;
+using LossFactory = std::function<std::shared_ptr<LossLayer>(const LayerSpec&, BuildContext&)>;
+
+/// Explicit, keyed registry. A kind can be replaced once, by one feature; a
+/// second feature replacing the same kind is refused with both names.
+class LayerRegistry {
+ public:
+  /// The dense defaults for every kind.
+  static LayerRegistry dense();
+
+  void replace(const std::string& kind, const std::string& owner, LayerFactory factory);
+  void replace_loss(const std::string& kind, const std::string& owner, LossFactory factory);
+  std::shared_ptr<Layer> make(const LayerSpec& spec, BuildContext& ctx) const;
+  std::shared_ptr<LossLayer> make_loss(const LayerSpec& spec, BuildContext& ctx) const;
+  /// Who provides `kind` ("dense" or a feature name).
+  std::string owner(const std::string& kind) const;
+
+ private:
+  struct Entry {
+    std::string owner;
+    LayerFactory factory;
+  };
+  struct LossEntry {
+    std::string owner;
+    LossFactory factory;
+  };
+  std::map<std::string, Entry> layers_;
+  std::map<std::string, LossEntry> losses_;
+};
+
+/// Causal softmax attention over [batch, seq, heads, head_dim] q, k, v;
+/// returns [batch, seq, heads * head_dim]. Shared by every attention layer.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+}  // namespace hp

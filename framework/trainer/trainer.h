@@ -1,0 +1,58 @@
+#pragma once
+// The Trainer: config in, a trained model out.
+//
+//   hp::Trainer trainer = hp::Trainer::from_file("gpt.yaml");
+//   trainer.enable("recompute", {{"granularity", "selective"}});
+//   auto result = trainer.fit();                 // model and data from the config
+//   auto result = trainer.fit(my_model, my_data); // or your own
+//
+// `enable` is the C++ twin of `features.<name>.enabled: true`. fit()
+// validates everything first (a bad config throws hp::ConfigException before
+// any process group exists), then joins the job described by the environment
+// (torchrun / hp-launch / Slurm / Open MPI variables, or one process).
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/config/config.h"
+#include "framework/model/model.h"
+
+namespace hp {
+
+class Dataset;
+
+struct FitResult {
+  std::int64_t first_step = 0;  ///< first step run by this fit (after a resume: checkpoint step)
+  std::int64_t last_step = 0;   ///< steps completed in total
+  std::vector<double> losses;   ///< training loss of each step run, averaged per token
+  double last_eval_loss = std::numeric_limits<double>::quiet_NaN();
+  double tokens_per_second = 0;  ///< mean over the steps run, excluding the first
+};
+
+class Trainer {
+ public:
+  explicit Trainer(RawConfig raw);
+  static Trainer from_file(const std::string& path, const std::vector<std::string>& overrides = {});
+  static Trainer from_yaml(const std::string& yaml);
+
+  /// Sets one key (value parsed as YAML), as `--set key=value` does.
+  Trainer& set(const std::string& key, const std::string& yaml_value);
+  /// Enables a feature with its options, e.g.
+  /// enable("recompute", {{"granularity", "full"}}).
+  Trainer& enable(const std::string& feature, const std::map<std::string, std::string>& options = {});
+
+  /// Trains the model and data named by the config.
+  FitResult fit();
+  /// Trains `model` (a provider called after the mesh exists) on `data`.
+  FitResult fit(const ModelProvider& model, std::shared_ptr<Dataset> data);
+
+  const RawConfig& raw_config() const { return raw_; }
+
+ private:
+  RawConfig raw_;
+};
+
+}  // namespace hp

@@ -1,0 +1,108 @@
+#include "framework/trainer/training_metrics.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "backends/dist/context.h"
+#include "framework/config/config.h"
+#include "framework/metrics/metrics.h"
+
+namespace hp {
+
+std::pair<double, double> resident_memory_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  double rss = 0, hwm = 0;
+  while (std::getline(in, line)) {
+    std::istringstream is(line);
+    std::string key;
+    double kb = 0;
+    is >> key >> kb;
+    if (key == "VmRSS:") rss = kb * 1024;
+    if (key == "VmHWM:") hwm = kb * 1024;
+  }
+  return {rss, hwm};
+}
+
+TrainingMetrics::TrainingMetrics(const Config& c, int rank, int local_rank, bool writes_jsonl)
+    : registry_(std::make_unique<metrics::Registry>()) {
+  auto& r = *registry_;
+  r.set_common_labels({{"rank", std::to_string(rank)}});
+  step_ = &r.gauge("hp_step", "Optimizer steps completed.");
+  loss_ = &r.gauge("hp_loss", "Training loss of the last step (mean per token).");
+  lr_ = &r.gauge("hp_learning_rate", "Learning rate of the last step.");
+  grad_norm_ = &r.gauge("hp_grad_norm", "Global gradient L2 norm before clipping.");
+  tps_ = &r.gauge("hp_tokens_per_second", "Training throughput of the last step, all ranks.");
+  rss_ = &r.gauge("hp_resident_memory_bytes", "Resident memory of this process.");
+  peak_rss_ = &r.gauge("hp_peak_resident_memory_bytes", "Peak resident memory of this process.");
+  eval_loss_ = &r.gauge("hp_eval_loss", "Loss on the validation split at the last evaluation.");
+  tokens_ = &r.counter("hp_tokens_total", "Tokens trained on, all ranks.");
+  samples_ = &r.counter("hp_samples_total", "Samples trained on, all ranks.");
+  step_time_ = &r.histogram("hp_step_duration_seconds", "Wall time of one optimizer step.",
+                            metrics::exponential_buckets(0.01, 2.0, 14));
+  r.gauge("hp_checkpoint_save_seconds", "Seconds the last checkpoint save took.");
+  r.gauge("hp_checkpoint_load_seconds", "Seconds the last checkpoint load took.");
+  if (c.get_bool("metrics.prometheus.enabled")) {
+    exposer_ = std::make_unique<metrics::HttpExposer>(
+        r, c.get_string("metrics.prometheus.bind"),
+        static_cast<int>(c.get_int("metrics.prometheus.port")) + local_rank);
+  }
+  if (writes_jsonl && c.get_bool("metrics.jsonl")) {
+    jsonl_ = std::make_unique<metrics::JsonlWriter>(c.get_string("run.output_dir") + "/metrics.jsonl");
+  }
+}
+
+TrainingMetrics::~TrainingMetrics() = default;
+
+std::string TrainingMetrics::url() const { return exposer_ ? exposer_->url() : ""; }
+
+void TrainingMetrics::update_comm(dist::DistributedContext* d) {
+  if (!d) return;
+  for (const auto& [name, group] : d->groups()) {
+    for (const auto& [op, s] : group->stats()) {
+      auto& seen = comm_seen_[name + "/" + op];
+      const metrics::Labels labels{{"group", name}, {"op", op}};
+      registry_->counter("hp_comm_bytes_total", "Bytes sent by collectives and P2P.", labels)
+          .inc(static_cast<double>(s.bytes) - seen.first);
+      registry_->counter("hp_comm_seconds_total", "Seconds spent waiting on communication.", labels)
+          .inc(s.seconds - seen.second);
+      seen = {static_cast<double>(s.bytes), s.seconds};
+    }
+  }
+}
+
+void TrainingMetrics::on_step(const StepFigures& f, dist::DistributedContext* d) {
+  step_->set(static_cast<double>(f.step));
+  loss_->set(f.loss);
+  lr_->set(f.lr);
+  grad_norm_->set(f.grad_norm);
+  tps_->set(f.tokens_per_second);
+  tokens_->inc(f.tokens);
+  samples_->inc(f.samples);
+  step_time_->observe(f.step_seconds);
+  auto [rss, hwm] = resident_memory_bytes();
+  rss_->set(rss);
+  peak_rss_->set(hwm);
+  update_comm(d);
+}
+
+void TrainingMetrics::log_step(const StepFigures& f, const std::map<std::string, double>& extra) {
+  if (!jsonl_) return;
+  std::map<std::string, double> fields{{"loss", f.loss},
+                                       {"lr", f.lr},
+                                       {"grad_norm", f.grad_norm},
+                                       {"tokens_per_second", f.tokens_per_second},
+                                       {"step_seconds", f.step_seconds}};
+  for (const auto& kv : extra) fields[kv.first] = kv.second;
+  jsonl_->write(fields, f.step);
+}
+
+void TrainingMetrics::on_checkpoint(const char* what, double seconds) {
+  registry_->gauge(std::string("hp_checkpoint_") + what + "_seconds",
+                   std::string("Seconds the last checkpoint ") + what + " took.")
+      .set(seconds);
+}
+
+void TrainingMetrics::on_eval(std::int64_t, double loss) { eval_loss_->set(loss); }
+
+}  // namespace hp

@@ -1,0 +1,60 @@
+#pragma once
+// The trainer's figures: Prometheus series (registry owned here, served at
+// /metrics when enabled) and one JSON line per logged step.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace hp {
+
+class Config;
+namespace metrics {
+class Registry;
+class HttpExposer;
+class JsonlWriter;
+class Gauge;
+class Counter;
+class Histogram;
+}  // namespace metrics
+namespace dist {
+class DistributedContext;
+}
+
+struct StepFigures {
+  std::int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_second = 0, step_seconds = 0;
+  double tokens = 0, samples = 0;
+};
+
+class TrainingMetrics {
+ public:
+  /// `rank`/`local_rank` label the series and pick the port.
+  TrainingMetrics(const Config& config, int rank, int local_rank, bool writes_jsonl);
+  ~TrainingMetrics();
+
+  metrics::Registry& registry() { return *registry_; }
+  /// "" when the HTTP endpoint is off.
+  std::string url() const;
+
+  void on_step(const StepFigures& f, dist::DistributedContext* dist);
+  /// Appends the JSON line for a logged step (only on the writing rank).
+  void log_step(const StepFigures& f, const std::map<std::string, double>& extra = {});
+  void on_checkpoint(const char* what, double seconds);
+  void on_eval(std::int64_t step, double loss);
+
+ private:
+  void update_comm(dist::DistributedContext* dist);
+  std::unique_ptr<metrics::Registry> registry_;
+  std::unique_ptr<metrics::HttpExposer> exposer_;
+  std::unique_ptr<metrics::JsonlWriter> jsonl_;
+  metrics::Gauge *step_, *loss_, *lr_, *grad_norm_, *tps_, *rss_, *peak_rss_, *eval_loss_;
+  metrics::Counter *tokens_, *samples_;
+  metrics::Histogram* step_time_;
+  std::map<std::string, std::pair<double, double>> comm_seen_;  // group/op -> bytes, seconds
+};
+
+/// Resident and peak resident memory of this process in bytes (from /proc).
+std::pair<double, double> resident_memory_bytes();
+
+}  // namespace hp

@@ -1,0 +1,93 @@
+#include "plugins/recompute/checkpoint_function.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/autograd.h>
+
+namespace hp::recompute {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// What backward needs besides the saved inputs; carried in a capsule.
+struct State : torch::CustomClassHolder {
+  ForwardFn inner;
+  std::vector<std::string> in_keys, out_keys;
+  at::Tensor rng;  // CPU generator state before the forward
+};
+
+Activations pack(const std::vector<std::string>& keys, const variable_list& values) {
+  Activations a;
+  for (std::size_t i = 0; i < keys.size(); ++i) a.insert(keys[i], values[i]);
+  return a;
+}
+
+struct Recompute : torch::autograd::Function<Recompute> {
+  static variable_list forward(AutogradContext* ctx, variable_list inputs,
+                               c10::intrusive_ptr<State> state) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    state->rng = gen.get_state();
+    Activations out = state->inner(pack(state->in_keys, inputs));
+    variable_list outs;
+    for (const auto& item : out) {
+      state->out_keys.push_back(item.key());
+      outs.push_back(item.value());
+    }
+    ctx->save_for_backward(inputs);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto state = c10::static_intrusive_pointer_cast<State>(ctx->saved_data["state"].toCapsule());
+    variable_list saved = ctx->get_saved_variables();
+    variable_list inputs;
+    for (const auto& t : saved) {
+      at::Tensor d = t.detach();
+      // Float inputs get gradients; the engine drops those nobody needs.
+      if (d.is_floating_point()) d.requires_grad_(true);
+      inputs.push_back(d);
+    }
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor now = gen.get_state();
+    gen.set_state(state->rng);
+    Activations out;
+    {
+      torch::AutoGradMode enable(true);
+      out = state->inner(pack(state->in_keys, inputs));
+    }
+    gen.set_state(now);
+    variable_list outs, out_grads;
+    std::size_t i = 0;
+    for (const auto& item : out) {
+      if (item.value().requires_grad() && i < grads.size() && grads[i].defined()) {
+        outs.push_back(item.value());
+        out_grads.push_back(grads[i]);
+      }
+      ++i;
+    }
+    if (!outs.empty()) torch::autograd::backward(outs, out_grads);
+    variable_list result;
+    for (const auto& in : inputs) result.push_back(in.requires_grad() ? in.grad() : at::Tensor());
+    result.push_back(at::Tensor());  // for the state argument
+    return result;
+  }
+};
+
+}  // namespace
+
+Activations checkpointed(const ForwardFn& inner, const Activations& in) {
+  if (!torch::GradMode::is_enabled()) return inner(in);
+  auto state = c10::make_intrusive<State>();
+  state->inner = inner;
+  variable_list inputs;
+  for (const auto& item : in) {
+    state->in_keys.push_back(item.key());
+    inputs.push_back(item.value());
+  }
+  variable_list outs = Recompute::apply(inputs, state);
+  return pack(state->out_keys, outs);
+}
+
+}  // namespace hp::recompute

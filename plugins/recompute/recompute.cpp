@@ -1,0 +1,73 @@
+// The `recompute` feature: drop the inner activations of blocks in forward
+// and recompute them in backward, trading compute for memory.
+//   granularity: full      -> whole transformer blocks
+//                selective -> only the attention core (scores, softmax, values)
+//   blocks: all | N        -> every block, or the first N
+#include <cstdlib>
+
+#include "framework/config/config.h"
+#include "framework/model/extensions.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/plugin/plugin_export.h"
+#include "plugins/recompute/checkpoint_function.h"
+
+namespace hp::recompute {
+
+namespace {
+
+const char* kGranularity = "features.recompute.granularity";
+const char* kBlocks = "features.recompute.blocks";
+
+/// -1 for "all", else N >= 1; 0 when the text is neither.
+long long parse_blocks(const std::string& s) {
+  if (s == "all") return -1;
+  char* end = nullptr;
+  long long n = std::strtoll(s.c_str(), &end, 10);
+  return (!s.empty() && *end == '\0' && n >= 1) ? n : 0;
+}
+
+class RecomputeFeature : public Feature {
+ public:
+  void declare_options(Schema& s, const std::string& prefix) const override {
+    s.add_enum(prefix + "granularity", "full", {"full", "selective"})
+        .describe("full: recompute whole blocks; selective: only the attention core.");
+    s.add_string(prefix + "blocks", "all")
+        .describe("Which transformer blocks to recompute.")
+        .note("all, or N >= 1 for the first N blocks");
+  }
+
+  void validate(const Config& c, ConfigErrors& e) const override {
+    if (!c.ok({kBlocks})) return;
+    const auto& b = c.get_string(kBlocks);
+    if (parse_blocks(b) == 0) {
+      e.add(kBlocks, b, "must be 'all' or a whole number >= 1", "all, 1, 2, ...");
+    } else if (c.ok({"model.layers"}) && parse_blocks(b) > c.get_int("model.layers")) {
+      e.add(kBlocks, b, "is more than model.layers = " + std::to_string(c.get_int("model.layers")),
+            "all, or 1 .. " + std::to_string(c.get_int("model.layers")));
+    }
+    if (c.get_string(kGranularity) == "selective" && c.get_string("model.type") != "gpt") {
+      e.add(kGranularity, "selective", "needs a model with attention (model.type: gpt)",
+            "full");
+    }
+  }
+
+  void install(FeatureRuntime& rt) override {
+    const long long n = parse_blocks(rt.config().get_string(kBlocks));
+    WrapperFilter applies = [n](int, const std::string& name) {
+      const std::string prefix = "blocks.";
+      if (name.compare(0, prefix.size(), prefix) != 0) return false;
+      if (n < 0) return true;
+      char* end = nullptr;
+      const long long index = std::strtoll(name.c_str() + prefix.size(), &end, 10);
+      return *end == '\0' && index < n;
+    };
+    const std::string scope =
+        rt.config().get_string(kGranularity) == "full" ? "block" : "attention.core";
+    rt.model().add_wrapper(scope, "recompute", &checkpointed, applies);
+  }
+};
+
+}  // namespace
+}  // namespace hp::recompute
+
+HP_FEATURE_PLUGIN(hp::recompute::RecomputeFeature)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The smallest real training loop: one process, loss falls, the checkpoint it
+# wrote reloads and training continues from it.
+source "$(dirname "$0")/../lib/common.sh"
+BIN=$1
+small_config "$WORK/c.yaml"
+"$BIN/hp-train" "$WORK/c.yaml" --set run.output_dir="$WORK/run" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "training failed"; }
+read -r first last <<<"$(first_last "$WORK/run")"
+echo "loss $first -> $last"
+python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "loss did not fall: $first -> $last"
+[[ -f "$WORK/run/checkpoints/latest" ]] || fail "no checkpoint written"
+[[ -f "$WORK/run/config.yaml" ]] || fail "resolved config not written"
+# Reload: 5 more steps continue from step 20.
+"$BIN/hp-train" "$WORK/c.yaml" --set run.output_dir="$WORK/run" --set training.max_steps=25 > "$WORK/log2" 2>&1 || { cat "$WORK/log2"; fail "resume failed"; }
+grep -q "resumed from .*step_00000020 at step 20" "$WORK/log2" || { cat "$WORK/log2"; fail "did not resume"; }
+grep -q "step 25/25" "$WORK/log2" || fail "did not train to step 25"
+echo PASS

@@ -1,0 +1,32 @@
+# Shared helpers for the shell-level tests. Source it; $BIN is the build's bin/.
+set -uo pipefail
+fail() { echo "FAIL: $*" >&2; exit 1; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hp_test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# A small config every training test starts from: 2-layer GPT, synthetic task.
+small_config() {
+  cat > "$1" <<'YAML'
+run: {seed: 7}
+model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab_size: 64}
+data: {type: synthetic}
+training: {max_steps: 20, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
+optimizer: {type: adamw, lr: 0.01, warmup_steps: 2, grad_clip: 1.0}
+checkpoint: {interval: 0}
+YAML
+}
+
+# loss_at RUN_DIR STEP: the logged loss of a step (full precision).
+loss_at() {
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]+"/metrics.jsonl"):
+    j=json.loads(l)
+    if j["step"]==int(sys.argv[2]): print(repr(j["loss"])); break' "$1" "$2"
+}
+
+# first_last RUN_DIR: "first_loss last_loss"
+first_last() {
+  python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1]+"/metrics.jsonl") if l.strip()]
+print(r[0]["loss"], r[-1]["loss"])' "$1"
+}
