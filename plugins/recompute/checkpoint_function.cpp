@@ -24,8 +24,12 @@ Activations pack(const std::vector<std::string>& keys, const variable_list& valu
 }
 
 struct Recompute : torch::autograd::Function<Recompute> {
-  static variable_list forward(AutogradContext* ctx, variable_list inputs,
+  // The inputs come as a TensorList: autograd records a TensorList argument
+  // as tensor inputs, but a std::vector<Tensor> would pass as an opaque value
+  // and nothing would flow back.
+  static variable_list forward(AutogradContext* ctx, at::TensorList input_list,
                                c10::intrusive_ptr<State> state) {
+    variable_list inputs = input_list.vec();
     auto gen = at::detail::getDefaultCPUGenerator();
     state->rng = gen.get_state();
     Activations out = state->inner(pack(state->in_keys, inputs));
@@ -86,7 +90,7 @@ Activations checkpointed(const ForwardFn& inner, const Activations& in) {
     state->in_keys.push_back(item.key());
     inputs.push_back(item.value());
   }
-  variable_list outs = Recompute::apply(inputs, state);
+  variable_list outs = Recompute::apply(at::TensorList(inputs), state);
   return pack(state->out_keys, outs);
 }
 

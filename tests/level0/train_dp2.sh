@@ -8,6 +8,6 @@ small_config "$WORK/c.yaml"
 read -r first last <<<"$(first_last "$WORK/run")"
 echo "loss $first -> $last"
 python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "loss did not fall"
-grep -q "\[rank 1\]" "$WORK/log" || fail "no output from rank 1"
+grep -q "hp-launch: starting 2 workers" "$WORK/log" || fail "hp-launch did not start 2 workers"
 grep -q "mesh pp=1 dp=2 tp=1 ep=1 over 2 ranks" "$WORK/log" || fail "mesh line missing"
 echo PASS

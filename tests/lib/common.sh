@@ -11,7 +11,7 @@ run: {seed: 7}
 model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab_size: 64}
 data: {type: synthetic}
 training: {max_steps: 20, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
-optimizer: {type: adamw, lr: 0.01, warmup_steps: 2, grad_clip: 1.0}
+optimizer: {type: adamw, lr: 0.002, warmup_steps: 2, grad_clip: 1.0}
 checkpoint: {interval: 0}
 YAML
 }
