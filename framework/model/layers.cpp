@@ -148,28 +148,31 @@ LayerRegistry LayerRegistry::dense() {
   return r;
 }
 
-void LayerRegistry::replace(const std::string& kind, const std::string& owner, LayerFactory f) {
-  auto it = layers_.find(kind);
-  if (it == layers_.end()) {
-    throw std::invalid_argument("feature '" + owner + "' replaces unknown layer kind '" + kind + "'");
+namespace {
+/// A kind may be replaced once, and only if it exists.
+template <typename Map, typename Factory>
+void replace_in(Map& map, const char* what, const std::string& kind, const std::string& owner,
+                Factory f) {
+  auto it = map.find(kind);
+  if (it == map.end()) {
+    throw std::invalid_argument("feature '" + owner + "' replaces unknown " + what + " kind '" +
+                                kind + "'");
   }
   if (it->second.owner != "dense") {
-    throw std::invalid_argument("layer kind '" + kind + "' is replaced by both '" +
+    throw std::invalid_argument(std::string(what) + " kind '" + kind + "' is replaced by both '" +
                                 it->second.owner + "' and '" + owner + "'");
   }
-  it->second = {owner, std::move(f)};
+  it->second.owner = owner;
+  it->second.factory = std::move(f);
+}
+}  // namespace
+
+void LayerRegistry::replace(const std::string& kind, const std::string& owner, LayerFactory f) {
+  replace_in(layers_, "layer", kind, owner, std::move(f));
 }
 
 void LayerRegistry::replace_loss(const std::string& kind, const std::string& owner, LossFactory f) {
-  auto it = losses_.find(kind);
-  if (it == losses_.end()) {
-    throw std::invalid_argument("feature '" + owner + "' replaces unknown loss kind '" + kind + "'");
-  }
-  if (it->second.owner != "dense") {
-    throw std::invalid_argument("loss kind '" + kind + "' is replaced by both '" +
-                                it->second.owner + "' and '" + owner + "'");
-  }
-  it->second = {owner, std::move(f)};
+  replace_in(losses_, "loss", kind, owner, std::move(f));
 }
 
 std::shared_ptr<Layer> LayerRegistry::make(const LayerSpec& spec, BuildContext& ctx) const {

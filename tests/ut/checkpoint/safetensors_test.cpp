@@ -43,16 +43,6 @@ void write_raw(const std::string& path, const std::string& header, std::size_t d
   write_bytes(path, bytes);
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a CheckpointError";
-  return "";
-}
 
 }  // namespace
 

@@ -21,6 +21,18 @@ namespace hp::ckpt::test {
 
 namespace fs = std::filesystem;
 
+/// The text of the CheckpointError `fn` throws (a test failure if none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a CheckpointError";
+  return "";
+}
+
 /// A new directory under ::testing::TempDir(), removed with its contents.
 class TempDir {
  public:
