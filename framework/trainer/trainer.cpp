@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "backends/dist/context.h"
 #include "checkpoint/safetensors.h"
@@ -130,7 +131,9 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
   log::init(r.env.rank, r.setup.mesh.tag(r.env.rank), c.get_string("logging.level"),
             c.get_string("logging.file"));
   auto log = log::logger();
-  if (r.env.threads > 0) at::set_num_threads(r.env.threads);
+  // A launcher gives each rank its share of the cores; alone, take them all
+  // (LibTorch's default counts physical cores only, often half of them).
+  at::set_num_threads(r.env.threads > 0 ? r.env.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   if (r.env.rank == 0) warn_if_reference_blas(*log);
 
   // Data first: a missing or empty corpus is refused before anything starts.
@@ -193,6 +196,7 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
     samples_total = s.samples_total;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.metrics->on_checkpoint("load", secs);
+    r.runtime->run_hooks(StepEvent::kLoad, StepInfo{start, 0.0});
     if (rank0) log->info("resumed from {} at step {} ({:.2f} s)", dir, start, secs);
   }
 
@@ -210,8 +214,7 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
 
   FitResult result;
   result.first_step = start;
-  double tps_sum = 0;
-  int tps_n = 0;
+  double timed_seconds = 0, timed_tokens = 0;
   const auto fit_start = std::chrono::steady_clock::now();
   for (std::int64_t step = start; step < max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -250,8 +253,8 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
     r.metrics->on_step(f, r.ctx.get());
     result.losses.push_back(loss);
     if (step > start) {
-      tps_sum += f.tokens_per_second;
-      ++tps_n;
+      timed_seconds += secs;
+      timed_tokens += global_tokens;
     }
     const bool last = step + 1 == max_steps;
     std::map<std::string, double> extra;
@@ -283,7 +286,7 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
     }
   }
   result.last_step = max_steps;
-  result.tokens_per_second = tps_n ? tps_sum / tps_n : 0;
+  result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
   r.ctx->group("world").barrier();
   return result;
 }

@@ -29,7 +29,8 @@ struct FitResult {
   std::int64_t last_step = 0;   ///< steps completed in total
   std::vector<double> losses;   ///< training loss of each step run, averaged per token
   double last_eval_loss = std::numeric_limits<double>::quiet_NaN();
-  double tokens_per_second = 0;  ///< mean over the steps run, excluding the first
+  /// Tokens over wall time of the steps run, excluding the first (warm-up).
+  double tokens_per_second = 0;
 };
 
 class Trainer {

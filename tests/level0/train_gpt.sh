@@ -14,4 +14,13 @@ python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "los
 "$BIN/hp-train" "$WORK/c.yaml" --set run.output_dir="$WORK/run" --set training.max_steps=25 > "$WORK/log2" 2>&1 || { cat "$WORK/log2"; fail "resume failed"; }
 grep -q "resumed from .*step_00000020 at step 20" "$WORK/log2" || { cat "$WORK/log2"; fail "did not resume"; }
 grep -q "step 25/25" "$WORK/log2" || fail "did not train to step 25"
+# The other shipped model and the other optimizers train too.
+for variant in "model.type=mlp" "optimizer.type=adam" "optimizer.type=sgd --set optimizer.momentum=0.9 --set optimizer.lr=0.05"; do
+  name=$(echo "$variant" | tr -c 'a-z0-9' '_')
+  # shellcheck disable=SC2086
+  "$BIN/hp-train" "$WORK/c.yaml" --set run.output_dir="$WORK/$name" --set $variant > "$WORK/log3" 2>&1 || { cat "$WORK/log3"; fail "$variant failed"; }
+  read -r first last <<<"$(first_last "$WORK/$name")"
+  echo "$variant: loss $first -> $last"
+  python3 -c "import sys; sys.exit(0 if $last < 0.8 * $first else 1)" || fail "$variant: loss did not fall"
+done
 echo PASS
