@@ -1,0 +1,56 @@
+// The `tensor_parallel` feature: split every layer kind's weights over
+// `size` ranks (the tp mesh dimension), with no change to model code.
+#include "backends/dist/mesh.h"
+#include "framework/config/config.h"
+#include "framework/model/extensions.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/plugin/plugin_export.h"
+#include "plugins/tensor_parallel/layers.h"
+
+namespace hp::tensor_parallel {
+
+namespace {
+
+const char* kSize = "features.tensor_parallel.size";
+
+class TensorParallelFeature : public Feature {
+ public:
+  void declare_options(Schema& s, const std::string& prefix) const override {
+    s.add_int(prefix + "size", 2).range(1, 1024)
+        .describe("Ranks each layer's weights are split over (the tp mesh dimension).");
+  }
+
+  void validate(const Config& c, ConfigErrors& e) const override {
+    if (!c.ok({kSize})) return;
+    const auto T = c.get_int(kSize);
+    const std::string t = std::to_string(T);
+    if (c.world_size() % T != 0) {
+      e.add(kSize, t, "must divide the world size " + std::to_string(c.world_size()),
+            "a divisor of " + std::to_string(c.world_size()));
+    }
+    auto divisible = [&](const char* key, std::int64_t value, const std::string& what) {
+      if (value % T != 0) {
+        e.add(kSize, t, what + " = " + std::to_string(value) + " (" + key + ") is not divisible by it",
+              "a divisor of " + std::to_string(value));
+      }
+    };
+    if (c.ok({"model.hidden", "model.heads", "model.ffn_hidden"})) {
+      const auto H = c.get_int("model.hidden");
+      const auto F = c.get_int("model.ffn_hidden") == 0 ? 4 * H : c.get_int("model.ffn_hidden");
+      if (c.get_string("model.type") == "gpt") divisible("model.heads", c.get_int("model.heads"), "the head count");
+      divisible("model.hidden", H, "the hidden size");
+      divisible("model.ffn_hidden", F, "the FFN size");
+    }
+  }
+
+  void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
+    plan.claim("tp", static_cast<int>(c.get_int(kSize)), "tensor_parallel");
+  }
+
+  void install(FeatureRuntime& rt) override { replace_kinds(rt.model().layers(), "tensor_parallel"); }
+};
+
+}  // namespace
+}  // namespace hp::tensor_parallel
+
+HP_FEATURE_PLUGIN(hp::tensor_parallel::TensorParallelFeature)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The option tables in the RFCs are the ones the code declares: every row
+# `hp-train --options-markdown` prints must stand verbatim in the RFC.
+set -uo pipefail
+HP_TRAIN=$1
+DOCS=$2
+fail() { echo "FAIL: $*"; exit 1; }
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+check() {  # RFC FILE, rows
+  local rfc=$1 rows=$2 missing=0
+  while IFS= read -r row; do
+    grep -qxF -- "$row" "$DOCS/$rfc" || { echo "not in $rfc: $row"; missing=1; }
+  done <<<"$rows"
+  [[ $missing -eq 0 ]] || fail "$rfc's option table is out of date: regenerate it with hp-train --options-markdown"
+}
+core=$("$HP_TRAIN" --options-markdown | grep '^| `') || fail "options-markdown failed"
+check 0001-config-and-plugins.md "$core"
+printf 'features: {recompute: {enabled: true}}\n' > "$dir/r.yaml"
+rec=$("$HP_TRAIN" "$dir/r.yaml" --options-markdown | grep '^| `features.recompute') || fail "recompute options"
+check 0003-recompute.md "$rec"
+echo PASS
