@@ -8,9 +8,12 @@ BIN=$1
 small_config "$WORK/c.yaml"
 common=(--set training.max_steps=50 --set training.dump_grads_at_step=1 --set model.vocab_size=66)
 "$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" --set run.output_dir="$WORK/ref" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "reference"; }
-run() {  # name nproc tp
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$2" "${common[@]}" --set features.tensor_parallel.enabled=true \
-    --set features.tensor_parallel.size="$3" --set run.output_dir="$WORK/$1" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$1 run"; }
+run() {  # name nproc tp [extra args]
+  local name=$1 nproc=$2 t=$3
+  shift 3
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$nproc" "${common[@]}" --set features.tensor_parallel.enabled=true \
+    --set features.tensor_parallel.size="$t" --set run.output_dir="$WORK/$name" "$@" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$name run"; }
+  set -- "$name" "$nproc" "$t"
   grep -q "mesh pp=1 dp=$(( $2 / $3 )) tp=$3" "$WORK/log" || fail "$1: wrong mesh"
   echo "== $1 against one process"
   "$BIN/hp-compare" "$WORK/ref" "$WORK/$1" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
@@ -19,4 +22,8 @@ run() {  # name nproc tp
 run tp2 2 2
 run tp4 4 4
 run tp2dp2 4 2
+# Composes with recompute: tp=2 with full recompute is bitwise equal to tp=2.
+run tp2rc 2 2 --set features.recompute.enabled=true
+echo "== tp2 + recompute against tp2"
+"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2rc" --exact --grads-step 1 --grad-rtol 0 --phase recompute || fail "tp x recompute"
 echo PASS
