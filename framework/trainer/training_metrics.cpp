@@ -57,6 +57,7 @@ TrainingMetrics::~TrainingMetrics() = default;
 std::string TrainingMetrics::url() const { return exposer_ ? exposer_->url() : ""; }
 
 void TrainingMetrics::update_comm(dist::DistributedContext* d) {
+  step_comm_bytes_ = 0;
   if (!d) return;
   for (const auto& [name, group] : d->groups()) {
     for (const auto& [op, s] : group->stats()) {
@@ -64,6 +65,7 @@ void TrainingMetrics::update_comm(dist::DistributedContext* d) {
       const metrics::Labels labels{{"group", name}, {"op", op}};
       registry_->counter("hp_comm_bytes_total", "Bytes sent by collectives and P2P.", labels)
           .inc(static_cast<double>(s.bytes) - seen.first);
+      step_comm_bytes_ += static_cast<double>(s.bytes) - seen.first;
       registry_->counter("hp_comm_seconds_total", "Seconds spent waiting on communication.", labels)
           .inc(s.seconds - seen.second);
       seen = {static_cast<double>(s.bytes), s.seconds};
@@ -92,7 +94,9 @@ void TrainingMetrics::log_step(const StepFigures& f, const std::map<std::string,
                                        {"lr", f.lr},
                                        {"grad_norm", f.grad_norm},
                                        {"tokens_per_second", f.tokens_per_second},
-                                       {"step_seconds", f.step_seconds}};
+                                       {"step_seconds", f.step_seconds},
+                                       {"comm_bytes", step_comm_bytes_},
+                                       {"peak_resident_memory_bytes", resident_memory_bytes().second}};
   for (const auto& kv : extra) fields[kv.first] = kv.second;
   jsonl_->write(fields, f.step);
 }

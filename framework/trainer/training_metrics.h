@@ -52,6 +52,7 @@ class TrainingMetrics {
   metrics::Counter *tokens_, *samples_;
   metrics::Histogram* step_time_;
   std::map<std::string, std::pair<double, double>> comm_seen_;  // group/op -> bytes, seconds
+  double step_comm_bytes_ = 0;  // payload bytes of the last step, all groups
 };
 
 /// Resident and peak resident memory of this process in bytes (from /proc).

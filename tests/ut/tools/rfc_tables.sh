@@ -18,4 +18,7 @@ check 0001-config-and-plugins.md "$core"
 printf 'features: {recompute: {enabled: true}}\n' > "$dir/r.yaml"
 rec=$("$HP_TRAIN" "$dir/r.yaml" --options-markdown | grep '^| `features.recompute') || fail "recompute options"
 check 0003-recompute.md "$rec"
+printf 'data: {type: synthetic}\nfeatures: {tensor_parallel: {enabled: true}}\n' > "$dir/t.yaml"
+tp=$("$HP_TRAIN" "$dir/t.yaml" --nproc 2 --options-markdown | grep '^| `features.tensor_parallel') || fail "tp options"
+check 0004-tensor-parallel.md "$tp"
 echo PASS
