@@ -2,19 +2,13 @@
 // launcher) or launches N processes of itself (--nproc N).
 #include <CLI/CLI.hpp>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
-#include "backends/dist/context.h"
 #include "backends/dist/env.h"
 #include "framework/config/config.h"
-#include "framework/logging/logging.h"
-#include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
 #include "tools/hp_launch/launcher.h"
