@@ -18,6 +18,7 @@
 #include "framework/data/dataset.h"
 #include "framework/trainer/trainer.h"
 #include "framework/trainer/training_metrics.h"
+#include "framework/util/blas_check.h"
 
 namespace {
 
@@ -161,8 +162,10 @@ double trainer_run(const Size& s, const std::string& recompute) {
 int main(int argc, char** argv) {
   // Same rule as the trainer: HP_INTRA_OP_THREADS, else every core.
   const char* env_threads = std::getenv("HP_INTRA_OP_THREADS");
-  torch::set_num_threads(env_threads ? std::atoi(env_threads)
-                                     : static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = env_threads ? std::atoi(env_threads)
+                                  : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(threads);
+  hp::set_blas_threads(threads);
   Size s;
   if (argc > 1) s.hidden = std::stoll(argv[1]);
   if (argc > 2) s.steps = std::stoi(argv[2]);

@@ -133,7 +133,10 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
   auto log = log::logger();
   // A launcher gives each rank its share of the cores; alone, take them all
   // (LibTorch's default counts physical cores only, often half of them).
-  at::set_num_threads(r.env.threads > 0 ? r.env.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int threads = r.env.threads > 0 ? r.env.threads
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  set_blas_threads(threads);
   if (r.env.rank == 0) warn_if_reference_blas(*log);
 
   // Data first: a missing or empty corpus is refused before anything starts.

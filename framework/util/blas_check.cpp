@@ -1,5 +1,7 @@
 #include "framework/util/blas_check.h"
 
+#include <dlfcn.h>
+
 #include <fstream>
 
 namespace hp {
@@ -13,6 +15,21 @@ std::string loaded_blas() {
     std::string path = line.substr(slash);
     if (path.find("openblas") != std::string::npos) return path;
     if (path.find("libblas.so") != std::string::npos) found = path;
+  }
+  return found;
+}
+
+bool set_blas_threads(int n) {
+  bool found = false;
+  // Looked up at run time: the library is whichever libblas.so.3 the
+  // alternatives system selected, so nothing can be linked against it.
+  if (auto* openblas = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    openblas(n);
+    found = true;
+  }
+  if (auto* omp = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) {
+    omp(n);
+    found = true;
   }
   return found;
 }
