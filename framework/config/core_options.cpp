@@ -77,7 +77,7 @@ void declare_core_options(Schema& s) {
 
   // distributed
   s.add_enum("distributed.backend", "auto", {"auto", "gloo", "nccl"})
-      .describe("Communication backend; auto picks nccl when built with CUDA, else gloo.");
+      .describe("Communication backend; auto means gloo (the NCCL process group is not wired yet).");
   s.add_int("distributed.data_parallel_size", 0).range(0, 1e6)
       .describe("Data-parallel size.").note("0 derives it as world / (pipeline x tensor)");
   s.add_float("distributed.timeout_seconds", 300.0).range(0.1, 86400.0)

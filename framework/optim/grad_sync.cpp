@@ -59,12 +59,18 @@ double GradSync::global_norm() const {
   // Sum of squares per split group: whole parameters are identical on every
   // rank of their tensor-parallel group and count once; split ones are
   // summed over the group that splits them.
-  std::map<std::string, double> sums;
+  // Accumulated as tensors and read once per group: one .item() per
+  // parameter would synchronise on every parameter of every step.
+  std::map<std::string, at::Tensor> acc;
   for (const auto& p : params_) {
     const at::Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
-    sums[p.spec.sharded() ? p.spec.split_group : ""] += g.to(at::kDouble).pow(2).sum().item<double>();
+    at::Tensor sq = g.to(at::kDouble).pow(2).sum();
+    auto& slot = acc[p.spec.sharded() ? p.spec.split_group : ""];
+    slot = slot.defined() ? slot + sq : sq;
   }
+  std::map<std::string, double> sums;
+  for (const auto& [group, t] : acc) sums[group] = t.item<double>();
   double total = sums[""];
   // Every rank reduces the same groups in the same order, whether or not it
   // holds split parameters, so no collective is left waiting.

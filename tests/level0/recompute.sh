@@ -16,4 +16,12 @@ out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=
       --set features.recompute.blocks=7 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
 grep -q "features.recompute.blocks = 7: is more than model.layers = 2" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true \
+      --set features.recompute.blocks=abc 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "blocks=abc: expected exit 2, got $rc"
+grep -q "features.recompute.blocks = abc: must be 'all' or a whole number >= 1 (legal: all, 1, 2, ...)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true --set model.type=mlp \
+      --set features.recompute.granularity=selective 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "selective on mlp: expected exit 2, got $rc"
+grep -q "features.recompute.granularity = selective: needs a model with attention (model.type: gpt) (legal: full)" <<<"$out" || fail "$out"
 echo PASS

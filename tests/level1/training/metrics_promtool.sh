@@ -26,8 +26,9 @@ for series in hp_loss hp_learning_rate hp_grad_norm hp_tokens_per_second hp_step
               hp_tokens_total hp_samples_total hp_resident_memory_bytes hp_comm_bytes_total; do
   grep -q "^$series{" "$WORK/scrape0" || fail "series $series missing"
 done
-grep -q 'hp_comm_bytes_total{group="dp",op="all_reduce",rank="1"}' "$WORK/scrape1" || \
-grep -q 'rank="1"' "$WORK/scrape1" || fail "rank label missing on rank 1"
+grep -q '^hp_loss{rank="1"} ' "$WORK/scrape1" || fail "rank label missing on rank 1"
+grep -q '^hp_comm_bytes_total{rank="0",group="dp",op="all_reduce"} [1-9]' "$WORK/scrape0" \
+  || fail "no data-parallel all-reduce bytes counted"
 python3 - "$WORK/run/metrics.jsonl" <<'PY' || fail "metrics.jsonl keys"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
