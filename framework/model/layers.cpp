@@ -48,6 +48,18 @@ class DenseEmbedding : public Layer {
   at::Tensor weight_;
 };
 
+/// Adds learned positions: h[:, t] += weight[t].
+class DensePositions : public Layer {
+ public:
+  DensePositions(const LayerSpec& s, BuildContext& ctx) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+  }
+  at::Tensor forward(const at::Tensor& h) override { return h + weight_.narrow(0, 0, h.size(1)); }
+
+ private:
+  at::Tensor weight_;
+};
+
 class DenseLayerNorm : public Layer {
  public:
   DenseLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
@@ -80,7 +92,9 @@ class HeadsAttention : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     auto y = qkv_->forward(x);  // [B, T, local_heads * 3 * head_dim]
     const auto local_heads = y.size(-1) / (3 * head_dim_);
-    auto parts = y.view({x.size(0), x.size(1), local_heads, 3, head_dim_}).unbind(3);
+    // y.size(1), not x.size(1): under sequence parallel x is a slice of the
+    // sequence and the projection gathered all of it.
+    auto parts = y.view({y.size(0), y.size(1), local_heads, 3, head_dim_}).unbind(3);
     at::Tensor ctx;
     if (core_wrapper_) {
       ForwardFn core = [](const Activations& a) {
@@ -139,6 +153,7 @@ LayerRegistry LayerRegistry::dense() {
   r.layers_["linear.column"] = {"dense", factory<DenseLinear>()};
   r.layers_["linear.row"] = {"dense", factory<DenseLinear>()};
   r.layers_["embedding.vocab"] = {"dense", factory<DenseEmbedding>()};
+  r.layers_["embedding.position"] = {"dense", factory<DensePositions>()};
   r.layers_["layer_norm"] = {"dense", factory<DenseLayerNorm>()};
   r.layers_["attention.heads"] = {"dense", factory<HeadsAttention>()};
   r.layers_["mlp"] = {"dense", factory<ColumnRowMlp>()};

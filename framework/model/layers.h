@@ -3,8 +3,9 @@
 // kind builds the dense LibTorch layer; a feature (tensor parallel, expert
 // parallel) replaces a kind, and models written once run on any layout.
 //
-// Kinds: linear.column, linear.row, embedding.vocab, attention.heads, mlp,
-// layer_norm, loss.cross_entropy.
+// Kinds: linear.column, linear.row, embedding.vocab, embedding.position
+// (adds learned positions to [batch, seq, hidden]; in = max positions),
+// attention.heads, mlp, layer_norm, loss.cross_entropy.
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -34,7 +35,8 @@ class LossLayer : public torch::nn::Module {
 struct LayerSpec {
   std::string kind;
   std::string name;          ///< global prefix of its parameters, e.g. "blocks.3.attn"
-  std::int64_t in = 0;       ///< input features; vocabulary size for embedding.vocab
+  std::int64_t in = 0;       ///< input features; vocabulary size for embedding.vocab;
+                             ///< positions for embedding.position
   std::int64_t out = 0;      ///< output features; embedding width; FFN width for mlp
   std::int64_t heads = 0;    ///< attention.heads
   bool bias = true;

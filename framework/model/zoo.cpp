@@ -38,19 +38,20 @@ class EmbedBlock : public Block {
     LayerSpec tok{"embedding.vocab", "embed.tok", d.vocab, d.hidden};
     tok.with_init_std(d.std);
     tok_ = register_module("tok", ctx.layers().make(tok, ctx));
-    pos_ = ctx.param(*this, "embed.pos.weight", "pos", {d.seq, d.hidden}, Init::normal(d.std));
+    LayerSpec pos{"embedding.position", "embed.pos", d.seq, d.hidden};
+    pos.with_init_std(d.std);
+    pos_ = register_module("pos", ctx.layers().make(pos, ctx));
   }
   Activations forward(const Activations& in) override {
     const auto& ids = in["tokens"];
-    auto h = tok_->forward(ids) + pos_.narrow(0, 0, ids.size(1));
+    auto h = pos_->forward(tok_->forward(ids));
     if (dropout_ > 0) h = at::dropout(h, dropout_, is_training());
     return make_activations({{"h", h}});
   }
 
  private:
   double dropout_;
-  std::shared_ptr<Layer> tok_;
-  at::Tensor pos_;
+  std::shared_ptr<Layer> tok_, pos_;
 };
 
 class ResidualBlock : public Block {

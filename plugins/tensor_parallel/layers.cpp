@@ -16,9 +16,19 @@ dist::Group& tp_group(BuildContext& ctx) {
   return *g;
 }
 
+/// The sequence dimension of [batch, seq, features] activations.
+constexpr std::int64_t kSeqDim = 1;
+
+/// A replicated parameter used on this rank's slice of the sequence: its
+/// gradient is partial, so it is summed over tp in backward.
+at::Tensor replicated(const at::Tensor& p, dist::Group& g, bool sp) {
+  return sp && p.defined() ? dist::copy_to_group(p, g) : p;
+}
+
 class ColumnLinear : public Layer {
  public:
-  ColumnLinear(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), gather_(s.gather_output) {
+  ColumnLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
+      : g_(tp_group(ctx)), gather_(s.gather_output), sp_(sp) {
     if (!s.tied_weight.empty()) {
       weight_ = ctx.shared(s.tied_weight);  // the embedding's vocabulary slice
     } else {
@@ -27,37 +37,53 @@ class ColumnLinear : public Layer {
     if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), 0);
   }
   at::Tensor forward(const at::Tensor& x) override {
-    auto y = at::linear(dist::copy_to_group(x, g_), weight_, bias_);
-    return gather_ ? dist::gather_from_group(y, g_, -1) : y;
+    // Sequence parallel: the input is this rank's slice of the sequence;
+    // gather it (reduce-scatter of the gradient in backward).
+    auto in = sp_ ? dist::all_gather_from_group(x, g_, kSeqDim) : dist::copy_to_group(x, g_);
+    auto y = at::linear(in, weight_, bias_);
+    if (!gather_) return y;
+    y = dist::gather_from_group(y, g_, -1);
+    // A full-width output under sequence parallel goes back to a sequence slice.
+    return sp_ ? dist::scatter_to_group(y, g_, kSeqDim) : y;
   }
 
  private:
   dist::Group& g_;
-  bool gather_;
+  bool gather_, sp_;
   at::Tensor weight_, bias_;
 };
 
 class RowLinear : public Layer {
  public:
-  RowLinear(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel) {
+  RowLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
+      : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1);
     if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros());
   }
   at::Tensor forward(const at::Tensor& x) override {
-    auto in = input_parallel_ ? x : dist::scatter_to_group(x, g_, -1);
-    auto y = dist::reduce_from_group(at::linear(in, weight_), g_);
-    return bias_.defined() ? y + bias_ : y;
+    at::Tensor in = x;
+    if (!input_parallel_) {
+      // A sequence slice with all features: gather the sequence, keep our
+      // features. The gathered input's gradient is whole on every rank (the
+      // feature scatter all-gathers it), so backward keeps our slice, no sum.
+      in = dist::scatter_to_group(sp_ ? dist::gather_from_group(x, g_, kSeqDim) : x, g_, -1);
+    }
+    auto partial = at::linear(in, weight_);
+    // Sequence parallel: sum the partial outputs and keep this rank's slice of
+    // the sequence (all-gather of the gradient in backward).
+    auto y = sp_ ? dist::reduce_scatter_to_group(partial, g_, kSeqDim) : dist::reduce_from_group(partial, g_);
+    return bias_.defined() ? y + replicated(bias_, g_, sp_) : y;
   }
 
  private:
   dist::Group& g_;
-  bool input_parallel_;
+  bool input_parallel_, sp_;
   at::Tensor weight_, bias_;
 };
 
 class VocabEmbedding : public Layer {
  public:
-  VocabEmbedding(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
+  VocabEmbedding(const LayerSpec& s, BuildContext& ctx, bool sp) : g_(tp_group(ctx)), sp_(sp) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), 0);
     ctx.share(s.name + ".weight", weight_);
     auto [off, len] = split_range(s.in, g_.size(), g_.rank());
@@ -68,13 +94,49 @@ class VocabEmbedding : public Layer {
     auto outside = (ids < begin_).logical_or(ids >= end_);
     auto local = (ids - begin_).masked_fill(outside, 0);
     auto out = at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0);
-    return dist::reduce_from_group(out, g_);
+    return sp_ ? dist::reduce_scatter_to_group(out, g_, kSeqDim) : dist::reduce_from_group(out, g_);
+  }
+
+ private:
+  dist::Group& g_;
+  bool sp_;
+  at::Tensor weight_;
+  std::int64_t begin_ = 0, end_ = 0;
+};
+
+/// Under sequence parallel only: LayerNorm on this rank's slice of the
+/// sequence, its weight and bias gradients summed over tp.
+class SequenceLayerNorm : public Layer {
+ public:
+  SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), dim_(s.in) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones());
+    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros());
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return at::layer_norm(x, {dim_}, replicated(weight_, g_, true), replicated(bias_, g_, true), 1e-5);
+  }
+
+ private:
+  dist::Group& g_;
+  std::int64_t dim_;
+  at::Tensor weight_, bias_;
+};
+
+/// Under sequence parallel only: adds the rows of the position table that
+/// belong to this rank's slice of the sequence.
+class SequencePositions : public Layer {
+ public:
+  SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+  }
+  at::Tensor forward(const at::Tensor& h) override {
+    const auto len = h.size(kSeqDim);
+    return h + replicated(weight_, g_, true).narrow(0, g_.rank() * len, len);
   }
 
  private:
   dist::Group& g_;
   at::Tensor weight_;
-  std::int64_t begin_ = 0, end_ = 0;
 };
 
 /// loss = log(sum_v exp(z_v - m)) - (z_target - m), with m the global max,
@@ -106,16 +168,24 @@ class VocabParallelCrossEntropy : public LossLayer {
 };
 
 template <typename T>
+LayerFactory factory(bool sp) {
+  return [sp](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<T>(s, ctx, sp); };
+}
+template <typename T>
 LayerFactory factory() {
   return [](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<T>(s, ctx); };
 }
 
 }  // namespace
 
-void replace_kinds(LayerRegistry& r, const std::string& owner) {
-  r.replace("linear.column", owner, factory<ColumnLinear>());
-  r.replace("linear.row", owner, factory<RowLinear>());
-  r.replace("embedding.vocab", owner, factory<VocabEmbedding>());
+void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o) {
+  r.replace("linear.column", owner, factory<ColumnLinear>(o.sequence_parallel));
+  r.replace("linear.row", owner, factory<RowLinear>(o.sequence_parallel));
+  r.replace("embedding.vocab", owner, factory<VocabEmbedding>(o.sequence_parallel));
+  if (o.sequence_parallel) {
+    r.replace("layer_norm", owner, factory<SequenceLayerNorm>());
+    r.replace("embedding.position", owner, factory<SequencePositions>());
+  }
   r.replace_loss("loss.cross_entropy", owner, [](const LayerSpec& s, BuildContext& ctx) {
     const std::int64_t vocab = s.out > 0 ? s.out : ctx.config().get_int("model.vocab_size");
     return std::make_shared<VocabParallelCrossEntropy>(vocab, ctx);

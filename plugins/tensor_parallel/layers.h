@@ -6,11 +6,25 @@
 //   loss.cross_entropy  vocabulary-parallel: never gathers the full logits
 // attention.heads and mlp need nothing of their own: they are built from the
 // column and row kinds, so each rank owns whole heads and one slice of the FFN.
+//
+// Sequence parallel (Megatron-LM's, Korthikanti et al. 2022): activations
+// between the parallel regions are [batch, seq / T, hidden] slices.
+//   linear.column     all-gathers its input along the sequence (reduce-scatter in backward)
+//   linear.row        reduce-scatters its output along the sequence (all-gather in backward)
+//   embedding.vocab   reduce-scatters along the sequence
+//   layer_norm        runs on the slice; weight and bias gradients summed over tp
+//   embedding.position adds the rows of this rank's slice; gradient summed over tp
+// Every element-wise op between regions (residual, dropout) then runs on 1/T
+// of the tokens.
 #include "framework/model/layers.h"
 
 namespace hp::tensor_parallel {
 
-/// Registers the four kinds above into `registry`.
-void replace_kinds(LayerRegistry& registry, const std::string& owner);
+struct Options {
+  bool sequence_parallel = false;
+};
+
+/// Registers the kinds above into `registry`.
+void replace_kinds(LayerRegistry& registry, const std::string& owner, const Options& options = {});
 
 }  // namespace hp::tensor_parallel

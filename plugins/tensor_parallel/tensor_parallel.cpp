@@ -12,12 +12,17 @@ namespace hp::tensor_parallel {
 namespace {
 
 const char* kSize = "features.tensor_parallel.size";
+const char* kSequence = "features.tensor_parallel.sequence_parallel";
 
 class TensorParallelFeature : public Feature {
  public:
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "size", 2).range(1, 1024)
         .describe("Ranks each layer's weights are split over (the tp mesh dimension).");
+    s.add_bool(prefix + "sequence_parallel", false)
+        .describe("Split the activations between the parallel regions (LayerNorm, dropout, residual) "
+                  "along the sequence over tp: all-gather before and reduce-scatter after each region "
+                  "instead of all-reduce. Needs model.seq_len divisible by size.");
   }
 
   void validate(const Config& c, ConfigErrors& e) const override {
@@ -41,13 +46,22 @@ class TensorParallelFeature : public Feature {
       divisible("model.hidden", H, "the hidden size");
       divisible("model.ffn_hidden", F, "the FFN size");
     }
+    if (c.ok({kSequence, "model.seq_len"}) && c.get_bool(kSequence) && c.get_int("model.seq_len") % T != 0) {
+      e.add(kSize, t, "sequence_parallel needs the sequence length = " +
+                          std::to_string(c.get_int("model.seq_len")) + " (model.seq_len) divisible by it",
+            "a divisor of " + std::to_string(c.get_int("model.seq_len")));
+    }
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
     plan.claim("tp", static_cast<int>(c.get_int(kSize)), "tensor_parallel");
   }
 
-  void install(FeatureRuntime& rt) override { replace_kinds(rt.model().layers(), "tensor_parallel"); }
+  void install(FeatureRuntime& rt) override {
+    Options o;
+    o.sequence_parallel = rt.config().get_bool(kSequence);
+    replace_kinds(rt.model().layers(), "tensor_parallel", o);
+  }
 };
 
 }  // namespace

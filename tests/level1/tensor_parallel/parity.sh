@@ -3,6 +3,7 @@
 # process (first-step loss and every gradient, reassembled by global name,
 # within 1e-5; 50-step losses within 1e-4). The vocabulary (66) does not
 # divide by 4, so the uneven vocabulary split is part of the check.
+# Sequence parallel: tp=2 with it against tp=2 without, same bars.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -26,4 +27,14 @@ run tp2dp2 4 2
 run tp2rc 2 2 --set features.recompute.enabled=true
 echo "== tp2 + recompute against tp2"
 "$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2rc" --exact --grads-step 1 --grad-rtol 0 --phase recompute || fail "tp x recompute"
+# Sequence parallel: tp=2 with it against tp=2 without (the issue's bar) and
+# against one process; tp=4 with it; and with recompute.
+run tp2sp 2 2 --set features.tensor_parallel.sequence_parallel=true
+echo "== tp2 + sequence parallel against tp2"
+"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2sp" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
+  --grad-rtol 1e-5 --phase "sequence-parallel optimizer steps" || fail "tp2 sequence parallel vs tp2"
+run tp4sp 4 4 --set features.tensor_parallel.sequence_parallel=true
+run tp2sprc 2 2 --set features.tensor_parallel.sequence_parallel=true --set features.recompute.enabled=true
+echo "== tp2 + sequence parallel + recompute against tp2 + sequence parallel"
+"$BIN/hp-compare" "$WORK/tp2sp" "$WORK/tp2sprc" --exact --grads-step 1 --grad-rtol 0 --phase recompute || fail "sp x recompute"
 echo PASS

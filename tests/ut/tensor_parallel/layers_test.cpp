@@ -6,6 +6,7 @@
 
 #include "framework/config/config.h"
 #include "framework/model/layers.h"
+#include "framework/model/model.h"
 #include "framework/runtime/setup.h"
 #include "plugins/tensor_parallel/layers.h"
 #include "tests/support/multi_rank.h"
@@ -109,4 +110,136 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(T, TensorParallelKinds, ::testing::Values(2, 4),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+// ---- Sequence parallel -----------------------------------------------------
+// Each rank feeds its slice of the sequence (or the full token ids) and gets
+// its slice of the dense output (along the sequence, or along the features
+// for a column layer that keeps its output split). Back-propagating each
+// rank's slice of one fixed weighting sums to the dense objective, so every
+// gradient must equal its slice of the dense gradient (replicated
+// parameters: the whole dense gradient).
+
+namespace {
+
+enum class OutSlice { kSequence, kFeatures };
+
+void check_sequence_parallel(int T, const hp::LayerSpec& spec, const torch::Tensor& x, OutSlice how,
+                             bool input_is_sequence_slice = true) {
+  hp::BuildContext dctx(config(), nullptr, hp::LayerRegistry::dense(), 99);
+  auto dense_layer = hp::LayerRegistry::dense().make(spec, dctx);
+  auto din = x.is_floating_point() ? x.clone().requires_grad_(true) : x;
+  auto dout = dense_layer->forward(din);
+  auto w = torch::randn(dout.sizes(), torch::make_generator<at::CPUGeneratorImpl>(7));
+  (dout * w).sum().backward();
+  const auto seq = x.size(1);
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+    auto registry = hp::LayerRegistry::dense();
+    hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
+    hp::BuildContext ctx(config(), &d, registry, 99);
+    auto layer = registry.make(spec, ctx);
+    const int r = d.group("tp").rank();
+    const auto len = seq / T;
+    auto in = input_is_sequence_slice ? x.narrow(1, r * len, len).clone().requires_grad_(true) : x;
+    auto out = layer->forward(in);
+    auto slice = [&](const torch::Tensor& t) {
+      if (how == OutSlice::kSequence) return t.narrow(1, r * len, len);
+      auto [off, n] = hp::split_range(t.size(-1), T, r);
+      return t.narrow(-1, off, n);
+    };
+    ASSERT_EQ(out.sizes(), slice(dout).sizes());
+    EXPECT_TRUE(torch::allclose(out, slice(dout.detach()), 1e-5, 1e-6)) << "forward";
+    (out * slice(w)).sum().backward();
+    if (input_is_sequence_slice) {
+      EXPECT_TRUE(torch::allclose(in.grad(), din.grad().narrow(1, r * len, len), 1e-5, 1e-6))
+          << "input gradient";
+    }
+    ASSERT_EQ(ctx.params().size(), dctx.params().size());
+    for (std::size_t i = 0; i < ctx.params().size(); ++i) {
+      const auto& p = ctx.params()[i];
+      auto full = dctx.params()[i].tensor.grad();
+      auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6)) << p.spec.name;
+    }
+  });
+}
+
+class SequenceParallelKinds : public ::testing::TestWithParam<int> {};
+
+}  // namespace
+
+TEST_P(SequenceParallelKinds, ColumnLinearGathersTheSequence) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"linear.column", "c", 16, 24}.with_gather_output(false),
+                          act(), OutSlice::kFeatures);
+}
+
+TEST_P(SequenceParallelKinds, ColumnLinearGatheredOutputBackToSequenceSlice) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"linear.column", "c", 16, 24}, act(), OutSlice::kSequence);
+}
+
+TEST_P(SequenceParallelKinds, RowLinearReduceScattersTheSequence) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"linear.row", "r", 16, 12}, act(), OutSlice::kSequence);
+}
+
+TEST_P(SequenceParallelKinds, LayerNormOnSliceSumsParameterGradients) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"layer_norm", "ln", 16}, act(), OutSlice::kSequence);
+}
+
+TEST_P(SequenceParallelKinds, PositionsOfTheSlice) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"embedding.position", "pos", 8, 16}, act(),
+                          OutSlice::kSequence);
+}
+
+TEST_P(SequenceParallelKinds, VocabularyEmbeddingReduceScatters) {
+  auto ids = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(5));
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"embedding.vocab", "e", 66, 16}, ids, OutSlice::kSequence,
+                          /*input_is_sequence_slice=*/false);
+}
+
+TEST_P(SequenceParallelKinds, AttentionRegion) {
+  hp::LayerSpec s{"attention.heads", "a", 16, 16};
+  s.heads = 4;
+  check_sequence_parallel(GetParam(), s, act(), OutSlice::kSequence);
+}
+
+TEST_P(SequenceParallelKinds, MlpRegion) {
+  check_sequence_parallel(GetParam(), hp::LayerSpec{"mlp", "m", 16, 32}, act(), OutSlice::kSequence);
+}
+
+// The whole gpt (embedding, two pre-LN blocks, head, parallel cross entropy)
+// under sequence parallel against the dense model: loss and every gradient.
+TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
+  const int T = GetParam();
+  static hp::Setup s = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\nmodel: {type: gpt, vocab_size: 66, hidden: 16, "
+                                  "heads: 4, seq_len: 8, layers: 2, dropout: 0.0}", "t"), 1);
+  auto desc = hp::describe_model(s.config);
+  auto tokens = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(21));
+  auto targets = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(22));
+  auto dense_registry = hp::LayerRegistry::dense();
+  hp::BuildContext dctx(s.config, nullptr, dense_registry, 5);
+  auto dense = hp::build_model(desc, dctx);
+  auto dloss = dense.loss->forward(dense.forward(hp::make_activations({{"tokens", tokens}})), targets);
+  dloss.sum.backward();
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+    auto registry = hp::LayerRegistry::dense();
+    hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
+    hp::BuildContext ctx(s.config, &d, registry, 5);
+    auto m = hp::build_model(desc, ctx);
+    auto out = m.forward(hp::make_activations({{"tokens", tokens}}));
+    EXPECT_EQ(out["logits"].size(1), 8) << "logits cover the whole sequence";
+    auto loss = m.loss->forward(out, targets);
+    EXPECT_NEAR(loss.sum.item<double>(), dloss.sum.item<double>(), 1e-4);
+    loss.sum.backward();
+    ASSERT_EQ(m.params.size(), dense.params.size());
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+      const auto& p = m.params[i];
+      auto full = dense.params[i].tensor.grad();
+      auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-4, 1e-6)) << p.spec.name;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(T, SequenceParallelKinds, ::testing::Values(2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
