@@ -25,6 +25,8 @@ run() {  # name, env, args...
 run one_thread "HP_INTRA_OP_THREADS=1"
 run two_threads "HP_INTRA_OP_THREADS=2"
 run tp2 "" --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+run tp2sp "" --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
+  --set features.tensor_parallel.sequence_parallel=true
 python3 - "$W" "$H" "$L" "$T" "$B" <<'PY'
 import json, sys
 w, H, L, T, B = sys.argv[1], *map(int, sys.argv[2:])
@@ -38,11 +40,15 @@ theory = 4 * L * B * T * H * 4  # 2 all-reduces forward + 2 backward per layer, 
 tp = rows("tp2")
 measured = sum(x["comm_bytes"] for x in tp) / len(tp)
 print(f"GPT {L} layers x {H} wide, seq {T}, batch {B}; rank 0 figures for tp=2")
-print(f"{'run':32s} {'tokens/s':>10s} {'vs 1 thread':>12s} {'peak RSS MB':>12s}")
+print(f"{'run':36s} {'tokens/s':>10s} {'vs 1 thread':>12s} {'peak RSS MB':>12s} {'comm s/step':>12s} {'step s':>8s}")
 base = tps("one_thread")
-for name, label in [("one_thread", "1 process x 1 thread"), ("two_threads", "1 process x 2 threads"), ("tp2", "tp=2: 2 processes x 1 thread")]:
-    peak = max(x["peak_resident_memory_bytes"] for x in rows(name)) / 2**20
-    print(f"{label:32s} {tps(name):10.0f} {tps(name)/base:11.2f}x {peak:12.1f}")
+for name, label in [("one_thread", "1 process x 1 thread"), ("two_threads", "1 process x 2 threads"),
+                    ("tp2", "tp=2: 2 processes x 1 thread"), ("tp2sp", "tp=2 + sequence parallel")]:
+    r = rows(name)
+    peak = max(x["peak_resident_memory_bytes"] for x in r) / 2**20
+    comm = sum(x.get("comm_seconds", 0) for x in r) / len(r)
+    step = sum(x["step_seconds"] for x in r) / len(r)
+    print(f"{label:36s} {tps(name):10.0f} {tps(name)/base:11.2f}x {peak:12.1f} {comm:12.3f} {step:8.3f}")
 print(f"tp=2 payload bytes per step (rank 0, all groups): {measured/2**20:.2f} MiB; "
       f"theory (4 all-reduces of batch x seq x hidden per layer): {theory/2**20:.2f} MiB; "
       f"ratio {measured/theory:.2f} (embedding/head all-reduces and the loss's small ones come on top)")

@@ -199,6 +199,60 @@ void Group::recv(at::Tensor& t, int src, int tag) {
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
+struct PendingSend::Impl {
+  Group* group;
+  int dst;
+  at::Tensor buf;
+  c10::intrusive_ptr<c10d::Work> work;
+  bool waited = false;
+};
+
+PendingSend::PendingSend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PendingSend::~PendingSend() {
+  try {
+    wait();
+  } catch (...) {
+    // Already failing elsewhere (the receiver is gone); nothing to add here.
+  }
+}
+
+bool PendingSend::done() { return impl_->waited || impl_->work->isCompleted(); }
+
+void PendingSend::wait() {
+  if (impl_->waited) return;
+  impl_->waited = true;
+  Group& g = *impl_->group;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    impl_->work->wait(g.timeout_);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    auto nl = what.find('\n');
+    g.fail("send to member " + std::to_string(impl_->dst), nl == std::string::npos ? what : what.substr(0, nl));
+  }
+  g.stats_["send"].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::unique_ptr<PendingSend> Group::isend(const at::Tensor& t, int dst, int tag) {
+  auto impl = std::make_unique<PendingSend::Impl>();
+  impl->group = this;
+  impl->dst = dst;
+  impl->buf = t.contiguous();
+  std::vector<at::Tensor> v{impl->buf};
+  try {
+    impl->work = pg_->pg->send(v, dst, tag);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    auto nl = what.find('\n');
+    fail("send to member " + std::to_string(dst), nl == std::string::npos ? what : what.substr(0, nl));
+  }
+  auto& s = stats_["send"];
+  s.calls += 1;
+  s.bytes += nbytes(impl->buf);
+  return std::unique_ptr<PendingSend>(new PendingSend(std::move(impl)));
+}
+
 void Group::barrier() {
   if (size() == 1) return;
   c10d::BarrierOptions o;

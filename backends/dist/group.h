@@ -34,6 +34,27 @@ struct OpStats {
   double seconds = 0.0;
 };
 
+class Group;
+
+/// A send in flight (Group::isend). wait() blocks until the receiver has the
+/// data (with the group timeout); the destructor waits too, so a tensor is
+/// never freed while Gloo still reads it.
+class PendingSend {
+ public:
+  ~PendingSend();
+  PendingSend(const PendingSend&) = delete;
+  PendingSend& operator=(const PendingSend&) = delete;
+  /// True once the receiver has taken the data (never blocks).
+  bool done();
+  void wait();
+
+ private:
+  friend class Group;
+  struct Impl;
+  explicit PendingSend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 class Group {
  public:
   /// `pg` may be null when the group has one member: every op is then local.
@@ -69,11 +90,15 @@ class Group {
   /// `dst`/`src` are indices inside the group.
   void send(const at::Tensor& t, int dst, int tag = 0);
   void recv(at::Tensor& t, int src, int tag = 0);
+  /// Starts a send and returns at once (pipeline stage messages: sends never
+  /// block a schedule, only receives wait).
+  std::unique_ptr<PendingSend> isend(const at::Tensor& t, int dst, int tag = 0);
   void barrier();
 
   const std::map<std::string, OpStats>& stats() const { return stats_; }
 
  private:
+  friend class PendingSend;
   [[noreturn]] void fail(const std::string& op, const std::string& cause) const;
   /// Starts an op with `start()` (returning c10d work), waits with the
   /// timeout, records stats; any failure becomes a CommError.

@@ -323,6 +323,12 @@ bool convert(const OptionSpec& spec, const RawEntry& e, ConfigValue& out, Config
       spec.type == OptionType::kIntList || spec.type == OptionType::kStringList;
   if (e.kind == RawEntry::Kind::kMap) return refuse(std::string("expected ") + type_name(spec.type) + ", got a mapping");
   if (e.kind == RawEntry::Kind::kNull) return refuse("no value given");
+  if (list_type && e.kind == RawEntry::Kind::kScalar && !spec.empty_list_word.empty() &&
+      e.scalar == spec.empty_list_word) {
+    if (spec.type == OptionType::kIntList) out = std::vector<std::int64_t>{};
+    else out = std::vector<std::string>{};
+    return true;
+  }
   if (list_type && e.kind != RawEntry::Kind::kList) {
     return refuse(std::string("expected ") + type_name(spec.type) + ", got a single value");
   }

@@ -43,6 +43,7 @@ std::string OptionSpec::legal() const {
       break;
     }
   }
+  if (!empty_list_word.empty()) base += ", or " + empty_list_word;
   if (!legal_note.empty()) base += "; " + legal_note;
   return base;
 }

@@ -26,6 +26,9 @@ struct OptionSpec {
   std::string doc;
   /// Extra words for the legal range when min/max/choices do not say it all.
   std::string legal_note;
+  /// Lists only: a word that may stand instead of a list and means the
+  /// empty list (e.g. `balance: auto`); "" for none.
+  std::string empty_list_word;
 
   /// "integer in [1, 65536]", "one of: sgd, adam, adamw", ...
   std::string legal() const;
@@ -36,6 +39,7 @@ struct OptionSpec {
   OptionSpec& describe(std::string d) { doc = std::move(d); return *this; }
   OptionSpec& note(std::string n) { legal_note = std::move(n); return *this; }
   OptionSpec& require() { required = true; return *this; }
+  OptionSpec& or_word(std::string w) { empty_list_word = std::move(w); return *this; }
 };
 
 /// A rule across several options; adds issues to `errors`.

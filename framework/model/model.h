@@ -25,6 +25,9 @@ struct ModelDescription {
   std::string name;
   std::vector<BlockDecl> blocks;
   std::function<std::shared_ptr<LossBlock>(BuildContext&)> loss;
+  /// What the loss costs per token, counted with the last block when the
+  /// pipeline balances stages.
+  BlockCost loss_cost;
 };
 
 /// Makes the description from the config (the model provider).

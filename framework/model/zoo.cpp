@@ -151,6 +151,7 @@ ModelDescription describe_model(const Config& config) {
   desc.blocks.push_back({"head", estimate(d, attention, "head"),
                          [d](BuildContext& ctx) { return std::make_shared<HeadBlock>(d, ctx); }});
   desc.loss = [](BuildContext& ctx) { return std::make_shared<CrossEntropyBlock>(ctx); };
+  desc.loss_cost = {0, 4.0 * static_cast<double>(d.vocab)};  // max, exp, sum and log over the vocabulary
   return desc;
 }
 

@@ -1,5 +1,7 @@
 #include "framework/plugin/feature_runtime.h"
 
+#include "framework/trainer/executor.h"
+
 #include <algorithm>
 
 #include "framework/model/extensions.h"
@@ -29,7 +31,17 @@ FeatureRuntime::~FeatureRuntime() {
   // Hooks may hold code from plugin libraries: clear them while the
   // libraries are still loaded.
   hooks_.clear();
+  executor_.reset();
   model_.reset();
+}
+
+void FeatureRuntime::set_executor(const std::string& owner, std::shared_ptr<StepExecutor> executor) {
+  if (executor_) {
+    throw std::invalid_argument("the step executor is replaced by both '" + executor_owner_ + "' and '" +
+                                owner + "'");
+  }
+  executor_owner_ = owner;
+  executor_ = std::move(executor);
 }
 
 void FeatureRuntime::install(const std::vector<LoadedFeature>& features) {

@@ -15,6 +15,7 @@ namespace hp {
 
 class Config;
 class ModelExtensions;  // framework/model/extensions.h
+class StepExecutor;     // framework/trainer/executor.h
 namespace dist {
 class DistributedContext;
 }
@@ -59,6 +60,13 @@ class FeatureRuntime {
   /// Layer registry and forward wrappers (include framework/model/extensions.h).
   ModelExtensions& model();
 
+  /// Replaces the sequential step executor (block placement and the order
+  /// of forwards and backwards); one feature at most, a second is refused
+  /// naming both.
+  void set_executor(const std::string& owner, std::shared_ptr<StepExecutor> executor);
+  /// The installed executor, or null for the sequential one.
+  std::shared_ptr<StepExecutor> executor() const { return executor_; }
+
   void add_hook(StepEvent event, const std::string& owner, Hook hook);
   void run_hooks(StepEvent event, const StepInfo& info) const;
   std::size_t hook_count(StepEvent event) const;
@@ -75,6 +83,8 @@ class FeatureRuntime {
   };
   std::map<StepEvent, std::vector<NamedHook>> hooks_;
   std::unique_ptr<ModelExtensions> model_;
+  std::string executor_owner_;
+  std::shared_ptr<StepExecutor> executor_;
 };
 
 }  // namespace hp

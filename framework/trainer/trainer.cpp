@@ -20,6 +20,7 @@
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/checkpoint_adapter.h"
+#include "framework/trainer/executor.h"
 #include "framework/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
 
@@ -70,6 +71,7 @@ struct Run {
   dist::DistEnv env;
   std::shared_ptr<dist::DistributedContext> ctx;
   std::unique_ptr<FeatureRuntime> runtime;
+  std::shared_ptr<StepExecutor> executor;  // may hold plugin code: after runtime
   std::unique_ptr<TrainingMetrics> metrics;
   std::shared_ptr<Dataset> data;
   BuiltModel model;
@@ -80,27 +82,33 @@ struct Run {
     sync.reset();
     optimizer.reset();
     model = BuiltModel();
+    executor.reset();
   }
 };
+
+/// Sums `values` over data parallel and then over the pipeline (where only
+/// the last stage holds a loss), so every rank gets the global figure.
+void sum_over_dp_and_pp(Run& r, at::Tensor& values) {
+  r.ctx->group("dp").all_reduce(values);
+  if (r.setup.mesh.pp_size() > 1) r.ctx->group("pp").all_reduce(values);
+}
 
 double eval_loss(Run& r, std::int64_t micro_batches) {
   const auto& c = r.setup.config;
   const auto M = c.get_int("training.micro_batch_size");
   const auto seq = c.get_int("model.seq_len");
   const int dp_rank = r.ctx->coord().dp, dp = r.setup.mesh.dp_size();
-  c10::NoGradGuard no_grad;
   for (auto& b : r.model.blocks) b->eval();
-  double sum = 0, count = 0;
-  for (std::int64_t mb = 0; mb < micro_batches; ++mb) {
-    Batch b = make_batch(*r.data, Split::kValid, 0, (mb * dp + dp_rank) * M, M, seq);
-    auto out = r.model.forward(make_activations({{"tokens", b.tokens}}));
-    auto lo = r.model.loss->forward(out, b.targets);
-    sum += lo.sum.item<double>();
-    count += static_cast<double>(lo.count);
-  }
+  StepWork work;
+  work.micro_batches = micro_batches;
+  work.backward = false;
+  work.batch = [&](std::int64_t mb) {
+    return make_batch(*r.data, Split::kValid, 0, (mb * dp + dp_rank) * M, M, seq);
+  };
+  StepReport rep = r.executor->run(r.model, work);
   for (auto& b : r.model.blocks) b->train();
-  at::Tensor t = at::tensor({sum, count}, at::kDouble);
-  r.ctx->group("dp").all_reduce(t);
+  at::Tensor t = at::tensor({rep.loss_sum, rep.tokens}, at::kDouble);
+  sum_over_dp_and_pp(r, t);
   return t[0].item<double>() / t[1].item<double>();
 }
 
@@ -163,6 +171,8 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
 
   r.runtime = std::make_unique<FeatureRuntime>(c, r.ctx.get());
   r.runtime->install(r.setup.features);
+  r.executor = r.runtime->executor();
+  if (!r.executor) r.executor = make_sequential_executor();
   r.metrics = std::make_unique<TrainingMetrics>(c, r.env.rank, r.env.local_rank, rank0);
   if (!r.metrics->url().empty()) log->info("metrics at {}", r.metrics->url());
 
@@ -171,16 +181,22 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
   ModelDescription desc = provider(c);
   BuildContext bctx(c, r.ctx.get(), r.runtime->model().layers(), seed);
   r.runtime->model().apply_to(bctx);
-  r.model = build_model(desc, bctx);
+  r.model = build_model(desc, bctx, r.executor->place(desc), r.executor->computes_loss());
   for (auto& b : r.model.blocks) b->train();
-  if (rank0) {
-    std::int64_t global = 0;
+  {
+    // Global parameter count: this stage's parameters at their full shapes,
+    // summed over the pipeline stages.
+    double global = 0;
     for (const auto& p : r.model.params) {
-      std::int64_t n = 1;
-      for (auto d : p.spec.global_shape) n *= d;
+      double n = 1;
+      for (auto d : p.spec.global_shape) n *= static_cast<double>(d);
       global += n;
     }
-    log->info("model {}: {} blocks, {} parameters", desc.name, desc.blocks.size(), global);
+    at::Tensor g = at::full({1}, global, at::kDouble);
+    if (r.setup.mesh.pp_size() > 1) r.ctx->group("pp").all_reduce(g);
+    if (rank0) {
+      log->info("model {}: {} blocks, {:.0f} parameters", desc.name, desc.blocks.size(), g.item<double>());
+    }
   }
   r.optimizer = std::make_unique<Optimizer>(OptimizerOptions::from(c), r.model.params);
   r.sync = std::make_unique<GradSync>(r.ctx.get(), r.model.params,
@@ -224,22 +240,21 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
     StepInfo info{step, 0.0};
     r.runtime->run_hooks(StepEvent::kStepBegin, info);
     r.optimizer->zero_grad();
-    double loss_sum = 0;
-    for (std::int64_t mb = 0; mb < micro_batches; ++mb) {
-      // The global batch is laid out the same on every layout: rank d takes
-      // samples [d * per_rank, (d + 1) * per_rank).
-      Batch b = make_batch(*r.data, Split::kTrain, step, dp_rank * per_rank + mb * M, M, seq);
-      auto out = r.model.forward(make_activations({{"tokens", b.tokens}}));
-      r.runtime->run_hooks(StepEvent::kAfterForward, info);
-      auto lo = r.model.loss->forward(out, b.targets);
-      (lo.sum / global_tokens).backward();
-      loss_sum += lo.sum.item<double>();
-    }
+    StepWork work;
+    work.micro_batches = micro_batches;
+    work.loss_scale = 1.0 / global_tokens;
+    // The global batch is laid out the same on every layout: rank d takes
+    // samples [d * per_rank, (d + 1) * per_rank).
+    work.batch = [&](std::int64_t mb) {
+      return make_batch(*r.data, Split::kTrain, step, dp_rank * per_rank + mb * M, M, seq);
+    };
+    work.after_forward = [&] { r.runtime->run_hooks(StepEvent::kAfterForward, info); };
+    StepReport report = r.executor->run(r.model, work);
     r.runtime->run_hooks(StepEvent::kAfterBackward, info);
     r.sync->all_reduce();
     if (step + 1 == dump_grads_at) dump_gradients(r, step + 1);
-    at::Tensor l = at::full({1}, loss_sum, at::kDouble);
-    r.ctx->group("dp").all_reduce(l);
+    at::Tensor l = at::full({1}, report.loss_sum, at::kDouble);
+    sum_over_dp_and_pp(r, l);
     const double loss = l.item<double>() / global_tokens;
     const double grad_norm = r.sync->clip(c.get_float("optimizer.grad_clip"));
     const double lr = learning_rate(c, step);
@@ -254,13 +269,14 @@ FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> d
     StepFigures f{step + 1, loss, lr, grad_norm, global_tokens / secs, secs, global_tokens,
                   static_cast<double>(G)};
     r.metrics->on_step(f, r.ctx.get());
+    r.metrics->on_figures(report.figures);
     result.losses.push_back(loss);
     if (step > start) {
       timed_seconds += secs;
       timed_tokens += global_tokens;
     }
     const bool last = step + 1 == max_steps;
-    std::map<std::string, double> extra;
+    std::map<std::string, double> extra(report.figures.begin(), report.figures.end());
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
       r.runtime->run_hooks(StepEvent::kEval, info);
       result.last_eval_loss = eval_loss(r, c.get_int("training.eval_steps"));

@@ -58,6 +58,7 @@ std::string TrainingMetrics::url() const { return exposer_ ? exposer_->url() : "
 
 void TrainingMetrics::update_comm(dist::DistributedContext* d) {
   step_comm_bytes_ = 0;
+  step_comm_seconds_ = 0;
   if (!d) return;
   for (const auto& [name, group] : d->groups()) {
     for (const auto& [op, s] : group->stats()) {
@@ -66,6 +67,7 @@ void TrainingMetrics::update_comm(dist::DistributedContext* d) {
       registry_->counter("hp_comm_bytes_total", "Bytes sent by collectives and P2P.", labels)
           .inc(static_cast<double>(s.bytes) - seen.first);
       step_comm_bytes_ += static_cast<double>(s.bytes) - seen.first;
+      step_comm_seconds_ += s.seconds - seen.second;
       registry_->counter("hp_comm_seconds_total", "Seconds spent waiting on communication.", labels)
           .inc(s.seconds - seen.second);
       seen = {static_cast<double>(s.bytes), s.seconds};
@@ -96,6 +98,7 @@ void TrainingMetrics::log_step(const StepFigures& f, const std::map<std::string,
                                        {"tokens_per_second", f.tokens_per_second},
                                        {"step_seconds", f.step_seconds},
                                        {"comm_bytes", step_comm_bytes_},
+                                       {"comm_seconds", step_comm_seconds_},
                                        {"peak_resident_memory_bytes", resident_memory_bytes().second}};
   for (const auto& kv : extra) fields[kv.first] = kv.second;
   jsonl_->write(fields, f.step);
@@ -105,6 +108,12 @@ void TrainingMetrics::on_checkpoint(const char* what, double seconds) {
   registry_->gauge(std::string("hp_checkpoint_") + what + "_seconds",
                    std::string("Seconds the last checkpoint ") + what + " took.")
       .set(seconds);
+}
+
+void TrainingMetrics::on_figures(const std::map<std::string, double>& figures) {
+  for (const auto& [name, value] : figures) {
+    registry_->gauge("hp_" + name, "Step figure '" + name + "' reported by the step executor.").set(value);
+  }
 }
 
 void TrainingMetrics::on_eval(std::int64_t, double loss) { eval_loss_->set(loss); }

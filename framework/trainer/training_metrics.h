@@ -39,6 +39,8 @@ class TrainingMetrics {
 
   void on_step(const StepFigures& f, dist::DistributedContext* dist);
   /// Appends the JSON line for a logged step (only on the writing rank).
+  /// Executor figures of the step as gauges hp_<name>.
+  void on_figures(const std::map<std::string, double>& figures);
   void log_step(const StepFigures& f, const std::map<std::string, double>& extra = {});
   void on_checkpoint(const char* what, double seconds);
   void on_eval(std::int64_t step, double loss);
@@ -52,7 +54,8 @@ class TrainingMetrics {
   metrics::Counter *tokens_, *samples_;
   metrics::Histogram* step_time_;
   std::map<std::string, std::pair<double, double>> comm_seen_;  // group/op -> bytes, seconds
-  double step_comm_bytes_ = 0;  // payload bytes of the last step, all groups
+  double step_comm_bytes_ = 0;
+  double step_comm_seconds_ = 0;  // seconds waited on communication in the last step, all groups
 };
 
 /// Resident and peak resident memory of this process in bytes (from /proc).

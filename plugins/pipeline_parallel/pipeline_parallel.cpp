@@ -1,0 +1,294 @@
+// The `pipeline_parallel` feature: split any model's block list into
+// `size` stages (x `virtual_stages` chunks per rank), build only this
+// rank's blocks, and run a pipeline schedule over the micro-batches.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <map>
+#include <numeric>
+
+#include "backends/dist/context.h"
+#include "backends/dist/group.h"
+#include "backends/dist/mesh.h"
+#include "framework/config/config.h"
+#include "framework/logging/logging.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/plugin/plugin_export.h"
+#include "framework/trainer/executor.h"
+#include "plugins/pipeline_parallel/partition.h"
+#include "plugins/pipeline_parallel/schedule.h"
+#include "plugins/pipeline_parallel/stage_link.h"
+
+namespace hp::pipeline {
+
+namespace {
+
+const char* kSize = "features.pipeline_parallel.size";
+const char* kSchedule = "features.pipeline_parallel.schedule";
+const char* kMicro = "features.pipeline_parallel.num_microbatches";
+const char* kVirtual = "features.pipeline_parallel.virtual_stages";
+const char* kBalance = "features.pipeline_parallel.balance";
+
+/// Per-block costs for balancing: forward FLOPs per token, the loss counted
+/// with the last block. A block that declares nothing counts as 1.
+std::vector<double> block_costs(const ModelDescription& d) {
+  std::vector<double> c;
+  for (const auto& b : d.blocks) c.push_back(b.cost.flops_per_token > 0 ? b.cost.flops_per_token : 1.0);
+  if (!c.empty()) c.back() += d.loss_cost.flops_per_token;
+  return c;
+}
+
+Partition split(const ModelDescription& d, const std::vector<std::int64_t>& balance, int chunks) {
+  auto costs = block_costs(d);
+  if (balance.empty()) return partition_balanced(costs, chunks);
+  return partition_manual(costs, std::vector<int>(balance.begin(), balance.end()), chunks);
+}
+
+int tensor_parallel_size(const Config& c) {
+  if (c.has("features.tensor_parallel.enabled") && c.get_bool("features.tensor_parallel.enabled")) {
+    return static_cast<int>(c.get_int("features.tensor_parallel.size"));
+  }
+  return 1;
+}
+
+/// One (chunk, micro-batch) between its forward and its backward.
+struct InFlight {
+  Activations inputs;   ///< received (leaves) or the tokens
+  Activations outputs;  ///< what was sent on, or the loss input
+  at::Tensor loss;      ///< last chunk: the scaled loss to back-propagate
+};
+
+class PipelineExecutor : public StepExecutor {
+ public:
+  PipelineExecutor(const Config& c, dist::DistributedContext& d)
+      : pp_(d.group("pp")),
+        P_(pp_.size()),
+        stage_(pp_.rank()),
+        V_(static_cast<int>(c.get_int(kVirtual))),
+        kind_(parse_schedule(c.get_string(kSchedule))),
+        balance_(c.get_int_list(kBalance)),
+        link_(pp_, P_ * V_, stage_) {}
+
+  std::vector<int> place(const ModelDescription& desc) override {
+    Partition part;
+    try {
+      part = split(desc, balance_, P_ * V_);
+    } catch (const PartitionError& e) {
+      throw std::invalid_argument(std::string("pipeline_parallel: ") + e.what());
+    }
+    if (stage_ == 0 && pp_.global_ranks().front() == 0) {
+      log::logger()->info("pipeline: {} stages x {} chunks, schedule {}: {}", P_, V_, to_string(kind_),
+                          part.describe());
+    }
+    std::vector<int> blocks;
+    chunk_blocks_.clear();
+    int position = 0;
+    for (int v = 0; v < V_; ++v) {
+      const int chunk = v * P_ + stage_;
+      std::vector<int> positions;
+      for (int b = part.first[chunk]; b < part.first[chunk + 1]; ++b) {
+        blocks.push_back(b);
+        positions.push_back(position++);
+      }
+      chunk_blocks_[chunk] = positions;
+    }
+    return blocks;
+  }
+
+  bool computes_loss() const override { return stage_ == P_ - 1; }
+
+  StepReport run(BuiltModel& m, const StepWork& w) override {
+    const int M = static_cast<int>(w.micro_batches);
+    const int C = P_ * V_;
+    const auto actions = w.backward ? make_schedule(kind_, P_, M, V_, stage_) : make_forward_only(P_, M, V_, stage_);
+    c10::AutoGradMode grad_mode(w.backward);
+    StepReport rep;
+    std::map<std::pair<int, int>, InFlight> live;
+    std::size_t peak = 0;
+    std::map<int, Batch> batches;
+    auto batch = [&](int mb) -> const Batch& {
+      auto it = batches.find(mb);
+      if (it == batches.end()) it = batches.emplace(mb, w.batch(mb)).first;
+      return it->second;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    link_.take_wait_seconds();
+    for (const Action& a : actions) {
+      const int c = a.chunk, mb = a.mb;
+      if (a.kind == Action::Kind::kForward) {
+        InFlight st;
+        if (c == 0) {
+          st.inputs = make_activations({{"tokens", batch(mb).tokens}});
+        } else {
+          st.inputs = link_.recv((c - 1) % P_, {Direction::kForward, c - 1, mb});
+          if (w.backward) {
+            for (auto& item : st.inputs) {
+              if (item.value().is_floating_point()) item.value().requires_grad_(true);
+            }
+          }
+        }
+        Activations x = st.inputs;
+        for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
+        if (c == C - 1) {
+          auto lo = m.loss->forward(x, batch(mb).targets);
+          rep.loss_sum += lo.sum.item<double>();
+          rep.tokens += static_cast<double>(lo.count);
+          if (w.after_forward) w.after_forward();
+          if (w.backward) st.loss = lo.sum * w.loss_scale;
+        } else {
+          link_.send(x, (c + 1) % P_, {Direction::kForward, c, mb});
+        }
+        if (w.backward) {
+          st.outputs = std::move(x);
+          live[{c, mb}] = std::move(st);
+          peak = std::max(peak, live.size());
+        }
+        if (c == C - 1 || c == 0) batches.erase(mb);  // first and last chunk use a batch once per pass
+      } else {
+        auto it = live.find({c, mb});
+        if (it == live.end()) {
+          throw std::logic_error("internal error: backward of chunk " + std::to_string(c) + " micro-batch " +
+                                 std::to_string(mb) + " before its forward, please report");
+        }
+        InFlight& st = it->second;
+        if (c == C - 1) {
+          st.loss.backward();
+        } else {
+          Activations grads = link_.recv((c + 1) % P_, {Direction::kBackward, c, mb});
+          std::vector<at::Tensor> outs, gs;
+          for (const auto& item : st.outputs) {
+            const at::Tensor& t = item.value();
+            if (!t.is_floating_point()) continue;
+            const at::Tensor* g = grads.find(item.key());
+            if (t.requires_grad() && g) {
+              outs.push_back(t);
+              gs.push_back(*g);
+            }
+          }
+          if (!outs.empty()) torch::autograd::backward(outs, gs);
+        }
+        if (c > 0) {
+          Activations in_grads;
+          for (const auto& item : st.inputs) {
+            const at::Tensor& t = item.value();
+            if (!t.is_floating_point()) continue;
+            at::Tensor g = t.grad();
+            in_grads.insert(item.key(), g.defined() ? g : at::zeros_like(t));
+          }
+          link_.send(in_grads, (c - 1) % P_, {Direction::kBackward, c - 1, mb});
+        }
+        live.erase(it);
+      }
+      link_.reap();
+    }
+    link_.wait_all();
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wait = link_.take_wait_seconds();
+    if (w.backward) {
+      rep.figures["pipeline_wait_seconds"] = wait;
+      rep.figures["pipeline_compute_seconds"] = total - wait;
+      rep.figures["pipeline_idle_fraction"] = total > 0 ? wait / total : 0.0;
+      rep.figures["pipeline_peak_in_flight"] = static_cast<double>(peak);
+      rep.figures["pipeline_headers_sent"] = static_cast<double>(link_.headers_sent());
+    }
+    return rep;
+  }
+
+ private:
+  dist::Group& pp_;
+  int P_, stage_, V_;
+  ScheduleKind kind_;
+  std::vector<std::int64_t> balance_;
+  StageLink link_;
+  std::map<int, std::vector<int>> chunk_blocks_;  // chunk -> positions in the built model
+};
+
+class PipelineParallelFeature : public Feature {
+ public:
+  void declare_options(Schema& s, const std::string& prefix) const override {
+    s.add_int(prefix + "size", 2).range(1, 1024)
+        .describe("Pipeline stages (the pp mesh dimension); each builds a contiguous run of blocks.");
+    s.add_enum(prefix + "schedule", "1f1b", {"gpipe", "1f1b", "interleaved_1f1b"})
+        .describe("Order of forwards and backwards: gpipe (all forwards, then all backwards), 1f1b "
+                  "(one forward one backward after a warm-up), interleaved_1f1b (virtual_stages chunks per rank).");
+    s.add_int(prefix + "num_microbatches", 0).range(0, 1e6)
+        .describe("Micro-batches per step and data-parallel rank; 0 takes global_batch_size / "
+                  "(micro_batch_size x dp), and any other value must equal it.");
+    s.add_int(prefix + "virtual_stages", 1).range(1, 64)
+        .describe("Model chunks per rank (interleaved_1f1b only): chunk c runs on stage c mod size.");
+    s.add_int_list(prefix + "balance", {}).at_least(1).or_word("auto")
+        .describe("Blocks per chunk in model order (size x virtual_stages entries), or auto: "
+                  "contiguous chunks whose costliest is as light as possible, from the blocks' cost estimates.");
+  }
+
+  void validate(const Config& c, ConfigErrors& e) const override {
+    if (!c.ok({kSize, kSchedule, kMicro, kVirtual, kBalance})) return;
+    const int P = static_cast<int>(c.get_int(kSize));
+    const int V = static_cast<int>(c.get_int(kVirtual));
+    const std::string schedule = c.get_string(kSchedule);
+    if (c.world_size() % P != 0) {
+      e.add(kSize, std::to_string(P), "must divide the world size " + std::to_string(c.world_size()),
+            "a divisor of " + std::to_string(c.world_size()));
+      return;
+    }
+    if (V > 1 && schedule != "interleaved_1f1b") {
+      e.add(kVirtual, std::to_string(V), "more than one chunk per rank needs schedule interleaved_1f1b (schedule is " +
+                                             schedule + ")", "1, or set schedule: interleaved_1f1b");
+    }
+    const int T = tensor_parallel_size(c);
+    if (c.world_size() % (P * T) == 0 && c.ok({"training.global_batch_size", "training.micro_batch_size"})) {
+      const auto dp = c.world_size() / (P * T);
+      const auto G = c.get_int("training.global_batch_size"), mbs = c.get_int("training.micro_batch_size");
+      if (G % (mbs * dp) == 0) {
+        const auto M = G / (mbs * dp);
+        const auto given = c.get_int(kMicro);
+        if (given != 0 && given != M) {
+          e.add(kMicro, std::to_string(given),
+                "must equal global_batch_size / (micro_batch_size x dp) = " + std::to_string(G) + " / (" +
+                    std::to_string(mbs) + " x " + std::to_string(dp) + ") = " + std::to_string(M),
+                "0 or " + std::to_string(M));
+        }
+        if (schedule == "interleaved_1f1b" && V > 1 && M % P != 0) {
+          e.add(kSchedule, schedule,
+                "interleaved_1f1b needs the micro-batches per step (" + std::to_string(M) +
+                    ") to be a multiple of size (" + std::to_string(P) + ")",
+                "gpipe or 1f1b, or a batch with a multiple of " + std::to_string(P) + " micro-batches");
+        }
+      }
+    }
+    if (P > 1 && c.ok({"model.tie_embeddings"}) && c.get_bool("model.tie_embeddings")) {
+      e.add("model.tie_embeddings", "true",
+            "tied embeddings across pipeline stages are not supported yet (the embedding and the head live "
+            "on different stages)",
+            "false when features.pipeline_parallel.size > 1");
+    }
+    // The shipped models can be split here, before any process starts; a
+    // user's own model is split (and refused the same way) when it is built.
+    if (c.ok({"model.type", "model.layers"})) {
+      try {
+        split(describe_model(c), c.get_int_list(kBalance), P * V);
+      } catch (const PartitionError& err) {
+        e.add(kBalance, hp::to_string(c.value(kBalance)), err.what(),
+              "auto, or " + std::to_string(P * V) + " counts >= 1 adding up to the model's blocks");
+      } catch (const std::exception&) {
+        // The model options themselves are reported by their own checks.
+      }
+    }
+  }
+
+  void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
+    plan.claim("pp", static_cast<int>(c.get_int(kSize)), "pipeline_parallel");
+  }
+
+  void install(FeatureRuntime& rt) override {
+    if (!rt.dist()) throw std::logic_error("pipeline_parallel needs process groups");
+    rt.set_executor("pipeline_parallel", std::make_shared<PipelineExecutor>(rt.config(), *rt.dist()));
+  }
+};
+
+}  // namespace
+}  // namespace hp::pipeline
+
+HP_FEATURE_PLUGIN(hp::pipeline::PipelineParallelFeature)

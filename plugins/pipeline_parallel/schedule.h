@@ -1,0 +1,81 @@
+#pragma once
+// Pipeline schedules as plain action lists, one list per rank.
+// No LibTorch here: pure logic, unit-tested on its own.
+//
+// Layout: the model is split into P * V chunks (V = virtual stages per rank,
+// 1 for gpipe and 1f1b). Chunk c lives on pipeline rank c % P, so rank r owns
+// chunks r, r + P, r + 2P, ... Micro-batches are 0 .. M-1.
+//
+// A rank's list holds only its COMPUTE actions, in the order it runs them:
+//   Forward(chunk, mb)  : needs the output of Forward(chunk - 1, mb) (if chunk > 0)
+//   Backward(chunk, mb) : needs Backward(chunk + 1, mb) (if chunk < P*V - 1), and its
+//                         own Forward(chunk, mb)
+// Communication is implied: the executor receives before a compute action
+// that needs another rank's result and sends (non-blocking) after one whose
+// result another rank needs.
+#include <string>
+#include <vector>
+
+namespace hp::pipeline {
+
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+
+/// "gpipe", "1f1b", "interleaved_1f1b" -> kind; throws std::invalid_argument otherwise.
+ScheduleKind parse_schedule(const std::string& name);
+const char* to_string(ScheduleKind k);
+
+struct Action {
+  enum class Kind { kForward, kBackward } kind;
+  int chunk;  ///< global chunk index in [0, P*V)
+  int mb;     ///< micro-batch
+  bool operator==(const Action& o) const { return kind == o.kind && chunk == o.chunk && mb == o.mb; }
+  std::string str() const;  ///< "F3.1" = forward of chunk 3, micro-batch 1; "B0.2"
+};
+
+/// The action list of pipeline rank `rank` of `P`, with `M` micro-batches and
+/// `V` chunks per rank.
+///  gpipe:  all forwards (mb 0..M-1), then all backwards in the same ascending
+///          order (mb 0..M-1; not reversed).
+///  1f1b:   warm-up of min(P - rank - 1, M) forwards, then alternate one
+///          forward and one backward, then the remaining backwards
+///          (PipeDream-Flush / Megatron's non-interleaved schedule).
+///  interleaved_1f1b (Megatron): forwards visit the rank's chunks in groups of
+///          P micro-batches (k-th forward: chunk-slot (k / P) % V, mb
+///          (k / (P V)) P + k % P); backwards the same with chunk-slots
+///          reversed; warm-up (P - rank - 1) * 2 + (V - 1) * P forwards
+///          (capped at M V), then 1F1B, then cool-down. Requires M % P == 0.
+///          With V == 1 nothing interleaves and, as in Megatron-LM, the list
+///          is exactly the 1f1b one (no M % P requirement then).
+/// Throws std::invalid_argument for P < 1, M < 1, V < 1, rank outside [0, P),
+/// V > 1 with a kind other than interleaved, or interleaved with V > 1 and
+/// M % P != 0.
+std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank);
+
+/// Forward-only list (evaluation): every forward of the rank's chunks, in
+/// groups of P micro-batches, each group through chunk-slot 0, 1, ..., V-1 in
+/// turn (Megatron's interleaved forward order; the last group is smaller when
+/// P does not divide M). For V == 1 that is mb 0..M-1. (Plain (mb, chunk) order
+/// would serialise the pipeline for V > 1.) Same argument checks as above.
+std::vector<Action> make_forward_only(int P, int M, int V, int rank);
+
+/// Runs all P lists against each other in discrete time (each action costs
+/// `forward_cost` or `backward_cost` time units; an action starts when its
+/// rank is free and its inputs are ready; communication is free). Returns
+/// false in `deadlock_free` if some rank can never proceed (then makespan is 0
+/// and idle_fraction empty; peak_in_flight is always filled). Dependencies
+/// are those listed at the top of this file. Throws std::invalid_argument
+/// when per_rank.size() != P or an action's chunk is not one of its rank's.
+/// Used by tests
+/// and by the benchmark to print the theoretical idle fraction of a
+/// schedule (idle time / (P * makespan)).
+struct Simulation {
+  bool deadlock_free = false;
+  double makespan = 0;
+  std::vector<double> idle_fraction;     ///< per rank: 1 - busy / makespan
+  std::vector<int> peak_in_flight;       ///< per rank: most micro-batch chunks
+                                         ///< forwarded but not yet backwarded
+};
+Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int V,
+                    double forward_cost = 1.0, double backward_cost = 2.0);
+
+}  // namespace hp::pipeline
