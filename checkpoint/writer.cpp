@@ -239,7 +239,8 @@ void CheckpointWriter::finish_rank() {
 
 void CheckpointWriter::commit(const std::string& root, std::int64_t step,
                               const nlohmann::json& state, const Layout& layout,
-                              const std::string& config_hash, int keep) {
+                              const std::string& config_hash, int keep,
+                              const std::vector<int>& writers) {
   const fs::path root_dir(root);
   const std::string name = step_dir_name(step);
   const fs::path staging = root_dir / (name + ".tmp");
@@ -263,7 +264,17 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   if (ec) {
     throw CheckpointError(what + "cannot list " + staging.string() + ": " + fs_reason(ec));
   }
-  for (int r = 0; r <= (parts.empty() ? 0 : parts.rbegin()->first); ++r) {
+  std::vector<int> expected = writers;
+  if (expected.empty()) {
+    for (int r = 0; r <= (parts.empty() ? 0 : parts.rbegin()->first); ++r) expected.push_back(r);
+  }
+  for (const auto& [r, path] : parts) {
+    if (std::find(expected.begin(), expected.end(), r) == expected.end()) {
+      throw CheckpointError(what + path.string() + " comes from rank " + std::to_string(r) +
+                            ", which is not one of the writers of this checkpoint");
+    }
+  }
+  for (int r : expected) {
     if (parts.count(r) == 0) {
       throw CheckpointError(what + (staging / part_file_name(r)).string() +
                             " is missing; every rank must call finish_rank() before the barrier "

@@ -68,8 +68,11 @@ class CheckpointWriter {
   /// it with an existing step_X) and then points `latest` at it. Everything is
   /// fsynced, files and directories. `keep` > 0 then deletes all but the
   /// newest `keep` step directories (never the one just committed).
+  /// `writers`: the ranks whose parts must be there (each a missing part is
+  /// refused by name, an unexpected one too); empty: ranks 0..highest found.
   static void commit(const std::string& root, std::int64_t step, const nlohmann::json& state,
-                     const Layout& layout, const std::string& config_hash, int keep = 0);
+                     const Layout& layout, const std::string& config_hash, int keep = 0,
+                     const std::vector<int>& writers = {});
 
   /// "step_00000100"
   static std::string step_dir_name(std::int64_t step);

@@ -24,7 +24,9 @@ void declare_core_options(Schema& s) {
       .describe("Seed for weights (with each parameter's global name), data order and dropout.");
 
   // model
-  s.add_enum("model.type", "gpt", {"gpt", "mlp"}).describe("Which shipped model to build.");
+  s.add_enum("model.type", "gpt", {"gpt", "mlp", "unet"})
+      .describe("Which shipped model to build: gpt, mlp (gpt without attention), or unet (a skip-connection "
+                "encoder-decoder over a field; needs data.type field).");
   s.add_int("model.layers", 4).range(1, 1024).describe("Number of transformer blocks (or MLP blocks).");
   s.add_int("model.hidden", 256).range(1, 65536).describe("Hidden (model) width.");
   s.add_int("model.heads", 4).range(1, 1024).describe("Attention heads; must divide model.hidden.");
@@ -34,13 +36,16 @@ void declare_core_options(Schema& s) {
       .describe("Vocabulary size (256 for byte-level text).");
   s.add_int("model.seq_len", 128).range(1, 1048576).describe("Tokens per sample.");
   s.add_bool("model.tie_embeddings", false).describe("Share the token embedding with the output head.");
+  s.add_int("model.channels", 4).range(1, 4096)
+      .describe("unet: channels of the field at each of model.seq_len grid points.");
   s.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
   s.add_float("model.init_std", 0.02).range(1e-6, 10.0)
       .describe("Standard deviation of the normal initialisation.");
 
   // data
-  s.add_enum("data.type", "text", {"text", "synthetic"})
-      .describe("`text`: byte tokens from a file or directory; `synthetic`: a generated learnable task.");
+  s.add_enum("data.type", "text", {"text", "synthetic", "field"})
+      .describe("`text`: byte tokens from a file or directory; `synthetic`: a generated learnable task; "
+                "`field`: a generated field-regression task for the unet model.");
   s.add_string("data.path", "/usr/share/games/fortunes")
       .describe("Text file or directory of text files (binary files are skipped).");
   s.add_float("data.valid_fraction", 0.05).range(0.0, 0.5)
@@ -123,6 +128,20 @@ void declare_core_options(Schema& s) {
       e.add("model.heads", std::to_string(n),
             "must divide model.hidden = " + std::to_string(h),
             "a divisor of " + std::to_string(h));
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"model.type", "data.type", "model.seq_len"})) return;
+    const bool unet = c.get_string("model.type") == "unet", field = c.get_string("data.type") == "field";
+    if (unet && !field) {
+      e.add("data.type", c.get_string("data.type"), "model.type unet regresses a field", "field");
+    } else if (field && !unet) {
+      e.add("data.type", "field", "the field task needs model.type unet (it has no tokens)",
+            "text or synthetic for model.type " + c.get_string("model.type"));
+    }
+    if (unet && c.get_int("model.seq_len") % 2 != 0) {
+      e.add("model.seq_len", std::to_string(c.get_int("model.seq_len")),
+            "unet halves the grid in its down-sample block, so it must be even", "an even number");
     }
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {

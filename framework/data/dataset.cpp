@@ -1,5 +1,6 @@
 #include "framework/data/dataset.h"
 
+#include <cmath>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -27,6 +28,12 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64
 
 Batch make_batch(const Dataset& ds, Split split, std::int64_t step, std::int64_t first,
                  std::int64_t count, std::int64_t seq) {
+  return ds.make(split, step, first, count, seq);
+}
+
+Batch Dataset::make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                    std::int64_t seq) const {
+  const Dataset& ds = *this;
   Batch b;
   b.tokens = at::empty({count, seq}, at::kLong);
   b.targets = at::empty({count, seq}, at::kLong);
@@ -165,8 +172,73 @@ std::shared_ptr<Dataset> make_synthetic_dataset(std::int64_t vocab, std::uint64_
   return std::make_shared<SyntheticDataset>(vocab, seed);
 }
 
+namespace {
+
+class FieldDataset : public Dataset {
+ public:
+  FieldDataset(std::int64_t channels, std::uint64_t seed) : channels_(channels), seed_(seed) {}
+
+  void sample(Split, std::int64_t, std::int64_t, std::int64_t*, std::int64_t*, std::int64_t) const override {
+    throw std::logic_error("internal error: the field dataset has no tokens, please report");
+  }
+
+  Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+             std::int64_t seq) const override {
+    const std::int64_t C = channels_;
+    Batch b;
+    b.tokens = at::empty({count, seq, C}, at::kFloat);
+    b.targets = at::empty({count, seq, C}, at::kFloat);
+    auto* x = b.tokens.data_ptr<float>();
+    auto* y = b.targets.data_ptr<float>();
+    const double two_pi = 6.283185307179586;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto h = mix(seed_, split == Split::kTrain ? 3 : 4, static_cast<std::uint64_t>(step),
+                         static_cast<std::uint64_t>(first + i));
+      float* xi = x + i * seq * C;
+      for (std::int64_t c = 0; c < C; ++c) {
+        double phase[3];
+        for (int k = 0; k < 3; ++k) {
+          phase[k] = two_pi * static_cast<double>(mix(h, static_cast<std::uint64_t>(c), static_cast<std::uint64_t>(k)) % 10007) / 10007.0;
+        }
+        for (std::int64_t l = 0; l < seq; ++l) {
+          double v = 0;
+          for (int k = 0; k < 3; ++k) {
+            v += std::sin(two_pi * (k + 1) * static_cast<double>(l) / static_cast<double>(seq) + phase[k]) / (k + 1);
+          }
+          xi[l * C + c] = static_cast<float>(v);
+        }
+      }
+      float* yi = y + i * seq * C;
+      for (std::int64_t l = 0; l < seq; ++l) {
+        const std::int64_t prev = (l + seq - 1) % seq, next = (l + 1) % seq;
+        for (std::int64_t c = 0; c < C; ++c) {
+          yi[l * C + c] = static_cast<float>(
+              std::tanh(0.5 * xi[prev * C + c] + 0.5 * xi[next * C + (c + 1) % C] - 0.25 * xi[l * C + c]));
+        }
+      }
+    }
+    return b;
+  }
+
+  std::string describe() const override {
+    return "field: " + std::to_string(channels_) +
+           " channels of sums of sines; target tanh(0.5 x[l-1, c] + 0.5 x[l+1, c+1] - 0.25 x[l, c])";
+  }
+
+ private:
+  std::int64_t channels_;
+  std::uint64_t seed_;
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> make_field_dataset(std::int64_t channels, std::uint64_t seed) {
+  return std::make_shared<FieldDataset>(channels, seed);
+}
+
 std::shared_ptr<Dataset> make_dataset(const Config& c) {
   const auto seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+  if (c.get_string("data.type") == "field") return make_field_dataset(c.get_int("model.channels"), seed);
   if (c.get_string("data.type") == "synthetic") {
     return make_synthetic_dataset(c.get_int("model.vocab_size"), seed);
   }

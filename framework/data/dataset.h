@@ -15,8 +15,8 @@ class Config;
 enum class Split { kTrain, kValid };
 
 struct Batch {
-  at::Tensor tokens;   ///< [batch, seq] int64
-  at::Tensor targets;  ///< [batch, seq] int64 (next token)
+  at::Tensor tokens;   ///< [batch, seq] int64 (a field dataset: [batch, seq, channels] float)
+  at::Tensor targets;  ///< [batch, seq] int64, the next token (a field: [batch, seq, channels])
 };
 
 class Dataset {
@@ -27,6 +27,10 @@ class Dataset {
   virtual void sample(Split split, std::int64_t step, std::int64_t index, std::int64_t* tokens,
                       std::int64_t* targets, std::int64_t seq) const = 0;
   virtual std::string describe() const = 0;
+  /// Samples [first, first + count) of `step`; by default row by row
+  /// through sample(). Datasets of other tensors (fields) override it.
+  virtual Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                     std::int64_t seq) const;
 };
 
 /// Samples [first, first + count) of `step`.
@@ -45,6 +49,12 @@ std::shared_ptr<Dataset> make_text_dataset(const std::string& path, std::int64_t
 /// A learnable generated task: each sequence follows x[i+1] = (a * x[i] + c)
 /// mod vocab from a random start, with (a, c) fixed by the seed.
 std::shared_ptr<Dataset> make_synthetic_dataset(std::int64_t vocab, std::uint64_t seed);
+
+/// A field-regression task: each sample is a smooth periodic field of
+/// `channels` values at `seq` grid points (a sum of sines with phases drawn
+/// from the sample's hash); the target mixes each point with its
+/// neighbours through tanh, so the map is local, nonlinear and learnable.
+std::shared_ptr<Dataset> make_field_dataset(std::int64_t channels, std::uint64_t seed);
 
 /// splitmix64 of several words: the deterministic hash behind sample choice.
 std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0);

@@ -51,7 +51,7 @@ struct BuiltModel {
 BuiltModel build_model(const ModelDescription& desc, BuildContext& ctx,
                        const std::vector<int>& which = {}, bool with_loss = true);
 
-/// The shipped models by `model.type`: gpt, mlp.
+/// The shipped models by `model.type`: gpt, mlp, unet.
 ModelDescription describe_model(const Config& config);
 
 }  // namespace hp

@@ -134,7 +134,10 @@ BlockCost estimate(const Dims& d, bool attention, const std::string& which) {
 
 }  // namespace
 
+ModelDescription describe_unet(const Config& config);  // unet.cpp
+
 ModelDescription describe_model(const Config& config) {
+  if (config.get_string("model.type") == "unet") return describe_unet(config);
   const Dims d = dims_of(config);
   const std::string type = config.get_string("model.type");
   const bool attention = type == "gpt";

@@ -144,8 +144,14 @@ double CheckpointAdapter::save(std::int64_t step, const std::vector<ParamEntry>&
     for (const auto& path : config_.schema().paths_under("model.")) {
       model_yaml += path + "=" + to_string(config_.value(path)) + ";";
     }
+    // The writers: the dp 0, tp 0 rank of every pipeline stage.
+    std::vector<int> writers{0};
+    if (dist_) {
+      writers.clear();
+      for (int p = 0; p < dist_->mesh().pp_size(); ++p) writers.push_back(dist_->mesh().rank_of(p, 0, 0));
+    }
     ckpt::CheckpointWriter::commit(root_, step, s, layout,
-                                   std::to_string(std::hash<std::string>{}(model_yaml)), keep_);
+                                   std::to_string(std::hash<std::string>{}(model_yaml)), keep_, writers);
   }
   barrier(dist_);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -270,7 +270,8 @@ class PipelineParallelFeature : public Feature {
       try {
         split(describe_model(c), c.get_int_list(kBalance), P * V);
       } catch (const PartitionError& err) {
-        e.add(kBalance, hp::to_string(c.value(kBalance)), err.what(),
+        const auto& b = c.get_int_list(kBalance);
+        e.add(kBalance, b.empty() ? "auto" : hp::to_string(c.value(kBalance)), err.what(),
               "auto, or " + std::to_string(P * V) + " counts >= 1 adding up to the model's blocks");
       } catch (const std::exception&) {
         // The model options themselves are reported by their own checks.

@@ -46,6 +46,10 @@ class TensorParallelFeature : public Feature {
       divisible("model.hidden", H, "the hidden size");
       divisible("model.ffn_hidden", F, "the FFN size");
     }
+    if (c.ok({kSequence, "model.type"}) && c.get_bool(kSequence) && c.get_string("model.type") == "unet") {
+      e.add(kSequence, "true", "the unet model reshapes along the grid (down/up-sampling), which a sequence "
+            "split does not follow", "false for model.type unet");
+    }
     if (c.ok({kSequence, "model.seq_len"}) && c.get_bool(kSequence) && c.get_int("model.seq_len") % T != 0) {
       e.add(kSize, t, "sequence_parallel needs the sequence length = " +
                           std::to_string(c.get_int("model.seq_len")) + " (model.seq_len) divisible by it",

@@ -386,4 +386,30 @@ TEST(Checkpoint, KeepDeletesAllButTheNewestSteps) {
   EXPECT_TRUE(fs::exists(dir / "step_00000040"));
 }
 
+// Pipeline stages write from ranks 0 and 2 (the dp 0, tp 0 rank of each):
+// commit checks exactly those parts, so a missing highest-rank part or a
+// part from a rank that should not write is refused.
+TEST(Checkpoint, CommitChecksTheNamedWriters) {
+  TempDir dir;
+  const auto a = sample({4, 2}, at::kFloat), b = sample({3}, at::kFloat);
+  CheckpointWriter::prepare(dir.path(), 1);
+  CheckpointWriter w0(dir.path(), 1, 0);
+  w0.write_file(rank_file(0), {{"embed.w", a, {4, 2}, {0, 0}}});
+  w0.finish_rank();
+  EXPECT_HAS(error_of([&] { CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2}); }),
+             "shards-rank00002.json is missing");
+  CheckpointWriter w1(dir.path(), 1, 1);
+  w1.finish_rank();
+  CheckpointWriter w2(dir.path(), 1, 2);
+  w2.write_file(rank_file(2), {{"head.b", b, {3}, {0}}});
+  w2.finish_rank();
+  EXPECT_HAS(error_of([&] { CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2}); }),
+             "comes from rank 1, which is not one of the writers");
+  fs::remove(fs::path(dir / "step_00000001.tmp") / "shards-rank00001.json");
+  CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2});
+  CheckpointReader r(dir / "step_00000001");
+  EXPECT_TRUE(r.has("embed.w"));
+  EXPECT_TRUE(r.has("head.b"));
+}
+
 }  // namespace hp::ckpt::test
