@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <numeric>
 
@@ -17,6 +19,7 @@
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/plugin_export.h"
 #include "framework/trainer/executor.h"
+#include "framework/trainer/training_metrics.h"
 #include "plugins/pipeline_parallel/partition.h"
 #include "plugins/pipeline_parallel/schedule.h"
 #include "plugins/pipeline_parallel/stage_link.h"
@@ -69,7 +72,8 @@ class PipelineExecutor : public StepExecutor {
         V_(static_cast<int>(c.get_int(kVirtual))),
         kind_(parse_schedule(c.get_string(kSchedule))),
         balance_(c.get_int_list(kBalance)),
-        link_(pp_, P_ * V_, stage_) {}
+        link_(pp_, P_ * V_, stage_),
+        memory_probe_(std::getenv("HP_PIPELINE_MEMORY_PROBE") != nullptr) {}
 
   std::vector<int> place(const ModelDescription& desc) override {
     Partition part;
@@ -113,6 +117,16 @@ class PipelineExecutor : public StepExecutor {
       if (it == batches.end()) it = batches.emplace(mb, w.batch(mb)).first;
       return it->second;
     };
+    // Memory probe (benchmarks): reset the kernel's peak-RSS mark so this
+    // step's peak growth over its start is what its activations needed.
+    double rss_start = 0;
+    if (memory_probe_ && w.backward) {
+      std::ofstream("/proc/self/clear_refs") << "5";
+      rss_start = resident_memory_bytes().first;
+    }
+    // Every stage's step spans the same window (barriers at both ends), so a
+    // stage's idle time includes the bubble at its end too, as in the theory.
+    if (w.backward) pp_.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     link_.take_wait_seconds();
     for (const Action& a : actions) {
@@ -184,14 +198,30 @@ class PipelineExecutor : public StepExecutor {
       link_.reap();
     }
     link_.wait_all();
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double wait = link_.take_wait_seconds();
+    double wait = link_.take_wait_seconds();
     if (w.backward) {
+      const auto tb = std::chrono::steady_clock::now();
+      pp_.barrier();
+      wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - tb).count();
+    }
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (w.backward) {
+      const double growth = memory_probe_ ? resident_memory_bytes().second - rss_start : 0.0;
       rep.figures["pipeline_wait_seconds"] = wait;
       rep.figures["pipeline_compute_seconds"] = total - wait;
       rep.figures["pipeline_idle_fraction"] = total > 0 ? wait / total : 0.0;
       rep.figures["pipeline_peak_in_flight"] = static_cast<double>(peak);
       rep.figures["pipeline_headers_sent"] = static_cast<double>(link_.headers_sent());
+      if (memory_probe_) rep.figures["pipeline_step_memory_growth_bytes"] = growth;
+      // Every stage's figures, so the first stage's metrics show the whole pipeline.
+      at::Tensor mine = at::tensor({total > 0 ? wait / total : 0.0, static_cast<double>(peak), growth}, at::kDouble);
+      auto all = pp_.all_gather(mine.unsqueeze(0), 0);
+      for (int s = 0; s < P_; ++s) {
+        const std::string tag = "_stage" + std::to_string(s);
+        rep.figures["pipeline_idle_fraction" + tag] = all[s][0].item<double>();
+        rep.figures["pipeline_peak_in_flight" + tag] = all[s][1].item<double>();
+        if (memory_probe_) rep.figures["pipeline_step_memory_growth_bytes" + tag] = all[s][2].item<double>();
+      }
     }
     return rep;
   }
@@ -202,6 +232,7 @@ class PipelineExecutor : public StepExecutor {
   ScheduleKind kind_;
   std::vector<std::int64_t> balance_;
   StageLink link_;
+  bool memory_probe_;
   std::map<int, std::vector<int>> chunk_blocks_;  // chunk -> positions in the built model
 };
 
