@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A checkpoint written at pp=2 (each stage writes its own blocks) loads at
 # pp=1 and at pp=4 and continues with the same losses as the uninterrupted
-# pp=2 run (within 1e-6, the pipeline parity bar).
+# pp=2 run (within 1e-6, the pipeline parity bar); at pp=2 again, bitwise.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -19,6 +19,12 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=1 did not resume"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 4 $(pp 4) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/pp4" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=4 resume"; }
 grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=4 did not resume"
+# Same layout: PARITY.md's resume bar, bitwise.
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set training.max_steps=40 --set checkpoint.resume="$ck" \
+  --set run.output_dir="$WORK/pp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 resume"; }
+echo "== pp2 resumed from its own checkpoint"
+"$BIN/hp-compare" "$WORK/pp2" "$WORK/pp2again" --from-step 21 --exact --phase resume | tail -2 || fail "pp2 resume not bitwise"
 for r in pp1 pp4; do
   echo "== $r resumed from the pp=2 checkpoint"
   "$BIN/hp-compare" "$WORK/pp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --phase resume | tail -2 \

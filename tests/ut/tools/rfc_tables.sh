@@ -21,4 +21,7 @@ check 0003-recompute.md "$rec"
 printf 'data: {type: synthetic}\nfeatures: {tensor_parallel: {enabled: true}}\n' > "$dir/t.yaml"
 tp=$("$HP_TRAIN" "$dir/t.yaml" --nproc 2 --options-markdown | grep '^| `features.tensor_parallel') || fail "tp options"
 check 0004-tensor-parallel.md "$tp"
+printf 'data: {type: synthetic}\nfeatures: {pipeline_parallel: {enabled: true}}\n' > "$dir/p.yaml"
+pp=$("$HP_TRAIN" "$dir/p.yaml" --nproc 2 --options-markdown | grep '^| `features.pipeline_parallel') || fail "pp options"
+check 0005-pipeline-parallel.md "$pp"
 echo PASS
