@@ -48,6 +48,19 @@ class DenseEmbedding : public Layer {
   at::Tensor weight_;
 };
 
+/// Dropout with probability spec.dropout while training (no random numbers
+/// are drawn at 0 or in eval).
+class DenseDropout : public Layer {
+ public:
+  DenseDropout(const LayerSpec& s, BuildContext&) : p_(s.dropout) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    return p_ > 0 ? at::dropout(x, p_, is_training()) : x;
+  }
+
+ private:
+  double p_;
+};
+
 /// Adds learned positions: h[:, t] += weight[t].
 class DensePositions : public Layer {
  public:
@@ -154,6 +167,7 @@ LayerRegistry LayerRegistry::dense() {
   r.layers_["linear.row"] = {"dense", factory<DenseLinear>()};
   r.layers_["embedding.vocab"] = {"dense", factory<DenseEmbedding>()};
   r.layers_["embedding.position"] = {"dense", factory<DensePositions>()};
+  r.layers_["dropout"] = {"dense", factory<DenseDropout>()};
   r.layers_["layer_norm"] = {"dense", factory<DenseLayerNorm>()};
   r.layers_["attention.heads"] = {"dense", factory<HeadsAttention>()};
   r.layers_["mlp"] = {"dense", factory<ColumnRowMlp>()};

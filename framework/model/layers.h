@@ -5,7 +5,8 @@
 //
 // Kinds: linear.column, linear.row, embedding.vocab, embedding.position
 // (adds learned positions to [batch, seq, hidden]; in = max positions),
-// attention.heads, mlp, layer_norm, loss.cross_entropy.
+// attention.heads, mlp, layer_norm, dropout (probability LayerSpec::dropout),
+// loss.cross_entropy.
 #include <torch/nn/module.h>
 
 #include <cstdint>

@@ -34,31 +34,29 @@ Dims dims_of(const Config& c) {
 
 class EmbedBlock : public Block {
  public:
-  EmbedBlock(const Dims& d, BuildContext& ctx) : dropout_(d.dropout) {
+  EmbedBlock(const Dims& d, BuildContext& ctx) {
     LayerSpec tok{"embedding.vocab", "embed.tok", d.vocab, d.hidden};
     tok.with_init_std(d.std);
     tok_ = register_module("tok", ctx.layers().make(tok, ctx));
     LayerSpec pos{"embedding.position", "embed.pos", d.seq, d.hidden};
     pos.with_init_std(d.std);
     pos_ = register_module("pos", ctx.layers().make(pos, ctx));
+    drop_ = register_module("drop", ctx.layers().make(LayerSpec{"dropout", "embed.drop"}.with_dropout(d.dropout), ctx));
   }
   Activations forward(const Activations& in) override {
     const auto& ids = in["tokens"];
-    auto h = pos_->forward(tok_->forward(ids));
-    if (dropout_ > 0) h = at::dropout(h, dropout_, is_training());
-    return make_activations({{"h", h}});
+    return make_activations({{"h", drop_->forward(pos_->forward(tok_->forward(ids)))}});
   }
 
  private:
-  double dropout_;
-  std::shared_ptr<Layer> tok_, pos_;
+  std::shared_ptr<Layer> tok_, pos_, drop_;
 };
 
 class ResidualBlock : public Block {
  public:
-  ResidualBlock(const Dims& d, BuildContext& ctx, const std::string& name, bool attention)
-      : dropout_(d.dropout) {
+  ResidualBlock(const Dims& d, BuildContext& ctx, const std::string& name, bool attention) {
     const std::int64_t H = d.hidden, F = d.ffn;
+    drop_ = register_module("drop", ctx.layers().make(LayerSpec{"dropout", name + ".drop"}.with_dropout(d.dropout), ctx));
     if (attention) {
       ln1_ = register_module("ln1", ctx.layers().make(LayerSpec{"layer_norm", name + ".ln1", H}, ctx));
       LayerSpec a{"attention.heads", name + ".attn", H, H};
@@ -73,17 +71,13 @@ class ResidualBlock : public Block {
   }
   Activations forward(const Activations& in) override {
     auto h = in["h"];
-    if (attn_) h = h + drop(attn_->forward(ln1_->forward(h)));
-    h = h + drop(mlp_->forward(ln2_->forward(h)));
+    if (attn_) h = h + drop_->forward(attn_->forward(ln1_->forward(h)));
+    h = h + drop_->forward(mlp_->forward(ln2_->forward(h)));
     return make_activations({{"h", h}});
   }
 
  private:
-  at::Tensor drop(const at::Tensor& x) {
-    return dropout_ > 0 ? at::dropout(x, dropout_, is_training()) : x;
-  }
-  double dropout_;
-  std::shared_ptr<Layer> ln1_, attn_, ln2_, mlp_;
+  std::shared_ptr<Layer> ln1_, attn_, ln2_, mlp_, drop_;
 };
 
 class HeadBlock : public Block {

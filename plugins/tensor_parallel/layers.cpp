@@ -139,6 +139,29 @@ class SequencePositions : public Layer {
   at::Tensor weight_;
 };
 
+/// Under sequence parallel only: dropout on this rank's slice of the
+/// sequence with the mask the dense layer would draw for the WHOLE sequence
+/// (every tp rank draws it from the same generator state and keeps its
+/// slice), so masks are independent along the sequence, exactly those of
+/// a run without sequence parallel, and the generators stay in step.
+class SequenceDropout : public Layer {
+ public:
+  SequenceDropout(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), p_(s.dropout) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    if (p_ <= 0 || !is_training()) return x;
+    auto full = x.sizes().vec();
+    const auto len = full[kSeqDim];
+    full[kSeqDim] = len * g_.size();
+    // As at::dropout: Bernoulli(1 - p) noise scaled by 1 / (1 - p).
+    at::Tensor noise = at::empty(full, x.options()).bernoulli_(1 - p_).div_(1 - p_);
+    return x * noise.narrow(kSeqDim, g_.rank() * len, len);
+  }
+
+ private:
+  dist::Group& g_;
+  double p_;
+};
+
 /// loss = log(sum_v exp(z_v - m)) - (z_target - m), with m the global max,
 /// the sum and the target logit each reduced over tp from the local slice.
 class VocabParallelCrossEntropy : public LossLayer {
@@ -185,6 +208,7 @@ void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o)
   if (o.sequence_parallel) {
     r.replace("layer_norm", owner, factory<SequenceLayerNorm>());
     r.replace("embedding.position", owner, factory<SequencePositions>());
+    r.replace("dropout", owner, factory<SequenceDropout>());
   }
   r.replace_loss("loss.cross_entropy", owner, [](const LayerSpec& s, BuildContext& ctx) {
     const std::int64_t vocab = s.out > 0 ? s.out : ctx.config().get_int("model.vocab_size");

@@ -14,6 +14,8 @@
 //   embedding.vocab   reduce-scatters along the sequence
 //   layer_norm        runs on the slice; weight and bias gradients summed over tp
 //   embedding.position adds the rows of this rank's slice; gradient summed over tp
+//   dropout           draws the whole sequence's mask (same generator state on
+//                     every tp rank) and applies this rank's slice of it
 // Every element-wise op between regions (residual, dropout) then runs on 1/T
 // of the tokens.
 #include "framework/model/layers.h"

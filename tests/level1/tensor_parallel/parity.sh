@@ -33,6 +33,19 @@ run tp2sp 2 2 --set features.tensor_parallel.sequence_parallel=true
 echo "== tp2 + sequence parallel against tp2"
 "$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2sp" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
   --grad-rtol 1e-5 --phase "sequence-parallel optimizer steps" || fail "tp2 sequence parallel vs tp2"
+# With dropout: sequence parallel applies each rank's slice of the mask the
+# whole sequence would get, so it matches tp=2 without it.
+drop=(--set model.dropout=0.1 --set training.max_steps=20)
+run_drop() {  # name args...
+  local name=$1; shift
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${common[@]}" "${drop[@]}" --set features.tensor_parallel.enabled=true \
+    --set run.output_dir="$WORK/$name" "$@" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$name run"; }
+}
+run_drop tp2drop
+run_drop tp2spdrop --set features.tensor_parallel.sequence_parallel=true
+echo "== tp2 + sequence parallel against tp2, dropout 0.1"
+"$BIN/hp-compare" "$WORK/tp2drop" "$WORK/tp2spdrop" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
+  --grad-rtol 1e-5 --phase "sequence-parallel dropout" | tail -3 || fail "sequence parallel with dropout vs tp2"
 run tp4sp 4 4 --set features.tensor_parallel.sequence_parallel=true
 run tp2sprc 2 2 --set features.tensor_parallel.sequence_parallel=true --set features.recompute.enabled=true
 echo "== tp2 + sequence parallel + recompute against tp2 + sequence parallel"

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <mutex>
+
 #include "framework/config/config.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
@@ -204,6 +206,40 @@ TEST_P(SequenceParallelKinds, AttentionRegion) {
 
 TEST_P(SequenceParallelKinds, MlpRegion) {
   check_sequence_parallel(GetParam(), hp::LayerSpec{"mlp", "m", 16, 32}, act(), OutSlice::kSequence);
+}
+
+// Dropout under sequence parallel keeps this rank's slice of the mask the
+// dense layer draws for the whole sequence from the same generator state.
+// (The ranks are threads sharing LibTorch's default generator here, so each
+// seeds and draws under a lock; the layer itself needs no communication.)
+TEST_P(SequenceParallelKinds, DropoutMaskIsTheSliceOfTheDenseMask) {
+  const int T = GetParam();
+  const auto x = act();
+  hp::LayerSpec spec{"dropout", "d"};
+  spec.with_dropout(0.3);
+  hp::BuildContext dctx(config(), nullptr, hp::LayerRegistry::dense(), 1);
+  auto dense_layer = hp::LayerRegistry::dense().make(spec, dctx);
+  at::manual_seed(5);
+  const auto dense = dense_layer->forward(x);
+  ASSERT_FALSE(torch::equal(dense, x)) << "dropout did nothing";
+  static std::mutex m;
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+    auto registry = hp::LayerRegistry::dense();
+    hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
+    hp::BuildContext ctx(config(), &d, registry, 1);
+    auto layer = registry.make(spec, ctx);
+    const int r = d.group("tp").rank();
+    const auto len = x.size(1) / T;
+    torch::Tensor out;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      at::manual_seed(5);
+      out = layer->forward(x.narrow(1, r * len, len));
+    }
+    EXPECT_TRUE(torch::equal(out, dense.narrow(1, r * len, len)));
+    layer->eval();
+    EXPECT_TRUE(torch::equal(layer->forward(x), x)) << "dropout in eval";
+  });
 }
 
 // The whole gpt (embedding, two pre-LN blocks, head, parallel cross entropy)
