@@ -31,8 +31,8 @@ void barrier(dist::DistributedContext* d) {
 }
 }  // namespace
 
-std::string rng_state_hex() {
-  at::Tensor s = at::detail::getDefaultCPUGenerator().get_state();
+namespace {
+std::string hex_of(const at::Tensor& s) {
   static const char* digits = "0123456789abcdef";
   std::string out;
   const auto* p = s.data_ptr<std::uint8_t>();
@@ -42,6 +42,9 @@ std::string rng_state_hex() {
   }
   return out;
 }
+}  // namespace
+
+std::string rng_state_hex() { return hex_of(at::detail::getDefaultCPUGenerator().get_state()); }
 
 void set_rng_state_hex(const std::string& hex) {
   at::Tensor s = at::empty({static_cast<std::int64_t>(hex.size() / 2)}, at::kByte);
@@ -117,6 +120,10 @@ double CheckpointAdapter::save(std::int64_t step, const std::vector<ParamEntry>&
   };
   // Every rank takes part in the gathers; only writers keep the result.
   auto model = full(params);
+  // Each rank's generator (pipeline stages draw different streams): rank 0
+  // keeps them all, and a resume on the same layout gives each its own back.
+  std::vector<at::Tensor> rngs{at::detail::getDefaultCPUGenerator().get_state()};
+  if (dist_ && dist_->world_size() > 1) rngs = dist_->group("world").all_gather_list(rngs[0].contiguous());
   auto optim = full(optimizer_state);
   if (is_writer(dist_)) {
     ckpt::CheckpointWriter w(root_, step, rank);
@@ -129,6 +136,9 @@ double CheckpointAdapter::save(std::int64_t step, const std::vector<ParamEntry>&
     nlohmann::json s;
     s["step"] = state.step;
     s["rng"] = state.rng_hex;
+    s["rng_by_rank"] = nlohmann::json::array();
+    for (const auto& r : rngs) s["rng_by_rank"].push_back(hex_of(r));
+    s["rng_layout"] = dist_ ? dist_->mesh().shape() : std::string("pp=1 dp=1 tp=1 ep=1");
     s["data"] = {{"step", state.step},
                  {"samples_consumed", state.step * config_.get_int("training.global_batch_size")}};
     s["scheduler"] = {{"optimizer_steps", state.optimizer_steps}};
@@ -178,6 +188,13 @@ SavedState CheckpointAdapter::load(const std::string& step_dir, const std::vecto
   SavedState out;
   out.step = s.at("step").get<std::int64_t>();
   out.rng_hex = s.at("rng").get<std::string>();
+  // Same layout: this rank's own generator state; otherwise rank 0's.
+  const int rank = dist_ ? dist_->rank() : 0;
+  const std::string layout = dist_ ? dist_->mesh().shape() : std::string("pp=1 dp=1 tp=1 ep=1");
+  if (s.contains("rng_by_rank") && s.contains("rng_layout") && s.at("rng_layout").get<std::string>() == layout &&
+      rank < static_cast<int>(s.at("rng_by_rank").size())) {
+    out.rng_hex = s.at("rng_by_rank").at(static_cast<std::size_t>(rank)).get<std::string>();
+  }
   out.optimizer_steps = s.at("scheduler").at("optimizer_steps").get<std::int64_t>();
   out.tokens_total = s.at("metrics").at("tokens_total").get<double>();
   out.samples_total = s.at("metrics").at("samples_total").get<double>();

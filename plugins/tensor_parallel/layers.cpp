@@ -154,7 +154,8 @@ class SequenceDropout : public Layer {
     full[kSeqDim] = len * g_.size();
     // As at::dropout: Bernoulli(1 - p) noise scaled by 1 / (1 - p).
     at::Tensor noise = at::empty(full, x.options()).bernoulli_(1 - p_).div_(1 - p_);
-    return x * noise.narrow(kSeqDim, g_.rank() * len, len);
+    // A copy of our slice, so backward does not keep the whole-sequence noise alive.
+    return x * noise.narrow(kSeqDim, g_.rank() * len, len).contiguous();
   }
 
  private:

@@ -25,6 +25,17 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=4 did not resume"
   --set run.output_dir="$WORK/pp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 resume"; }
 echo "== pp2 resumed from its own checkpoint"
 "$BIN/hp-compare" "$WORK/pp2" "$WORK/pp2again" --from-step 21 --exact --phase resume | tail -2 || fail "pp2 resume not bitwise"
+# With dropout each stage draws its own stream: the checkpoint keeps every
+# rank's generator, so a same-layout resume is still bitwise.
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set model.dropout=0.1 --set training.max_steps=30 \
+  --set checkpoint.interval=15 --set run.output_dir="$WORK/drop" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "dropout run"; }
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set model.dropout=0.1 --set training.max_steps=30 \
+  --set checkpoint.resume="$WORK/drop/checkpoints/step_00000015" --set run.output_dir="$WORK/drop2" > "$WORK/log" 2>&1 \
+  || { cat "$WORK/log"; fail "dropout resume"; }
+echo "== pp2 with dropout resumed from its own checkpoint"
+"$BIN/hp-compare" "$WORK/drop" "$WORK/drop2" --from-step 16 --exact --phase resume | tail -2 || fail "pp2 dropout resume not bitwise"
 for r in pp1 pp4; do
   echo "== $r resumed from the pp=2 checkpoint"
   "$BIN/hp-compare" "$WORK/pp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --phase resume | tail -2 \
