@@ -18,6 +18,8 @@ struct ShardSpec {
   std::string split_group;
   /// Group whose ranks hold replicas whose gradients are averaged: "dp"
   /// normally, "edp" for expert parameters.
+  /// Group(s) the gradient is summed over after backward; "tp+dp" sums over
+  /// tp, then dp.
   std::string grad_sync_group = "dp";
 
   bool sharded() const { return split_dim >= 0; }

@@ -30,9 +30,18 @@ void GradSync::all_reduce() {
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
     by_group[it->spec.grad_sync_group].push_back(it->tensor.grad());
   }
-  for (auto& [group_name, grads] : by_group) {
-    auto& g = dist_->group(group_name);
-    if (g.size() == 1) continue;
+  for (auto& [group_spec, grads] : by_group) {
+    // "tp+dp": summed over tp, then over dp (replicated parameters used on
+    // a sequence slice under sequence parallel).
+    std::vector<dist::Group*> groups;
+    std::size_t start = 0;
+    while (start <= group_spec.size()) {
+      const auto end = std::min(group_spec.find('+', start), group_spec.size());
+      auto& g = dist_->group(group_spec.substr(start, end - start));
+      if (g.size() > 1) groups.push_back(&g);
+      start = end + 1;
+    }
+    if (groups.empty()) continue;
     std::size_t i = 0;
     while (i < grads.size()) {
       std::vector<at::Tensor> bucket;
@@ -44,7 +53,7 @@ void GradSync::all_reduce() {
       std::vector<at::Tensor> flat_parts;
       for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
       at::Tensor flat = at::cat(flat_parts);
-      g.all_reduce(flat);
+      for (auto* g : groups) g->all_reduce(flat);
       std::int64_t off = 0;
       for (auto& t : bucket) {
         t.copy_(flat.narrow(0, off, t.numel()).view_as(t));

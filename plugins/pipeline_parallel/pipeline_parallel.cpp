@@ -111,12 +111,6 @@ class PipelineExecutor : public StepExecutor {
     StepReport rep;
     std::map<std::pair<int, int>, InFlight> live;
     std::size_t peak = 0;
-    std::map<int, Batch> batches;
-    auto batch = [&](int mb) -> const Batch& {
-      auto it = batches.find(mb);
-      if (it == batches.end()) it = batches.emplace(mb, w.batch(mb)).first;
-      return it->second;
-    };
     // Memory probe (benchmarks): reset the kernel's peak-RSS mark so this
     // step's peak growth over its start is what its activations needed.
     double rss_start = 0;
@@ -134,7 +128,7 @@ class PipelineExecutor : public StepExecutor {
       if (a.kind == Action::Kind::kForward) {
         InFlight st;
         if (c == 0) {
-          st.inputs = make_activations({{"tokens", batch(mb).tokens}});
+          st.inputs = make_activations({{"tokens", w.batch(mb).tokens}});
         } else {
           st.inputs = link_.recv((c - 1) % P_, {Direction::kForward, c - 1, mb});
           if (w.backward) {
@@ -146,7 +140,9 @@ class PipelineExecutor : public StepExecutor {
         Activations x = st.inputs;
         for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
         if (c == C - 1) {
-          auto lo = m.loss->forward(x, batch(mb).targets);
+          // Only one stage reads the targets, once per micro-batch (with one
+          // stage, the batch is built twice: cheap, and no cache to keep).
+          auto lo = m.loss->forward(x, w.batch(mb).targets);
           rep.loss_sum += lo.sum.item<double>();
           rep.tokens += static_cast<double>(lo.count);
           if (w.after_forward) w.after_forward();
@@ -159,7 +155,6 @@ class PipelineExecutor : public StepExecutor {
           live[{c, mb}] = std::move(st);
           peak = std::max(peak, live.size());
         }
-        if (c == C - 1 || c == 0) batches.erase(mb);  // first and last chunk use a batch once per pass
       } else {
         auto it = live.find({c, mb});
         if (it == live.end()) {

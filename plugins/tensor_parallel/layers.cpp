@@ -19,11 +19,11 @@ dist::Group& tp_group(BuildContext& ctx) {
 /// The sequence dimension of [batch, seq, features] activations.
 constexpr std::int64_t kSeqDim = 1;
 
-/// A replicated parameter used on this rank's slice of the sequence: its
-/// gradient is partial, so it is summed over tp in backward.
-at::Tensor replicated(const at::Tensor& p, dist::Group& g, bool sp) {
-  return sp && p.defined() ? dist::copy_to_group(p, g) : p;
-}
+/// Where the gradient of a replicated (unsplit) parameter is summed. Used on
+/// a sequence slice, each rank's gradient is partial: it is summed over tp
+/// too, with the data-parallel sync after backward (one bucketed
+/// all-reduce per step, as Megatron's layer-norm gradient all-reduce).
+std::string replicated_sync(bool sp) { return sp ? "tp+dp" : "dp"; }
 
 class ColumnLinear : public Layer {
  public:
@@ -58,7 +58,9 @@ class RowLinear : public Layer {
   RowLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
       : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1);
-    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros());
+    if (s.bias) {
+      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), -1, "tp", replicated_sync(sp));
+    }
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor in = x;
@@ -72,7 +74,7 @@ class RowLinear : public Layer {
     // Sequence parallel: sum the partial outputs and keep this rank's slice of
     // the sequence (all-gather of the gradient in backward).
     auto y = sp_ ? dist::reduce_scatter_to_group(partial, g_, kSeqDim) : dist::reduce_from_group(partial, g_);
-    return bias_.defined() ? y + replicated(bias_, g_, sp_) : y;
+    return bias_.defined() ? y + bias_ : y;
   }
 
  private:
@@ -105,19 +107,16 @@ class VocabEmbedding : public Layer {
 };
 
 /// Under sequence parallel only: LayerNorm on this rank's slice of the
-/// sequence, its weight and bias gradients summed over tp.
+/// sequence, its weight and bias gradients summed over tp after backward.
 class SequenceLayerNorm : public Layer {
  public:
-  SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), dim_(s.in) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones());
-    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros());
+  SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), -1, "tp", replicated_sync(true));
+    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), -1, "tp", replicated_sync(true));
   }
-  at::Tensor forward(const at::Tensor& x) override {
-    return at::layer_norm(x, {dim_}, replicated(weight_, g_, true), replicated(bias_, g_, true), 1e-5);
-  }
+  at::Tensor forward(const at::Tensor& x) override { return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5); }
 
  private:
-  dist::Group& g_;
   std::int64_t dim_;
   at::Tensor weight_, bias_;
 };
@@ -127,11 +126,12 @@ class SequenceLayerNorm : public Layer {
 class SequencePositions : public Layer {
  public:
   SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), -1, "tp",
+                        replicated_sync(true));
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
-    return h + replicated(weight_, g_, true).narrow(0, g_.rank() * len, len);
+    return h + weight_.narrow(0, g_.rank() * len, len);
   }
 
  private:

@@ -13,6 +13,7 @@
 //   linear.row        reduce-scatters its output along the sequence (all-gather in backward)
 //   embedding.vocab   reduce-scatters along the sequence
 //   layer_norm        runs on the slice; weight and bias gradients summed over tp
+//                     (grad_sync_group "tp+dp": in the one bucketed sync after backward)
 //   embedding.position adds the rows of this rank's slice; gradient summed over tp
 //   dropout           draws the whole sequence's mask (same generator state on
 //                     every tp rank) and applies this rank's slice of it

@@ -9,6 +9,7 @@
 #include "framework/config/config.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
+#include "framework/optim/grad_sync.h"
 #include "framework/runtime/setup.h"
 #include "plugins/tensor_parallel/layers.h"
 #include "tests/support/multi_rank.h"
@@ -38,18 +39,31 @@ Result run(const hp::LayerSpec& spec, const hp::LayerRegistry& registry, hp::dis
   return {out.detach(), in.requires_grad() ? in.grad() : torch::Tensor(), ctx.params()};
 }
 
+/// Every parameter gradient equals its slice of the dense gradient (a whole
+/// parameter: the whole dense gradient).
+void expect_grads_match(const std::vector<hp::ParamEntry>& par, const std::vector<hp::ParamEntry>& dense,
+                        double rtol = 1e-5) {
+  ASSERT_EQ(par.size(), dense.size());
+  for (std::size_t i = 0; i < par.size(); ++i) {
+    const auto& p = par[i];
+    auto full = dense[i].tensor.grad();
+    auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+    EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, rtol, 1e-6)) << p.spec.name;
+  }
+}
+
+/// Sums the gradients as the trainer does after backward (sequence
+/// parallel's replicated parameters: over tp).
+void sync_grads(hp::dist::DistributedContext& d, const std::vector<hp::ParamEntry>& params) {
+  hp::GradSync(&d, params, 1 << 20).all_reduce();
+}
+
 void expect_same(const Result& dense, const Result& par) {
   EXPECT_TRUE(torch::allclose(par.out, dense.out, 1e-5, 1e-6)) << "forward";
   if (dense.input_grad.defined()) {
     EXPECT_TRUE(torch::allclose(par.input_grad, dense.input_grad, 1e-5, 1e-6)) << "input gradient";
   }
-  ASSERT_EQ(par.params.size(), dense.params.size());
-  for (std::size_t i = 0; i < par.params.size(); ++i) {
-    const auto& p = par.params[i];
-    auto full = dense.params[i].tensor.grad();
-    auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
-    EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6)) << p.spec.name;
-  }
+  expect_grads_match(par.params, dense.params);
 }
 
 void check_kind(int T, const hp::LayerSpec& spec, const torch::Tensor& x) {
@@ -156,13 +170,8 @@ void check_sequence_parallel(int T, const hp::LayerSpec& spec, const torch::Tens
       EXPECT_TRUE(torch::allclose(in.grad(), din.grad().narrow(1, r * len, len), 1e-5, 1e-6))
           << "input gradient";
     }
-    ASSERT_EQ(ctx.params().size(), dctx.params().size());
-    for (std::size_t i = 0; i < ctx.params().size(); ++i) {
-      const auto& p = ctx.params()[i];
-      auto full = dctx.params()[i].tensor.grad();
-      auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
-      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6)) << p.spec.name;
-    }
+    sync_grads(d, ctx.params());
+    expect_grads_match(ctx.params(), dctx.params());
   });
 }
 
@@ -267,15 +276,33 @@ TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
     auto loss = m.loss->forward(out, targets);
     EXPECT_NEAR(loss.sum.item<double>(), dloss.sum.item<double>(), 1e-4);
     loss.sum.backward();
-    ASSERT_EQ(m.params.size(), dense.params.size());
-    for (std::size_t i = 0; i < m.params.size(); ++i) {
-      const auto& p = m.params[i];
-      auto full = dense.params[i].tensor.grad();
-      auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
-      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-4, 1e-6)) << p.spec.name;
-    }
+    sync_grads(d, m.params);
+    expect_grads_match(m.params, dense.params, 1e-4);
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(T, SequenceParallelKinds, ::testing::Values(2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+// The gradient sync sums each parameter over its grad_sync_group; "tp+dp"
+// (sequence parallel's replicated parameters) over tp and then dp.
+TEST(GradSyncGroups, SumsOverEachNamedGroup) {
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 2, 2), [](hp::dist::DistributedContext& d) {
+    std::vector<hp::ParamEntry> params;
+    for (const char* group : {"dp", "tp", "tp+dp"}) {
+      hp::ParamEntry e;
+      e.spec.name = group;
+      e.spec.grad_sync_group = group;
+      e.tensor = torch::zeros({3}).requires_grad_(true);
+      e.tensor.mutable_grad() = torch::full({3}, static_cast<double>(d.rank() + 1));
+      params.push_back(e);
+    }
+    hp::GradSync(&d, params, 8).all_reduce();  // 8 bytes: one tensor per bucket
+    // Ranks 0..3 are (dp, tp) = (0,0) (0,1) (1,0) (1,1): values 1..4.
+    const double dp_sum = d.coord().tp == 0 ? 1 + 3 : 2 + 4;
+    const double tp_sum = d.coord().dp == 0 ? 1 + 2 : 3 + 4;
+    EXPECT_TRUE(torch::allclose(params[0].tensor.grad(), torch::full({3}, dp_sum)));
+    EXPECT_TRUE(torch::allclose(params[1].tensor.grad(), torch::full({3}, tp_sum)));
+    EXPECT_TRUE(torch::allclose(params[2].tensor.grad(), torch::full({3}, 10.0)));
+  });
+}
