@@ -14,4 +14,13 @@ out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.tensor_p
 [[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
 grep -q "features.tensor_parallel.size = 3: must divide the world size 2" <<<"$out" || fail "$out"
 grep -q "the head count = 4 (model.heads) is not divisible by it" <<<"$out" || fail "$out"
+# Sequence parallel needs the sequence to divide, and refuses the unet model.
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.tensor_parallel.enabled=true \
+      --set features.tensor_parallel.sequence_parallel=true --set model.seq_len=33 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
+grep -qF "features.tensor_parallel.size = 2: sequence_parallel needs the sequence length = 33 (model.seq_len) divisible by it" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.tensor_parallel.enabled=true \
+      --set features.tensor_parallel.sequence_parallel=true --set model.type=unet --set data.type=field 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
+grep -qF "features.tensor_parallel.sequence_parallel = true: the unet model reshapes along the grid" <<<"$out" || fail "$out"
 echo PASS

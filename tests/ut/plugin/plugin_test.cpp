@@ -8,6 +8,7 @@
 #include "framework/config/config.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
+#include "framework/trainer/executor.h"
 #include "framework/runtime/setup.h"
 
 namespace {
@@ -159,4 +160,19 @@ TEST(FeatureRuntime, InstallRegistersHooksThatRun) {
   EXPECT_TRUE(rt.has_feature("test_good"));
   EXPECT_EQ(rt.hook_count(hp::StepEvent::kStepEnd), 1u);
   rt.run_hooks(hp::StepEvent::kStepEnd, hp::StepInfo{5, 1.0});
+}
+
+// One feature at most replaces the step executor; a second is refused naming both.
+TEST(FeatureRuntime, SecondExecutorIsRefusedNamingBoth) {
+  auto setup = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n", "t.yaml"), 1);
+  hp::FeatureRuntime rt(setup.config, nullptr);
+  EXPECT_EQ(rt.executor(), nullptr);
+  rt.set_executor("pipeline_parallel", hp::make_sequential_executor());
+  ASSERT_NE(rt.executor(), nullptr);
+  try {
+    rt.set_executor("other_feature", hp::make_sequential_executor());
+    FAIL() << "a second executor was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "the step executor is replaced by both 'pipeline_parallel' and 'other_feature'");
+  }
 }

@@ -45,4 +45,12 @@ out=$("$HP_TRAIN" "$dir/bad.yaml" 2>&1); rc=$?
 # --options-markdown prints the table the RFCs carry.
 out=$("$HP_TRAIN" --options-markdown 2>&1) || fail "options-markdown failed"
 grep -q '| `training.micro_batch_size` | int | `4` | no |' <<<"$out" || fail "$out"
+# The unet model and the field task go together; the grid halves, so it is even.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set model.type=unet --set model.seq_len=15 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "unet on synthetic: expected exit 2, got $rc: $out"
+grep -qF "data.type = synthetic: model.type unet regresses a field (legal: field)" <<<"$out" || fail "$out"
+grep -qF "model.seq_len = 15: unet halves the grid in its down-sample block, so it must be even (legal: an even number)" <<<"$out" || fail "$out"
+out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=field 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "field with gpt: expected exit 2, got $rc: $out"
+grep -qF "data.type = field: the field task needs model.type unet (it has no tokens)" <<<"$out" || fail "$out"
 echo "PASS"
