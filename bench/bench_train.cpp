@@ -138,10 +138,10 @@ double bare_loop(const Size& s, const hp::Dataset& data, bool module_forward) {
     opt.zero_grad();
     for (std::int64_t mb = 0; mb < s.batch / s.micro; ++mb) {
       auto b = hp::make_batch(data, hp::Split::kTrain, step, mb * s.micro, s.micro, s.seq);
-      auto h = tok(b.tokens) + pos;
+      auto h = tok(b.inputs["tokens"]) + pos;
       for (auto& blk : *blocks) h = blk->as<BareBlockImpl>()->forward(h);
       auto logits = module_forward ? head(ln(h)) : torch::linear(ln(h), head->weight);
-      auto loss = torch::nll_loss(torch::log_softmax(logits.view({-1, s.vocab}), -1), b.targets.view({-1}),
+      auto loss = torch::nll_loss(torch::log_softmax(logits.view({-1, s.vocab}), -1), b.targets["labels"].view({-1}),
                                   {}, at::Reduction::Sum) / tokens;
       loss.backward();
     }

@@ -127,6 +127,13 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
   return ctx;
 }
 
+std::shared_ptr<DistributedContext> DistributedContext::single() {
+  DistEnv env;
+  env.rank = 0;
+  env.world_size = 1;
+  return create(env, ProcessMesh(), ContextOptions());
+}
+
 Group& DistributedContext::group(const std::string& name) {
   auto it = groups_.find(name);
   if (it == groups_.end()) {

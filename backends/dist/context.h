@@ -41,6 +41,9 @@ class DistributedContext {
   /// mesh that does not match the world size, backend not built).
   static std::shared_ptr<DistributedContext> create(const DistEnv& env, const ProcessMesh& mesh,
                                                     const ContextOptions& options);
+  /// The context of a job of one process: every group has one member and
+  /// every collective is local. Code never checks for "no context".
+  static std::shared_ptr<DistributedContext> single();
   ~DistributedContext();
 
   int rank() const { return env_.rank; }
@@ -50,6 +53,8 @@ class DistributedContext {
   MeshCoord coord() const { return mesh_.coord(env_.rank); }
   /// "world", "tp", "dp", "pp", "ep", "edp".
   Group& group(const std::string& name);
+  /// The group of a role that has one (partition, replicate).
+  Group& group(MeshRole role) { return group(ProcessMesh::role_group(role)); }
   const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
 
  private:

@@ -94,14 +94,100 @@ std::string ProcessMesh::describe() const {
   return os.str();
 }
 
-void MeshPlan::claim(const std::string& dim, int size, const std::string& feature) {
+const char* to_string(MeshRole role) {
+  switch (role) {
+    case MeshRole::kPartition: return "partition";
+    case MeshRole::kSplit: return "split";
+    case MeshRole::kReplicate: return "replicate";
+  }
+  return "?";
+}
+
+const std::string& ProcessMesh::role_group(MeshRole role) {
+  static const std::string kPartition = "pp", kReplicate = "dp";
+  if (role == MeshRole::kPartition) return kPartition;
+  if (role == MeshRole::kReplicate) return kReplicate;
+  throw std::invalid_argument("internal error: the split role has several groups (see split_groups), please report");
+}
+
+const std::vector<std::string>& ProcessMesh::split_groups() {
+  static const std::vector<std::string> kSplit = {"tp", "ep"};
+  return kSplit;
+}
+
+std::vector<int> ProcessMesh::leaders() const {
+  std::vector<int> out;
+  for (int p = 0; p < pp_; ++p) out.push_back(rank_of(p, 0, 0));
+  return out;
+}
+
+std::map<std::string, int> ProcessMesh::sizes() const {
+  return {{"pp", pp_}, {"dp", dp_}, {"tp", tp_}, {"ep", ep_}};
+}
+
+const std::map<std::string, MeshRole>& MeshPlan::served() {
+  static const std::map<std::string, MeshRole> kServed = {
+      {"pp", MeshRole::kPartition}, {"tp", MeshRole::kSplit}, {"ep", MeshRole::kSplit}};
+  return kServed;
+}
+
+void MeshPlan::claim(const std::string& dim, int size, const std::string& feature, MeshRole role) {
+  auto s = served().find(dim);
+  if (s == served().end()) {
+    std::string legal;
+    for (const auto& [d, r] : served()) legal += (legal.empty() ? "" : ", ") + d + " (" + to_string(r) + ")";
+    conflicts.push_back("mesh dimension '" + dim + "' claimed by '" + feature +
+                        "' is not served by the process mesh, so nothing would act on it (served: " + legal + ")");
+    return;
+  }
+  if (s->second != role) {
+    conflicts.push_back("mesh dimension '" + dim + "' claimed by '" + feature + "' with role " + to_string(role) +
+                        ", but the mesh serves it only as " + to_string(s->second));
+    return;
+  }
   auto it = claims.find(dim);
   if (it != claims.end()) {
     conflicts.push_back("mesh dimension '" + dim + "' is claimed by both '" + it->second.by +
                         "' and '" + feature + "'");
     return;
   }
-  claims[dim] = Claim{size, feature};
+  claims[dim] = Claim{size, feature, role};
+}
+
+bool resolve_mesh(MeshPlan& plan, int world, int dp, ProcessMesh& mesh, MeshProblem& problem) {
+  const int tp = plan.size_of("tp"), pp = plan.size_of("pp"), ep = plan.size_of("ep");
+  auto by = [&](const std::string& dim) {
+    auto it = plan.claims.find(dim);
+    return it == plan.claims.end() ? std::string("(none)") : it->second.by;
+  };
+  const std::string shape = "pp=" + std::to_string(pp) + " (" + by("pp") + "), tp=" + std::to_string(tp) + " (" +
+                            by("tp") + ")";
+  if (dp == 0) {
+    if (world % (pp * tp) != 0) {
+      problem = {"distributed", "world size " + std::to_string(world),
+                 "world size must equal pipeline x data x tensor parallel sizes, but " + std::to_string(world) +
+                     " is not a multiple of pp x tp = " + std::to_string(pp * tp) + " [" + shape + "]",
+                 "a world size that is a multiple of " + std::to_string(pp * tp) + ", or other pipeline/tensor sizes"};
+      return false;
+    }
+    dp = world / (pp * tp);
+  } else if (static_cast<long long>(pp) * dp * tp != world) {
+    problem = {"distributed.data_parallel_size", std::to_string(dp),
+               "world size " + std::to_string(world) + " != pp x dp x tp = " + std::to_string(pp) + " x " +
+                   std::to_string(dp) + " x " + std::to_string(tp) + " [" + shape + "]",
+               world % (pp * tp) == 0 ? std::to_string(world / (pp * tp)) + " or 0 (derive)"
+                                      : "0 (derive), after fixing pp x tp to divide " + std::to_string(world)};
+    return false;
+  }
+  if (dp % ep != 0) {
+    problem = {"distributed", "ep=" + std::to_string(ep) + " dp=" + std::to_string(dp),
+               "the expert-parallel size must divide the data-parallel size (claimed by " + by("ep") + ")",
+               "an expert-parallel size dividing " + std::to_string(dp)};
+    return false;
+  }
+  plan.replicas = dp;
+  mesh = ProcessMesh(pp, dp, tp, ep);
+  return true;
 }
 
 int MeshPlan::size_of(const std::string& dim) const {

@@ -10,6 +10,15 @@
 
 namespace hp::dist {
 
+/// What a mesh dimension does to the model, declared by the feature that
+/// claims it. Framework code works from roles and never names a dimension.
+enum class MeshRole {
+  kPartition,  ///< ranks hold different blocks (pp): loss, norms and parameter counts sum across it
+  kSplit,      ///< ranks hold slices of the same tensors (tp, ep): a ShardSpec's split group
+  kReplicate,  ///< ranks hold the same tensors and see different data (dp, and edp inside it)
+};
+const char* to_string(MeshRole role);
+
 struct MeshCoord {
   int pp = 0, dp = 0, tp = 0, ep = 0, edp = 0;
 };
@@ -46,6 +55,22 @@ class ProcessMesh {
   /// every rank computes the same way.
   std::vector<std::vector<int>> all_groups(const std::string& dim) const;
 
+  /// The group of a role that has exactly one: partition -> the pipeline
+  /// group, replicate -> the data-parallel group.
+  static const std::string& role_group(MeshRole role);
+  /// Every group of the split role (tensor and expert parallel), in a fixed order.
+  static const std::vector<std::string>& split_groups();
+  /// This rank's index along the replicate role, and its size (which slice
+  /// of the global batch a rank reads).
+  int replica_rank(int rank) const noexcept { return dp_rank(rank); }
+  int replicas() const noexcept { return dp_; }
+  /// One rank per partition (pipeline stage): the one at index 0 of every
+  /// other dimension. They write what their partition holds.
+  std::vector<int> leaders() const;
+  bool is_leader(int rank) const noexcept { return dp_rank(rank) == 0 && tp_rank(rank) == 0; }
+  /// Size of every dimension by name, for checkpoint manifests.
+  std::map<std::string, int> sizes() const;
+
   /// "pp=1 dp=2 tp=2 ep=1"
   std::string shape() const;
   /// One line per rank: rank -> coordinates -> group members.
@@ -63,14 +88,32 @@ struct MeshPlan {
   struct Claim {
     int size = 1;
     std::string by;  ///< feature name
+    MeshRole role = MeshRole::kSplit;
   };
-  std::map<std::string, Claim> claims;  ///< "tp", "pp", "ep", "cp"
-  std::vector<std::string> conflicts;   ///< human-readable, filled by claim()
+  std::map<std::string, Claim> claims;  ///< "tp", "pp", "ep", ...
+  /// Human-readable problems found by claim(): a dimension claimed twice, a
+  /// dimension the mesh does not serve, or one claimed with another role.
+  std::vector<std::string> conflicts;
+  /// The replicate (data-parallel) size once the host resolved it; 0 before.
+  int replicas = 0;
 
-  /// Claims mesh dimension `dim` with `size` for `feature`; a second claim of
-  /// the same dimension is recorded as a conflict.
-  void claim(const std::string& dim, int size, const std::string& feature);
+  /// Claims mesh dimension `dim` with `size` and `role` for `feature`.
+  void claim(const std::string& dim, int size, const std::string& feature, MeshRole role);
   int size_of(const std::string& dim) const;
+  /// The dimensions this mesh serves, each with the only role it can take:
+  /// pp (partition), tp (split), ep (split, carved out of dp).
+  static const std::map<std::string, MeshRole>& served();
 };
+
+/// Why a plan does not make a mesh: the config key to blame, its value, the
+/// rule and the legal values (a config error).
+struct MeshProblem {
+  std::string key, value, rule, legal;
+};
+
+/// Turns a plan into a mesh for `world` ranks. `replicas` is the requested
+/// data-parallel size (0: derive it). On failure returns false and fills
+/// `problem`; on success sets `plan.replicas` and `mesh`.
+bool resolve_mesh(MeshPlan& plan, int world, int replicas, ProcessMesh& mesh, MeshProblem& problem);
 
 }  // namespace hp::dist

@@ -4,6 +4,8 @@
 
 #include "framework/config/config.h"
 #include "framework/config/schema.h"
+#include "framework/data/registry.h"
+#include "framework/model/registry.h"
 #include "framework/util/build_info.h"
 
 namespace hp {
@@ -23,27 +25,19 @@ void declare_core_options(Schema& s) {
   s.add_int("run.seed", 1234).range(0, 4294967295.0)
       .describe("Seed for weights (with each parameter's global name), data order and dropout.");
 
-  // model
-  s.add_enum("model.type", "gpt", {"gpt", "mlp", "unet"})
-      .describe("Which shipped model to build: gpt, mlp (gpt without attention), or unet (a skip-connection "
-                "encoder-decoder over a field; needs data.type field).");
-  s.add_int("model.layers", 4).range(1, 1024).describe("Number of transformer blocks (or MLP blocks).");
-  s.add_int("model.hidden", 256).range(1, 65536).describe("Hidden (model) width.");
-  s.add_int("model.heads", 4).range(1, 1024).describe("Attention heads; must divide model.hidden.");
-  s.add_int("model.ffn_hidden", 0).range(0, 262144)
-      .describe("Inner width of the MLP.").note("0 means 4 x model.hidden");
-  s.add_int("model.vocab_size", 256).range(2, 16777216)
-      .describe("Vocabulary size (256 for byte-level text).");
+  // model: the type picks a registered model, which declares its own options
+  s.add_enum("model.type", "gpt", models().names())
+      .describe("Which registered model to build. Shipped: gpt, mlp (gpt without attention), unet (a "
+                "skip-connection encoder-decoder over a field; needs data.type field).");
   s.add_int("model.seq_len", 128).range(1, 1048576).describe("Tokens per sample.");
-  s.add_bool("model.tie_embeddings", false).describe("Share the token embedding with the output head.");
-  s.add_int("model.channels", 4).range(1, 4096)
-      .describe("unet: channels of the field at each of model.seq_len grid points.");
-  s.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
   s.add_float("model.init_std", 0.02).range(1e-6, 10.0)
       .describe("Standard deviation of the normal initialisation.");
+  for (const auto& m : models().entries()) {
+    if (m.declare_options) m.declare_options(s);
+  }
 
   // data
-  s.add_enum("data.type", "text", {"text", "synthetic", "field"})
+  s.add_enum("data.type", "text", datasets().names())
       .describe("`text`: byte tokens from a file or directory; `synthetic`: a generated learnable task; "
                 "`field`: a generated field-regression task for the unet model.");
   s.add_string("data.path", "/usr/share/games/fortunes")
@@ -122,27 +116,18 @@ void declare_core_options(Schema& s) {
 
   // ---- cross-field rules needing no feature ------------------------------
   s.add_rule([](const Config& c, ConfigErrors& e) {
-    if (!c.ok({"model.hidden", "model.heads"})) return;
-    auto h = c.get_int("model.hidden"), n = c.get_int("model.heads");
-    if (c.get_string("model.type") == "gpt" && h % n != 0) {
-      e.add("model.heads", std::to_string(n),
-            "must divide model.hidden = " + std::to_string(h),
-            "a divisor of " + std::to_string(h));
+    // The model's own rules, then the dataset against what the model reads.
+    if (!c.ok({"model.type"})) return;
+    const ModelEntry* m = models().find(c.get_string("model.type"));
+    if (!m) return;
+    if (m->validate) m->validate(c, e);
+    ModelInfo info;
+    try {
+      info = model_info(c);
+    } catch (const std::exception&) {
+      return;  // its options were refused on their own
     }
-  });
-  s.add_rule([](const Config& c, ConfigErrors& e) {
-    if (!c.ok({"model.type", "data.type", "model.seq_len"})) return;
-    const bool unet = c.get_string("model.type") == "unet", field = c.get_string("data.type") == "field";
-    if (unet && !field) {
-      e.add("data.type", c.get_string("data.type"), "model.type unet regresses a field", "field");
-    } else if (field && !unet) {
-      e.add("data.type", "field", "the field task needs model.type unet (it has no tokens)",
-            "text or synthetic for model.type " + c.get_string("model.type"));
-    }
-    if (unet && c.get_int("model.seq_len") % 2 != 0) {
-      e.add("model.seq_len", std::to_string(c.get_int("model.seq_len")),
-            "unet halves the grid in its down-sample block, so it must be even", "an even number");
-    }
+    check_data_against_model(c, info, e);
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {
     if (!c.ok({"training.global_batch_size", "training.micro_batch_size"})) return;
@@ -168,23 +153,6 @@ void declare_core_options(Schema& s) {
         c.get_string("distributed.init_file").empty()) {
       e.add("distributed.init_file", "\"\"", "is required when distributed.init_method is file",
             "a path on a file system every rank can see");
-    }
-  });
-  s.add_rule([](const Config& c, ConfigErrors& e) {
-    if (!c.ok({"data.type", "data.path"}) || c.get_string("data.type") != "text") return;
-    const auto& p = c.get_string("data.path");
-    std::error_code ec;
-    if (!std::filesystem::exists(p, ec)) {
-      e.add("data.path", p, "does not exist",
-            "a text file or a directory of text files (Debian's 'fortunes' package provides "
-            "/usr/share/games/fortunes)");
-    }
-  });
-  s.add_rule([](const Config& c, ConfigErrors& e) {
-    if (!c.ok({"data.type", "model.vocab_size"}) || c.get_string("data.type") != "text") return;
-    if (c.get_int("model.vocab_size") < 256) {
-      e.add("model.vocab_size", std::to_string(c.get_int("model.vocab_size")),
-            "is below 256, but data.type text yields byte tokens 0..255", ">= 256");
     }
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {

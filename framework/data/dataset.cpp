@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "framework/config/config.h"
+#include "framework/config/errors.h"
+#include "framework/data/registry.h"
+#include "framework/model/model_info.h"
 
 namespace fs = std::filesystem;
 
@@ -31,18 +34,14 @@ Batch make_batch(const Dataset& ds, Split split, std::int64_t step, std::int64_t
   return ds.make(split, step, first, count, seq);
 }
 
-Batch Dataset::make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
-                    std::int64_t seq) const {
-  const Dataset& ds = *this;
-  Batch b;
-  b.tokens = at::empty({count, seq}, at::kLong);
-  b.targets = at::empty({count, seq}, at::kLong);
-  auto* t = b.tokens.data_ptr<std::int64_t>();
-  auto* y = b.targets.data_ptr<std::int64_t>();
-  for (std::int64_t i = 0; i < count; ++i) {
-    ds.sample(split, step, first + i, t + i * seq, y + i * seq, seq);
-  }
-  return b;
+Batch TokenDataset::make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                         std::int64_t seq) const {
+  at::Tensor tokens = at::empty({count, seq}, at::kLong);
+  at::Tensor labels = at::empty({count, seq}, at::kLong);
+  auto* t = tokens.data_ptr<std::int64_t>();
+  auto* y = labels.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < count; ++i) sample(split, step, first + i, t + i * seq, y + i * seq, seq);
+  return Batch{make_activations({{"tokens", tokens}}), make_activations({{"labels", labels}})};
 }
 
 namespace {
@@ -60,7 +59,7 @@ std::string read_all(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-class TextDataset : public Dataset {
+class TextDataset : public TokenDataset {
  public:
   TextDataset(const std::string& path, std::int64_t seq, double valid_fraction, std::uint64_t seed)
       : seed_(seed) {
@@ -132,7 +131,7 @@ class TextDataset : public Dataset {
   int files_used_ = 0;
 };
 
-class SyntheticDataset : public Dataset {
+class SyntheticDataset : public TokenDataset {
  public:
   SyntheticDataset(std::int64_t vocab, std::uint64_t seed) : vocab_(vocab), seed_(seed) {
     a_ = static_cast<std::int64_t>(mix(seed, 11) % static_cast<std::uint64_t>(vocab - 1)) + 1;
@@ -178,18 +177,13 @@ class FieldDataset : public Dataset {
  public:
   FieldDataset(std::int64_t channels, std::uint64_t seed) : channels_(channels), seed_(seed) {}
 
-  void sample(Split, std::int64_t, std::int64_t, std::int64_t*, std::int64_t*, std::int64_t) const override {
-    throw std::logic_error("internal error: the field dataset has no tokens, please report");
-  }
-
   Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
              std::int64_t seq) const override {
     const std::int64_t C = channels_;
-    Batch b;
-    b.tokens = at::empty({count, seq, C}, at::kFloat);
-    b.targets = at::empty({count, seq, C}, at::kFloat);
-    auto* x = b.tokens.data_ptr<float>();
-    auto* y = b.targets.data_ptr<float>();
+    at::Tensor field = at::empty({count, seq, C}, at::kFloat);
+    at::Tensor target = at::empty({count, seq, C}, at::kFloat);
+    auto* x = field.data_ptr<float>();
+    auto* y = target.data_ptr<float>();
     const double two_pi = 6.283185307179586;
     for (std::int64_t i = 0; i < count; ++i) {
       const auto h = mix(seed_, split == Split::kTrain ? 3 : 4, static_cast<std::uint64_t>(step),
@@ -217,7 +211,7 @@ class FieldDataset : public Dataset {
         }
       }
     }
-    return b;
+    return Batch{make_activations({{"field", field}}), make_activations({{"field", target}})};
   }
 
   std::string describe() const override {
@@ -236,14 +230,73 @@ std::shared_ptr<Dataset> make_field_dataset(std::int64_t channels, std::uint64_t
   return std::make_shared<FieldDataset>(channels, seed);
 }
 
-std::shared_ptr<Dataset> make_dataset(const Config& c) {
-  const auto seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
-  if (c.get_string("data.type") == "field") return make_field_dataset(c.get_int("model.channels"), seed);
-  if (c.get_string("data.type") == "synthetic") {
-    return make_synthetic_dataset(c.get_int("model.vocab_size"), seed);
+namespace {
+
+void register_builtin_datasets(DatasetRegistry& r) {
+  r.add({"text", "byte tokens from a file or a directory of text files (data.path)", {"tokens"}, 256,
+         [](const Config& c, ConfigErrors& e) {
+           if (!c.ok({"data.path"})) return;
+           const auto& p = c.get_string("data.path");
+           std::error_code ec;
+           if (!fs::exists(p, ec)) {
+             e.add("data.path", p, "does not exist",
+                   "a text file or a directory of text files (Debian's 'fortunes' package provides "
+                   "/usr/share/games/fortunes)");
+           }
+         },
+         [](const Config& c) -> std::shared_ptr<Dataset> {
+           return make_text_dataset(c.get_string("data.path"), c.get_int("model.seq_len"),
+                                    c.get_float("data.valid_fraction"), static_cast<std::uint64_t>(c.get_int("run.seed")));
+         }});
+  r.add({"synthetic", "a generated learnable task over model.vocab_size tokens", {"tokens"}, 0, nullptr,
+         [](const Config& c) -> std::shared_ptr<Dataset> {
+           return make_synthetic_dataset(c.get_int("model.vocab_size"), static_cast<std::uint64_t>(c.get_int("run.seed")));
+         }});
+  r.add({"field", "a generated field-regression task of model.channels channels", {"field"}, 0, nullptr,
+         [](const Config& c) -> std::shared_ptr<Dataset> {
+           return make_field_dataset(c.get_int("model.channels"), static_cast<std::uint64_t>(c.get_int("run.seed")));
+         }});
+}
+
+}  // namespace
+
+DatasetRegistry& datasets() {
+  static DatasetRegistry* r = [] {
+    auto* reg = new DatasetRegistry("dataset");
+    register_builtin_datasets(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+void check_data_against_model(const Config& c, const ModelInfo& model, ConfigErrors& e) {
+  if (!c.ok({"data.type"})) return;
+  const DatasetEntry* d = datasets().find(c.get_string("data.type"));
+  if (!d) return;  // the enum check reported it
+  if (d->validate) d->validate(c, e);
+  for (const auto& input : model.inputs) {
+    if (std::find(d->inputs.begin(), d->inputs.end(), input) != d->inputs.end()) continue;
+    std::string legal;
+    for (const auto& other : datasets().entries()) {
+      if (std::find(other.inputs.begin(), other.inputs.end(), input) != other.inputs.end()) {
+        legal += (legal.empty() ? "" : ", ") + other.name;
+      }
+    }
+    e.add("data.type", d->name,
+          "model '" + model.name + "' reads input '" + input + "', which this dataset does not produce",
+          legal.empty() ? "a dataset producing '" + input + "'" : legal);
   }
-  return make_text_dataset(c.get_string("data.path"), c.get_int("model.seq_len"),
-                           c.get_float("data.valid_fraction"), seed);
+  if (const SplitSize* vocab = model.size("vocab");
+      vocab && d->token_range > 0 && c.ok({vocab->key.c_str()}) && vocab->value < d->token_range) {
+    e.add(vocab->key, std::to_string(vocab->value),
+          "is below " + std::to_string(d->token_range) + ", but data.type " + d->name + " yields tokens 0.." +
+              std::to_string(d->token_range - 1),
+          ">= " + std::to_string(d->token_range));
+  }
+}
+
+std::shared_ptr<Dataset> make_dataset(const Config& c) {
+  return datasets().get(c.get_string("data.type")).make(c);
 }
 
 }  // namespace hp

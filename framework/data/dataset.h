@@ -8,37 +8,49 @@
 #include <memory>
 #include <string>
 
+#include "framework/model/activations.h"
+
 namespace hp {
 
 class Config;
 
 enum class Split { kTrain, kValid };
 
+/// Named inputs (what the first block reads) and named targets (what the
+/// loss reads). Token datasets: inputs "tokens" and targets "labels" (the
+/// next tokens), [batch, seq] int64. The field dataset: inputs and targets
+/// "field", [batch, seq, channels] float.
 struct Batch {
-  at::Tensor tokens;   ///< [batch, seq] int64 (a field dataset: [batch, seq, channels] float)
-  at::Tensor targets;  ///< [batch, seq] int64, the next token (a field: [batch, seq, channels])
+  Activations inputs;
+  Activations targets;
 };
 
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  /// Writes sample `index` of `step` into row `row` of `out` (tokens and
-  /// targets of length seq).
+  virtual std::string describe() const = 0;
+  /// Samples [first, first + count) of `step`, each of `seq` positions.
+  virtual Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                     std::int64_t seq) const = 0;
+};
+
+/// A dataset of byte or integer tokens, sample by sample.
+class TokenDataset : public Dataset {
+ public:
+  /// Writes sample `index` of `step`: `seq` tokens and their `seq` targets.
   virtual void sample(Split split, std::int64_t step, std::int64_t index, std::int64_t* tokens,
                       std::int64_t* targets, std::int64_t seq) const = 0;
-  virtual std::string describe() const = 0;
-  /// Samples [first, first + count) of `step`; by default row by row
-  /// through sample(). Datasets of other tensors (fields) override it.
-  virtual Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
-                     std::int64_t seq) const;
+  Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+             std::int64_t seq) const override;
 };
 
 /// Samples [first, first + count) of `step`.
 Batch make_batch(const Dataset& ds, Split split, std::int64_t step, std::int64_t first,
                  std::int64_t count, std::int64_t seq);
 
-/// `data.type` text or synthetic. Throws std::runtime_error naming the path
-/// when the corpus is missing, empty or too small for one sample.
+/// The dataset `data.type` names (framework/data/registry.h). The text
+/// corpus throws std::runtime_error naming the path when it is missing,
+/// empty or too small for one sample.
 std::shared_ptr<Dataset> make_dataset(const Config& config);
 
 /// Byte-level text: a file, or every text file of a directory (sorted by

@@ -33,7 +33,8 @@ struct LossOutput {
 
 class LossBlock : public torch::nn::Module {
  public:
-  virtual LossOutput forward(const Activations& out, const at::Tensor& targets) = 0;
+  /// `targets`: the batch's named targets ("labels", "field", ...).
+  virtual LossOutput forward(const Activations& out, const Activations& targets) = 0;
 };
 
 }  // namespace hp

@@ -47,25 +47,22 @@ at::Tensor initial_value(std::uint64_t seed, const std::string& global_name,
   return {};
 }
 
-BuildContext::BuildContext(const Config& config, dist::DistributedContext* dist,
+BuildContext::BuildContext(const Config& config, dist::DistributedContext& dist,
                            const LayerRegistry& layers, std::uint64_t seed)
-    : config_(config), dist_(dist), layers_(layers), seed_(seed) {}
+    : config_(config), dist_(&dist), layers_(layers), seed_(seed) {}
 
-int BuildContext::group_size(const std::string& g) const {
-  return dist_ ? dist_->group(g).size() : 1;
-}
-int BuildContext::group_rank(const std::string& g) const {
-  return dist_ ? dist_->group(g).rank() : 0;
-}
-dist::Group* BuildContext::group(const std::string& g) const {
-  return dist_ ? &dist_->group(g) : nullptr;
-}
+int BuildContext::group_size(const std::string& g) const { return dist_->group(g).size(); }
+int BuildContext::group_rank(const std::string& g) const { return dist_->group(g).rank(); }
+dist::Group* BuildContext::group(const std::string& g) const { return &dist_->group(g); }
 
 at::Tensor BuildContext::param(torch::nn::Module& module, const std::string& global_name,
                                const std::string& local_name,
                                const std::vector<std::int64_t>& global_shape, Init init,
                                int split_dim, const std::string& split_group,
                                const std::string& grad_sync_group) {
+  if (split_dim >= 0 && split_group.empty()) {
+    throw std::logic_error("internal error: parameter '" + global_name + "' is split without a group, please report");
+  }
   if (split_dim < 0 || group_size(split_group) == 1) {
     return param_slice(module, global_name, local_name, global_shape, init, -1, 0, 0, "",
                        grad_sync_group);
@@ -92,7 +89,7 @@ at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::strin
   ShardSpec spec;
   spec.name = global_name;
   spec.global_shape = global_shape;
-  spec.grad_sync_group = grad_sync_group;
+  if (!grad_sync_group.empty()) spec.grad_sync_group = grad_sync_group;
   at::Tensor local = full;
   if (split_dim >= 0) {
     spec.split_dim = split_dim;

@@ -56,34 +56,34 @@ std::pair<std::int64_t, std::int64_t> split_range(std::int64_t total, std::int64
 
 class BuildContext {
  public:
-  BuildContext(const Config& config, dist::DistributedContext* dist, const LayerRegistry& layers,
+  BuildContext(const Config& config, dist::DistributedContext& dist, const LayerRegistry& layers,
                std::uint64_t seed);
 
   const Config& config() const { return config_; }
-  /// Null when running without process groups (single-process unit tests).
-  dist::DistributedContext* dist() const { return dist_; }
+  /// Always present (a single-rank context where there is one process).
+  dist::DistributedContext& dist() const { return *dist_; }
   const LayerRegistry& layers() const { return layers_; }
   std::uint64_t seed() const { return seed_; }
 
-  /// Size of / this rank's index in a mesh group ("tp", "dp", ...); 1 / 0
-  /// without process groups.
+  /// Size of / this rank's index in a mesh group.
   int group_size(const std::string& group) const;
   int group_rank(const std::string& group) const;
   dist::Group* group(const std::string& group) const;
 
   /// Creates, initialises and registers parameter `local_name` of `module`.
   /// With `split_dim` >= 0 the full tensor is split over `split_group` with
-  /// split_range(), and this rank keeps its piece.
+  /// split_range(), and this rank keeps its piece. `grad_sync_group` ""
+  /// means the mesh's replicate group.
   at::Tensor param(torch::nn::Module& module, const std::string& global_name,
                    const std::string& local_name, const std::vector<std::int64_t>& global_shape,
-                   Init init, int split_dim = -1, const std::string& split_group = "tp",
-                   const std::string& grad_sync_group = "dp");
+                   Init init, int split_dim = -1, const std::string& split_group = "",
+                   const std::string& grad_sync_group = "");
   /// Same, with an explicit slice (for layouts split_range does not describe).
   at::Tensor param_slice(torch::nn::Module& module, const std::string& global_name,
                          const std::string& local_name,
                          const std::vector<std::int64_t>& global_shape, Init init, int split_dim,
                          std::int64_t offset, std::int64_t length, const std::string& split_group,
-                         const std::string& grad_sync_group = "dp");
+                         const std::string& grad_sync_group = "");
 
   const std::vector<ParamEntry>& params() const { return params_; }
 

@@ -28,6 +28,9 @@ struct ModelDescription {
   /// What the loss costs per token, counted with the last block when the
   /// pipeline balances stages.
   BlockCost loss_cost;
+  /// Names of the auxiliary losses its blocks may add (add_aux_loss), in
+  /// the order they are reported; every rank knows them all.
+  std::vector<std::string> aux_losses;
 };
 
 /// Makes the description from the config (the model provider).
@@ -50,8 +53,5 @@ struct BuiltModel {
 /// loss when `with_loss`. Applies the "block" wrapper of the context.
 BuiltModel build_model(const ModelDescription& desc, BuildContext& ctx,
                        const std::vector<int>& which = {}, bool with_loss = true);
-
-/// The shipped models by `model.type`: gpt, mlp, unet.
-ModelDescription describe_model(const Config& config);
 
 }  // namespace hp

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/dist/mesh.h"
+
 namespace hp {
 
 struct ShardSpec {
@@ -14,15 +16,31 @@ struct ShardSpec {
   int split_dim = -1;                     ///< -1: this rank holds the whole tensor
   std::int64_t offset = 0;                ///< start of this rank's slice along split_dim
   std::int64_t length = 0;                ///< its length along split_dim
-  /// Group the parameter is split over ("tp", or "ep" for experts); "" when whole.
+  /// Group(s) the tensor is split over, "" when whole. Several joined by
+  /// '+' split it again, outermost first: "tp+dp" is a tensor-parallel slice
+  /// cut once more over the data-parallel ranks (zero's optimizer state);
+  /// all levels split the same dimension, so the slice is still one range.
   std::string split_group;
-  /// Group whose ranks hold replicas whose gradients are averaged: "dp"
-  /// normally, "edp" for expert parameters.
-  /// Group(s) the gradient is summed over after backward; "tp+dp" sums over
-  /// tp, then dp.
-  std::string grad_sync_group = "dp";
+  /// Group(s) the gradient is summed over after backward, joined by '+'
+  /// in order: the replicate group normally, tp then dp for replicated
+  /// parameters used on a sequence slice, edp for expert parameters.
+  std::string grad_sync_group = dist::ProcessMesh::role_group(dist::MeshRole::kReplicate);
 
   bool sharded() const { return split_dim >= 0; }
+  /// split_group / grad_sync_group as a list.
+  std::vector<std::string> split_groups() const { return groups_of(split_group); }
+  std::vector<std::string> grad_sync_groups() const { return groups_of(grad_sync_group); }
+  static std::vector<std::string> groups_of(const std::string& joined) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start < joined.size()) {
+      auto end = joined.find('+', start);
+      if (end == std::string::npos) end = joined.size();
+      if (end > start) out.push_back(joined.substr(start, end - start));
+      start = end + 1;
+    }
+    return out;
+  }
   /// Offsets of this rank's slice in the global tensor, per dimension.
   std::vector<std::int64_t> offsets() const {
     std::vector<std::int64_t> o(global_shape.size(), 0);

@@ -10,8 +10,10 @@
 #include <ATen/ATen.h>
 
 #include "framework/config/config.h"
+#include "framework/config/schema.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
+#include "framework/model/registry.h"
 
 namespace hp {
 
@@ -59,7 +61,7 @@ class Embed : public Block {
     proj_ = register_module("proj", dense_map(ctx, "embed.proj", d.channels, d.hidden, d.std));
   }
   Activations forward(const Activations& in) override {
-    return make_activations({{"h", proj_->forward(in["tokens"])}});
+    return make_activations({{"h", proj_->forward(in["field"])}});
   }
 
  private:
@@ -144,9 +146,9 @@ class Recovery : public Block {
 /// Squared error summed over channels; one "token" per grid point.
 class SquaredError : public LossBlock {
  public:
-  LossOutput forward(const Activations& out, const at::Tensor& targets) override {
+  LossOutput forward(const Activations& out, const Activations& targets) override {
     const auto& pred = out["pred"];
-    return {(pred - targets).pow(2).sum(), pred.size(0) * pred.size(1)};
+    return {(pred - targets["field"]).pow(2).sum(), pred.size(0) * pred.size(1)};
   }
 };
 
@@ -154,6 +156,7 @@ BlockCost mlp_cost(std::int64_t w) { return {8 * w * w + 7 * w, 2.0 * 8 * w * w}
 
 }  // namespace
 
+namespace {
 ModelDescription describe_unet(const Config& c) {
   UnetDims d{c.get_int("model.channels"), c.get_int("model.hidden"), c.get_int("model.layers"),
              c.get_int("model.seq_len"), c.get_float("model.init_std")};
@@ -198,6 +201,41 @@ ModelDescription describe_unet(const Config& c) {
   desc.loss = [](BuildContext&) { return std::make_shared<SquaredError>(); };
   desc.loss_cost = {0, 3.0 * static_cast<double>(C)};
   return desc;
+}
+
+}  // namespace
+
+void register_unet(ModelRegistry& r) {
+  ModelEntry e;
+  e.name = "unet";
+  e.doc = "a skip-connection encoder-decoder over a field (needs data.type field)";
+  e.declare_options = [](Schema& s) {
+    declare_once(s, "model.channels", [](Schema& sc) {
+      sc.add_int("model.channels", 4).range(1, 4096)
+          .describe("unet: channels of the field at each of model.seq_len grid points.");
+    });
+  };
+  e.validate = [](const Config& c, ConfigErrors& errors) {
+    if (c.ok({"model.seq_len"}) && c.get_int("model.seq_len") % 2 != 0) {
+      errors.add("model.seq_len", std::to_string(c.get_int("model.seq_len")),
+                 "unet halves the grid in its down-sample block, so it must be even", "an even number");
+    }
+  };
+  e.info = [](const Config& c) {
+    ModelInfo m;
+    m.name = "unet";
+    m.layer_kinds = {"linear.column", "linear.row", "layer_norm", "mlp"};
+    const auto H = c.get_int("model.hidden");
+    // Widths H, 2H and FFNs 4H, 8H: a split of H and 4H divides them all.
+    // No sequence size: the grid is reshaped by the down/up-sampling.
+    m.split_sizes["hidden"] = {H, "model.hidden", "the hidden size"};
+    m.split_sizes["ffn"] = {4 * H, "model.hidden", "the FFN size (4 x model.hidden)"};
+    m.split_sizes["blocks"] = {3 * c.get_int("model.layers") + 4, "model.layers", "the block count"};
+    m.inputs = {"field"};
+    return m;
+  };
+  e.describe = describe_unet;
+  r.add(std::move(e));
 }
 
 }  // namespace hp

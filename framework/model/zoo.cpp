@@ -1,12 +1,15 @@
 // The shipped models, built only from layer kinds: `gpt` (pre-LayerNorm
-// decoder) and `mlp` (the same without attention).
+// decoder) and `mlp` (the same without attention), and the model registry
+// they (and unet) are registered in.
 #include <ATen/ATen.h>
 
 #include <stdexcept>
 
 #include "framework/config/config.h"
+#include "framework/config/schema.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
+#include "framework/model/registry.h"
 
 namespace hp {
 
@@ -104,8 +107,8 @@ class CrossEntropyBlock : public LossBlock {
   explicit CrossEntropyBlock(BuildContext& ctx) {
     loss_ = register_module("ce", ctx.layers().make_loss(LayerSpec{"loss.cross_entropy", "loss"}, ctx));
   }
-  LossOutput forward(const Activations& out, const at::Tensor& targets) override {
-    return loss_->forward(out["logits"], targets);
+  LossOutput forward(const Activations& out, const Activations& targets) override {
+    return loss_->forward(out["logits"], targets["labels"]);
   }
 
  private:
@@ -126,17 +129,10 @@ BlockCost estimate(const Dims& d, bool attention, const std::string& which) {
   return {params, flops};
 }
 
-}  // namespace
-
-ModelDescription describe_unet(const Config& config);  // unet.cpp
-
-ModelDescription describe_model(const Config& config) {
-  if (config.get_string("model.type") == "unet") return describe_unet(config);
+ModelDescription describe_decoder(const Config& config, bool attention) {
   const Dims d = dims_of(config);
-  const std::string type = config.get_string("model.type");
-  const bool attention = type == "gpt";
   ModelDescription desc;
-  desc.name = type;
+  desc.name = attention ? "gpt" : "mlp";
   desc.blocks.push_back({"embed", estimate(d, attention, "embed"),
                          [d](BuildContext& ctx) { return std::make_shared<EmbedBlock>(d, ctx); }});
   for (std::int64_t i = 0; i < d.layers; ++i) {
@@ -151,5 +147,102 @@ ModelDescription describe_model(const Config& config) {
   desc.loss_cost = {0, 4.0 * static_cast<double>(d.vocab)};  // max, exp, sum and log over the vocabulary
   return desc;
 }
+
+void declare_decoder_options(Schema& s) {
+  declare_once(s, "model.layers", [](Schema& sc) {
+    sc.add_int("model.layers", 4).range(1, 1024).describe("Number of transformer blocks (or MLP blocks).");
+  });
+  declare_once(s, "model.hidden", [](Schema& sc) {
+    sc.add_int("model.hidden", 256).range(1, 65536).describe("Hidden (model) width.");
+  });
+  declare_once(s, "model.heads", [](Schema& sc) {
+    sc.add_int("model.heads", 4).range(1, 1024).describe("Attention heads; must divide model.hidden.");
+  });
+  declare_once(s, "model.ffn_hidden", [](Schema& sc) {
+    sc.add_int("model.ffn_hidden", 0).range(0, 262144).describe("Inner width of the MLP.").note("0 means 4 x model.hidden");
+  });
+  declare_once(s, "model.vocab_size", [](Schema& sc) {
+    sc.add_int("model.vocab_size", 256).range(2, 16777216).describe("Vocabulary size (256 for byte-level text).");
+  });
+  declare_once(s, "model.tie_embeddings", [](Schema& sc) {
+    sc.add_bool("model.tie_embeddings", false).describe("Share the token embedding with the output head.");
+  });
+  declare_once(s, "model.dropout", [](Schema& sc) {
+    sc.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
+  });
+}
+
+ModelInfo decoder_info(const Config& c, bool attention) {
+  const Dims d = dims_of(c);
+  ModelInfo m;
+  m.name = attention ? "gpt" : "mlp";
+  m.layer_kinds = {"embedding.vocab", "embedding.position", "dropout", "layer_norm", "mlp",
+                   "linear.column", "linear.row", "loss.cross_entropy"};
+  if (attention) {
+    m.layer_kinds.insert("attention.heads");
+    m.split_sizes["heads"] = {d.heads, "model.heads", "the head count"};
+  }
+  m.split_sizes["hidden"] = {d.hidden, "model.hidden", "the hidden size"};
+  m.split_sizes["ffn"] = {d.ffn, "model.ffn_hidden", "the FFN size"};
+  m.split_sizes["vocab"] = {d.vocab, "model.vocab_size", "the vocabulary"};
+  m.split_sizes["sequence"] = {d.seq, "model.seq_len", "the sequence length"};
+  m.split_sizes["blocks"] = {d.layers + 2, "model.layers", "the block count"};
+  m.split_sizes["layers"] = {d.layers, "model.layers", "the transformer block count"};
+  m.inputs = {"tokens"};
+  if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
+  return m;
+}
+
+void register_decoder(ModelRegistry& r, bool attention) {
+  ModelEntry e;
+  e.name = attention ? "gpt" : "mlp";
+  e.doc = attention ? "pre-LayerNorm decoder transformer" : "the gpt without attention";
+  e.declare_options = declare_decoder_options;
+  if (attention) {
+    e.validate = [](const Config& c, ConfigErrors& errors) {
+      if (!c.ok({"model.hidden", "model.heads"})) return;
+      const auto h = c.get_int("model.hidden"), n = c.get_int("model.heads");
+      if (h % n != 0) {
+        errors.add("model.heads", std::to_string(n), "must divide model.hidden = " + std::to_string(h),
+                   "a divisor of " + std::to_string(h));
+      }
+    };
+  }
+  e.info = [attention](const Config& c) { return decoder_info(c, attention); };
+  e.describe = [attention](const Config& c) { return describe_decoder(c, attention); };
+  r.add(std::move(e));
+}
+
+}  // namespace
+
+void register_unet(ModelRegistry& r);  // unet.cpp
+
+void declare_once(Schema& schema, const std::string& path, const std::function<void(Schema&)>& declare) {
+  if (!schema.find(path)) declare(schema);
+}
+
+ModelRegistry& models() {
+  static ModelRegistry* r = [] {
+    auto* reg = new ModelRegistry("model");
+    register_decoder(*reg, true);
+    register_decoder(*reg, false);
+    register_unet(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+ModelInfo model_info(const Config& config) {
+  const ModelEntry& e = models().get(config.get_string("model.type"));
+  ModelInfo m = e.info(config);
+  if (m.name.empty()) m.name = e.name;
+  const ModelDescription d = e.describe(config);
+  m.block_flops.clear();
+  for (const auto& b : d.blocks) m.block_flops.push_back(b.cost.flops_per_token);
+  m.loss_flops = d.loss_cost.flops_per_token;
+  return m;
+}
+
+ModelDescription describe_model(const Config& config) { return models().get(config.get_string("model.type")).describe(config); }
 
 }  // namespace hp

@@ -1,8 +1,11 @@
 #pragma once
-// Gradient work between backward and the optimizer step: data-parallel
-// all-reduce in buckets (per sync group: "dp", or "edp" for experts), and the
-// global gradient norm computed from the ShardSpecs, so a replicated
-// parameter counts once and a split one is summed over its shards.
+// The gradient reducer collaborator: what happens to gradients between
+// backward and the optimizer step. The built-in one all-reduces them in
+// buckets over each parameter's grad_sync_group; a feature (zero) may
+// reduce-scatter instead. Clipping and the global norm work from the
+// ShardSpecs and the mesh roles, so a replicated parameter counts once, a
+// split one is summed over its split groups, and every pipeline stage
+// (partition) contributes.
 #include <vector>
 
 #include "framework/model/build_context.h"
@@ -13,24 +16,39 @@ namespace dist {
 class DistributedContext;
 }
 
-class GradSync {
- public:
-  /// `dist` may be null (one process). `bucket_bytes`: flat buffer size.
-  GradSync(dist::DistributedContext* dist, std::vector<ParamEntry> params, double bucket_bytes);
+struct ReducerOptions {
+  double bucket_bytes = 25.0 * 1024 * 1024;
+};
 
-  /// Sums gradients over each parameter's grad_sync_group. The loss is
-  /// already divided by the global token count, so the sum is the average.
-  void all_reduce();
-  /// The global L2 norm of all gradients of the model (every stage and shard).
-  double global_norm() const;
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  /// Sums gradients over the replicating groups. The loss is already
+  /// divided by the global token count, so the sum is the average.
+  virtual void reduce() = 0;
   /// Scales gradients so the global norm is at most `max_norm` (0: off);
   /// returns the norm before clipping.
-  double clip(double max_norm);
-
- private:
-  dist::DistributedContext* dist_;
-  std::vector<ParamEntry> params_;
-  double bucket_bytes_;
+  virtual double clip(double max_norm) = 0;
+  /// The reduced gradients this rank holds, each with a ShardSpec naming
+  /// the slice of the full gradient (for parity dumps).
+  virtual std::vector<ParamEntry> gradients() const = 0;
 };
+
+/// Bucketed all-reduce over each parameter's grad_sync_group.
+std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,
+                                                   dist::DistributedContext& dist);
+
+/// Global L2 norm of `grads`: squares summed per split group (each group of
+/// a composite split in turn), then over the partition role. Collective:
+/// every rank of the job calls it with entries of the same split groups.
+double global_grad_norm(dist::DistributedContext& dist, const std::vector<ParamEntry>& grads);
+
+/// Multiplies every tensor of `grads` by max_norm / norm when norm > max_norm > 0.
+void clip_to(const std::vector<ParamEntry>& grads, double norm, double max_norm);
+
+/// Sums each tensor of `tensors` over `groups` (in order) in flat buckets
+/// of at most `bucket_bytes`, in place.
+void all_reduce_bucketed(dist::DistributedContext& dist, const std::vector<std::string>& groups,
+                         const std::vector<at::Tensor>& tensors, double bucket_bytes);
 
 }  // namespace hp

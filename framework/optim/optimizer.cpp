@@ -11,90 +11,131 @@ namespace hp {
 
 OptimizerOptions OptimizerOptions::from(const Config& c) {
   OptimizerOptions o;
-  o.type = c.get_string("optimizer.type");
+  const std::string& type = c.get_string("optimizer.type");
+  o.kind = type == "sgd" ? OptimizerKind::kSgd : type == "adam" ? OptimizerKind::kAdam : OptimizerKind::kAdamW;
   o.weight_decay = c.get_float("optimizer.weight_decay");
   o.momentum = c.get_float("optimizer.momentum");
   o.beta1 = c.get_float("optimizer.beta1");
   o.beta2 = c.get_float("optimizer.beta2");
   o.eps = c.get_float("optimizer.eps");
+  o.grad_clip = c.get_float("optimizer.grad_clip");
   return o;
 }
 
-Optimizer::Optimizer(OptimizerOptions options, std::vector<ParamEntry> params)
-    : o_(std::move(options)), params_(std::move(params)) {
-  for (const auto& p : params_) {
-    m_.push_back(at::zeros_like(p.tensor));
-    v_.push_back(o_.type == "sgd" ? at::Tensor() : at::zeros_like(p.tensor));
-  }
+std::vector<std::string> OptimizerOptions::state_names() const {
+  if (kind == OptimizerKind::kSgd) return momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+  return {"exp_avg", "exp_avg_sq"};
 }
 
-void Optimizer::zero_grad() {
-  for (auto& p : params_) {
-    auto& g = p.tensor.mutable_grad();
+ScheduleOptions ScheduleOptions::from(const Config& c) {
+  ScheduleOptions s;
+  s.lr = c.get_float("optimizer.lr");
+  s.min_lr = c.get_float("optimizer.min_lr");
+  s.warmup_steps = c.get_int("optimizer.warmup_steps");
+  s.max_steps = c.get_int("training.max_steps");
+  s.cosine = c.get_string("optimizer.schedule") != "constant";
+  return s;
+}
+
+double learning_rate(const ScheduleOptions& s, std::int64_t step) {
+  if (s.warmup_steps > 0 && step < s.warmup_steps) {
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  if (!s.cosine) return s.lr;
+  const double span = static_cast<double>(std::max<std::int64_t>(1, s.max_steps - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  return s.min_lr + 0.5 * (s.lr - s.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+void apply_update(const OptimizerOptions& o, std::int64_t steps, double lr, at::Tensor p, at::Tensor g,
+                  std::vector<at::Tensor>& state) {
+  if (o.kind == OptimizerKind::kSgd) {
+    if (o.weight_decay != 0) g = g.add(p, o.weight_decay);
+    if (o.momentum != 0) {
+      at::Tensor& buf = state[0];
+      if (steps == 1) buf.copy_(g);
+      else buf.mul_(o.momentum).add_(g);
+      g = buf;
+    }
+    p.add_(g, -lr);
+    return;
+  }
+  if (o.kind == OptimizerKind::kAdamW) {
+    p.mul_(1.0 - lr * o.weight_decay);
+  } else if (o.weight_decay != 0) {
+    g = g.add(p, o.weight_decay);
+  }
+  at::Tensor& m = state[0];
+  at::Tensor& v = state[1];
+  const double t = static_cast<double>(steps);
+  m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  const double bc1 = 1.0 - std::pow(o.beta1, t);
+  const double bc2 = 1.0 - std::pow(o.beta2, t);
+  at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
+  p.addcdiv_(m, denom, -lr / bc1);
+}
+
+std::int64_t Optimizer::state_bytes() {
+  std::int64_t n = 0;
+  for (const auto& e : state()) n += static_cast<std::int64_t>(e.tensor.nbytes());
+  return n;
+}
+
+void zero_gradients(const std::vector<ParamEntry>& params) {
+  for (const auto& p : params) {
+    auto& g = const_cast<at::Tensor&>(p.tensor).mutable_grad();
     if (g.defined()) g.zero_();
+    else g = at::zeros_like(p.tensor);
   }
 }
 
-void Optimizer::step(double lr) {
-  c10::NoGradGuard no_grad;
-  ++steps_;
-  const double t = static_cast<double>(steps_);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor p = params_[i].tensor;
-    at::Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (o_.type == "sgd") {
-      if (o_.weight_decay != 0) g = g.add(p, o_.weight_decay);
-      if (o_.momentum != 0) {
-        if (steps_ == 1) m_[i].copy_(g);
-        else m_[i].mul_(o_.momentum).add_(g);
-        g = m_[i];
+namespace {
+
+class LocalOptimizer : public Optimizer {
+ public:
+  LocalOptimizer(OptimizerOptions o, std::vector<ParamEntry> params) : o_(o), params_(std::move(params)) {
+    for (const auto& p : params_) {
+      std::vector<at::Tensor> s;
+      for (std::size_t k = 0; k < o_.state_names().size(); ++k) s.push_back(at::zeros_like(p.tensor));
+      state_.push_back(std::move(s));
+    }
+  }
+  void step(double lr) override {
+    c10::NoGradGuard no_grad;
+    ++steps_;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor g = params_[i].tensor.grad();
+      if (g.defined()) apply_update(o_, steps_, lr, params_[i].tensor, g, state_[i]);
+    }
+  }
+  void zero_grad() override { zero_gradients(params_); }
+  std::int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(std::int64_t s) override { steps_ = s; }
+  std::vector<ParamEntry> state() override {
+    std::vector<ParamEntry> out;
+    const auto names = o_.state_names();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      for (std::size_t k = 0; k < names.size(); ++k) {
+        ParamEntry e{params_[i].spec, state_[i][k]};
+        e.spec.name = names[k] + "/" + params_[i].spec.name;
+        out.push_back(e);
       }
-      p.add_(g, -lr);
-      continue;
     }
-    if (o_.type == "adamw") {
-      p.mul_(1.0 - lr * o_.weight_decay);
-    } else if (o_.weight_decay != 0) {
-      g = g.add(p, o_.weight_decay);
-    }
-    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
-    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
-    const double bc1 = 1.0 - std::pow(o_.beta1, t);
-    const double bc2 = 1.0 - std::pow(o_.beta2, t);
-    at::Tensor denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(o_.eps);
-    p.addcdiv_(m_[i], denom, -lr / bc1);
+    return out;
   }
-}
 
-std::vector<ParamEntry> Optimizer::state() {
-  std::vector<ParamEntry> out;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto with = [&](const std::string& kind, const at::Tensor& t) {
-      ParamEntry e{params_[i].spec, t};
-      e.spec.name = kind + "/" + params_[i].spec.name;
-      out.push_back(e);
-    };
-    if (o_.type == "sgd") {
-      if (o_.momentum != 0) with("momentum", m_[i]);
-    } else {
-      with("exp_avg", m_[i]);
-      with("exp_avg_sq", v_[i]);
-    }
-  }
-  return out;
-}
+ private:
+  OptimizerOptions o_;
+  std::vector<ParamEntry> params_;
+  std::vector<std::vector<at::Tensor>> state_;
+  std::int64_t steps_ = 0;
+};
 
-double learning_rate(const Config& c, std::int64_t step) {
-  const double peak = c.get_float("optimizer.lr");
-  const double floor = c.get_float("optimizer.min_lr");
-  const auto warmup = c.get_int("optimizer.warmup_steps");
-  const auto total = c.get_int("training.max_steps");
-  if (warmup > 0 && step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (c.get_string("optimizer.schedule") == "constant") return peak;
-  const double span = static_cast<double>(std::max<std::int64_t>(1, total - warmup));
-  const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
-  return floor + 0.5 * (peak - floor) * (1.0 + std::cos(M_PI * progress));
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<ParamEntry>& params) {
+  return std::make_unique<LocalOptimizer>(options, params);
 }
 
 }  // namespace hp

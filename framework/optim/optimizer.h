@@ -1,10 +1,13 @@
 #pragma once
-// SGD, Adam and AdamW over this rank's parameters, with state kept per
-// parameter by global name so checkpoints are layout-independent. The update
-// formulas are PyTorch's (torch.optim) so numbers match what users know.
+// The optimizer collaborator: SGD (with momentum), Adam and AdamW over this
+// rank's parameters, state kept per parameter by global name so checkpoints
+// are layout-independent. The update formulas are PyTorch's (torch.optim),
+// in one function (apply_update) that every implementation shares, so a
+// feature that shards the state (zero) updates with the same numbers.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,37 +17,56 @@ namespace hp {
 
 class Config;
 
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
 struct OptimizerOptions {
-  std::string type = "adamw";  ///< sgd | adam | adamw
+  OptimizerKind kind = OptimizerKind::kAdamW;
   double weight_decay = 0.0, momentum = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  /// Global gradient-norm clip (0: off).
+  double grad_clip = 1.0;
   static OptimizerOptions from(const Config& c);
+  /// The state tensors this kind keeps per parameter ("exp_avg", ...).
+  std::vector<std::string> state_names() const;
 };
 
-class Optimizer {
- public:
-  Optimizer(OptimizerOptions options, std::vector<ParamEntry> params);
-
-  /// One update with learning rate `lr` from the parameters' .grad().
-  void step(double lr);
-  void zero_grad();
-  std::int64_t steps_taken() const { return steps_; }
-  void set_steps_taken(std::int64_t s) { steps_ = s; }
-
-  /// State tensors as entries named "<kind>/<param name>" (exp_avg,
-  /// exp_avg_sq, momentum), sharing each parameter's ShardSpec. The tensors
-  /// are the live state: loading copies into them.
-  std::vector<ParamEntry> state();
-  const std::vector<ParamEntry>& params() const { return params_; }
-
- private:
-  OptimizerOptions o_;
-  std::vector<ParamEntry> params_;
-  std::vector<at::Tensor> m_, v_;  // exp_avg / momentum buffer, exp_avg_sq
-  std::int64_t steps_ = 0;
+/// The learning-rate schedule, read once from the config.
+struct ScheduleOptions {
+  double lr = 1e-3, min_lr = 0.0;
+  std::int64_t warmup_steps = 0, max_steps = 1;
+  bool cosine = true;
+  static ScheduleOptions from(const Config& c);
 };
 
 /// Learning rate at `step` (0-based): linear warm-up over warmup_steps, then
 /// constant or cosine decay to min_lr at max_steps.
-double learning_rate(const Config& config, std::int64_t step);
+double learning_rate(const ScheduleOptions& s, std::int64_t step);
+
+/// One update of `param` from `grad` at 1-based step `t`. `state` holds the
+/// tensors named by OptimizerOptions::state_names(), shaped like `param`.
+void apply_update(const OptimizerOptions& o, std::int64_t t, double lr, at::Tensor param, at::Tensor grad,
+                  std::vector<at::Tensor>& state);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// One update with learning rate `lr` from the gradients the reducer left.
+  virtual void step(double lr) = 0;
+  virtual void zero_grad() = 0;
+  virtual std::int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(std::int64_t s) = 0;
+  /// State tensors as entries named "<kind>/<param name>" (exp_avg,
+  /// exp_avg_sq, momentum), each with a ShardSpec saying which slice of the
+  /// global tensor this rank holds. The tensors are the live state: loading
+  /// copies into them.
+  virtual std::vector<ParamEntry> state() = 0;
+  /// Bytes of optimizer state this rank holds.
+  std::int64_t state_bytes();
+};
+
+/// Every parameter's state on this rank (no sharding).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<ParamEntry>& params);
+
+/// Sets every parameter's .grad() to zero (allocating it when missing).
+void zero_gradients(const std::vector<ParamEntry>& params);
 
 }  // namespace hp

@@ -1,10 +1,10 @@
 #include "framework/plugin/feature_runtime.h"
 
-#include "framework/trainer/executor.h"
-
 #include <algorithm>
+#include <stdexcept>
 
 #include "framework/model/extensions.h"
+#include "framework/trainer/executor.h"
 
 namespace hp {
 
@@ -22,26 +22,58 @@ const char* to_string(StepEvent e) {
   return "?";
 }
 
-FeatureRuntime::FeatureRuntime(const Config& config, dist::DistributedContext* dist)
-    : config_(config), dist_(dist), model_(std::make_unique<ModelExtensions>()) {}
+FeatureRuntime::FeatureRuntime(const Config& config, dist::DistributedContext& dist, metrics::Registry* metrics)
+    : config_(config), dist_(dist), metrics_(metrics), model_(std::make_unique<ModelExtensions>()) {}
 
 ModelExtensions& FeatureRuntime::model() { return *model_; }
 
+metrics::Registry& FeatureRuntime::metrics() const {
+  if (!metrics_) throw std::logic_error("this host has no metrics registry (a tool that runs no training)");
+  return *metrics_;
+}
+
 FeatureRuntime::~FeatureRuntime() {
-  // Hooks may hold code from plugin libraries: clear them while the
-  // libraries are still loaded.
+  // Hooks and factories may hold code from plugin libraries: clear them
+  // while the libraries are still loaded.
   hooks_.clear();
-  executor_.reset();
+  executor_ = {};
+  optimizer_ = {};
+  reducer_ = {};
+  checkpoint_ = {};
   model_.reset();
 }
 
-void FeatureRuntime::set_executor(const std::string& owner, std::shared_ptr<StepExecutor> executor) {
-  if (executor_) {
-    throw std::invalid_argument("the step executor is replaced by both '" + executor_owner_ + "' and '" +
+template <typename T>
+void FeatureRuntime::set_owned(Owned<T>& slot, const char* what, const std::string& owner, T value) {
+  if (!slot.owner.empty()) {
+    throw std::invalid_argument(std::string("the ") + what + " is replaced by both '" + slot.owner + "' and '" +
                                 owner + "'");
   }
-  executor_owner_ = owner;
-  executor_ = std::move(executor);
+  if (!value) throw std::invalid_argument("feature '" + owner + "' installs an empty " + what);
+  slot.owner = owner;
+  slot.value = std::move(value);
+}
+
+void FeatureRuntime::set_executor(const std::string& owner, std::shared_ptr<StepExecutor> executor) {
+  set_owned(executor_, "step executor", owner, std::move(executor));
+}
+void FeatureRuntime::set_optimizer(const std::string& owner, OptimizerFactory factory) {
+  set_owned(optimizer_, "optimizer", owner, std::move(factory));
+}
+void FeatureRuntime::set_grad_reducer(const std::string& owner, GradReducerFactory factory) {
+  set_owned(reducer_, "gradient reducer", owner, std::move(factory));
+}
+void FeatureRuntime::set_checkpoint_io(const std::string& owner, CheckpointIOFactory factory) {
+  set_owned(checkpoint_, "checkpoint IO", owner, std::move(factory));
+}
+
+std::string FeatureRuntime::owner_of(const std::string& c) const {
+  if (c == "executor") return executor_.owner;
+  if (c == "optimizer") return optimizer_.owner;
+  if (c == "gradient reducer") return reducer_.owner;
+  if (c == "checkpoint IO") return checkpoint_.owner;
+  throw std::invalid_argument("unknown collaborator '" + c +
+                              "' (legal: executor, optimizer, gradient reducer, checkpoint IO)");
 }
 
 void FeatureRuntime::install(const std::vector<LoadedFeature>& features) {
@@ -64,15 +96,15 @@ void FeatureRuntime::add_hook(StepEvent event, const std::string& owner, Hook ho
   hooks_[event].push_back({owner, std::move(hook)});
 }
 
-void FeatureRuntime::run_hooks(StepEvent event, const StepInfo& info) const {
+void FeatureRuntime::run_hooks(StepEvent event, StepContext& ctx) const {
   auto it = hooks_.find(event);
   if (it == hooks_.end()) return;
   for (const auto& h : it->second) {
     try {
-      h.fn(info);
+      h.fn(ctx);
     } catch (const std::exception& e) {
       throw std::runtime_error("feature '" + h.owner + "' failed in its " + to_string(event) +
-                               " hook at step " + std::to_string(info.step) + ": " + e.what());
+                               " hook at step " + std::to_string(ctx.step) + ": " + e.what());
     }
   }
 }

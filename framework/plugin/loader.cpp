@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "framework/plugin/api_hash.h"
 #include "framework/util/build_info.h"
 #include "framework/util/strings.h"
 
@@ -117,6 +118,15 @@ LoadedFeature PluginLoader::load(const std::string& name) const {
                       build_info::version() + " needs version " +
                       std::to_string(kFeatureApiVersion) +
                       "; rebuild the plugin against this hyperparallel");
+  }
+  const std::string hash = lib->has(plugin_abi::kApiHashSymbol)
+                               ? std::string(lib->get_alias<const char* const>(plugin_abi::kApiHashSymbol))
+                               : std::string("none");
+  if (hash != HP_FEATURE_API_HASH) {
+    throw PluginError("feature '" + name + "': " + path + " was built against plugin headers with API hash " + hash +
+                      ", but this hyperparallel " + build_info::version() + " has API hash " +
+                      HP_FEATURE_API_HASH + " (both at version " + std::to_string(kFeatureApiVersion) +
+                      "); rebuild the plugin against this hyperparallel");
   }
   auto& create = lib->get_alias<plugin_abi::CreateFn>(plugin_abi::kCreateSymbol);
   std::string error;

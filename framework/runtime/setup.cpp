@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "framework/model/registry.h"
 #include "framework/plugin/feature.h"
 #include "framework/util/strings.h"
 
@@ -16,59 +17,26 @@ std::vector<std::string> raw_plugin_paths(const RawConfig& raw) {
   return {};
 }
 
-void check_mesh(Setup& s, const dist::MeshPlan& plan, ConfigErrors& errors) {
+void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
   const Config& c = s.config;
-  const int world = c.world_size();
-  const int tp = plan.size_of("tp"), pp = plan.size_of("pp"), ep = plan.size_of("ep");
-  auto by = [&](const std::string& dim) {
-    auto it = plan.claims.find(dim);
-    return it == plan.claims.end() ? std::string("(none)") : it->second.by;
-  };
-  std::string shape = "pp=" + std::to_string(pp) + " (" + by("pp") + "), tp=" +
-                      std::to_string(tp) + " (" + by("tp") + ")";
   if (!c.ok({"distributed.data_parallel_size"})) return;
-  int dp = static_cast<int>(c.get_int("distributed.data_parallel_size"));
-  if (dp == 0) {
-    if (world % (pp * tp) != 0) {
-      errors.add("distributed", "world size " + std::to_string(world),
-                 "world size must equal pipeline x data x tensor parallel sizes, but " +
-                     std::to_string(world) + " is not a multiple of pp x tp = " +
-                     std::to_string(pp * tp) + " [" + shape + "]",
-                 "a world size that is a multiple of " + std::to_string(pp * tp) +
-                     ", or other pipeline/tensor sizes");
-      return;
-    }
-    dp = world / (pp * tp);
-  } else if (static_cast<long long>(pp) * dp * tp != world) {
-    errors.add("distributed.data_parallel_size", std::to_string(dp),
-               "world size " + std::to_string(world) + " != pp x dp x tp = " +
-                   std::to_string(pp) + " x " + std::to_string(dp) + " x " + std::to_string(tp) +
-                   " [" + shape + "]",
-               world % (pp * tp) == 0 ? std::to_string(world / (pp * tp)) + " or 0 (derive)"
-                                      : "0 (derive), after fixing pp x tp to divide " +
-                                            std::to_string(world));
-    return;
-  }
-  if (dp % ep != 0) {
-    errors.add("distributed", "ep=" + std::to_string(ep) + " dp=" + std::to_string(dp),
-               "the expert-parallel size must divide the data-parallel size (claimed by " +
-                   by("ep") + ")",
-               "an expert-parallel size dividing " + std::to_string(dp));
+  dist::MeshProblem problem;
+  if (!dist::resolve_mesh(plan, c.world_size(), static_cast<int>(c.get_int("distributed.data_parallel_size")), s.mesh,
+                          problem)) {
+    errors.add(problem.key, problem.value, problem.rule, problem.legal);
     return;
   }
   if (c.ok({"training.global_batch_size", "training.micro_batch_size"})) {
     const auto g = c.get_int("training.global_batch_size");
     const auto m = c.get_int("training.micro_batch_size");
+    const int dp = plan.replicas;
     if (g % (m * dp) != 0) {
       errors.add("training.global_batch_size", std::to_string(g),
-                 "must be divisible by micro_batch_size x data-parallel size = " +
-                     std::to_string(m) + " x " + std::to_string(dp) + " = " +
-                     std::to_string(m * dp),
+                 "must be divisible by micro_batch_size x data-parallel size = " + std::to_string(m) + " x " +
+                     std::to_string(dp) + " = " + std::to_string(m * dp),
                  "a multiple of " + std::to_string(m * dp));
-      return;
     }
   }
-  s.mesh = dist::ProcessMesh(pp, dp, tp, ep);
 }
 
 }  // namespace
@@ -152,17 +120,35 @@ Setup prepare(const RawConfig& raw, int world_size) {
                "enable at most one of " + first + ", " + second);
   }
 
+  // Every feature claims its mesh dimensions first; validation then sees
+  // the resolved plan, so no feature reads another feature's options.
   dist::MeshPlan plan;
   for (const auto& lf : s.features) {
     try {
-      lf.feature->validate(s.config, errors);
       lf.feature->plan_mesh(s.config, plan);
+    } catch (const std::exception& e) {
+      errors.add("features." + lf.name, "", "the feature's mesh plan failed: " + std::string(e.what()));
+    }
+  }
+  for (const auto& c : plan.conflicts) errors.add("features", "", c, "enable one of them, or a feature the mesh serves");
+  if (plan.conflicts.empty()) check_mesh(s, plan, errors);
+
+  ModelInfo model;
+  if (s.config.ok({"model.type"})) {
+    try {
+      model = model_info(s.config);
+    } catch (const std::exception&) {
+      // The model's options were refused on their own; features see no sizes.
+    }
+  }
+  const FeatureContext ctx{s.config, model, plan};
+  for (const auto& lf : s.features) {
+    try {
+      lf.feature->validate(ctx, errors);
     } catch (const std::exception& e) {
       errors.add("features." + lf.name, "", "the feature's validation failed: " + std::string(e.what()));
     }
   }
-  for (const auto& c : plan.conflicts) errors.add("features", "", c, "enable one of them");
-  if (plan.conflicts.empty()) check_mesh(s, plan, errors);
 
   errors.throw_if_any();
   return s;

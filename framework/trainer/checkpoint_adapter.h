@@ -1,13 +1,14 @@
 #pragma once
-// Saves and restores a training run through checkpoint/: model parameters
-// and optimizer state by global name (gathered into full tensors, written by
-// the first data-parallel and tensor-parallel rank of every pipeline stage),
-// plus state.json (step, RNG, data position, schedule, counters). Loading
-// reads each rank's own slice, so a checkpoint written under one layout loads
+// The checkpoint IO collaborator. A run saves and restores model
+// parameters and optimizer state by global name, plus the run state
+// (step, RNG, data position, schedule, counters), through one CheckpointIO.
+// The built-in one gathers every split tensor into its full value and has
+// the leader of each partition (pipeline stage) write it; a feature
+// (sharded checkpoints) may install its own. Loading reads each rank's own
+// slice by its ShardSpec, so a checkpoint written under one layout loads
 // under any other.
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,40 +21,43 @@ namespace dist {
 class DistributedContext;
 }
 
+struct CheckpointOptions {
+  std::string root;         ///< checkpoint.dir, or <run.output_dir>/checkpoints
+  std::int64_t interval = 0;
+  std::string resume = "auto";
+  int keep = 0;
+  static CheckpointOptions from(const Config& c);
+  /// The step directory to resume from per `resume`, or "".
+  std::string resume_dir() const;
+};
+
 struct SavedState {
   std::int64_t step = 0;
-  std::string rng_hex;        ///< CPU generator state
+  std::string rng_hex;  ///< CPU generator state
   std::int64_t optimizer_steps = 0;
   double tokens_total = 0, samples_total = 0;
 };
 
-class CheckpointAdapter {
+class CheckpointIO {
  public:
-  CheckpointAdapter(const Config& config, dist::DistributedContext* dist);
-
-  const std::string& root() const { return root_; }
-  /// The step directory to resume from per `checkpoint.resume`, or "".
-  std::string resume_dir() const;
-
-  /// Collective over the world: every rank calls it. Returns seconds spent.
-  double save(std::int64_t step, const std::vector<ParamEntry>& params,
-              const std::vector<ParamEntry>& optimizer_state, const SavedState& state);
+  virtual ~CheckpointIO() = default;
+  /// Collective over the world: every rank calls it.
+  virtual void save(std::int64_t step, const std::vector<ParamEntry>& params,
+                    const std::vector<ParamEntry>& optimizer_state, const SavedState& state) = 0;
   /// Loads this rank's slices into `params` and `optimizer_state` (copied in
   /// place) and returns the saved state. Errors name the file and tensor.
-  SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
-                  const std::vector<ParamEntry>& optimizer_state);
-
- private:
-  const Config& config_;
-  dist::DistributedContext* dist_;
-  std::string root_;
-  int keep_;
+  virtual SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
+                          const std::vector<ParamEntry>& optimizer_state) = 0;
 };
 
-/// Gathers a (possibly split) parameter-shaped tensor into its full global
-/// tensor. Collective over the entry's split group; returns `t` itself when
-/// the entry is whole.
-at::Tensor gather_full(dist::DistributedContext* dist, const ShardSpec& spec, const at::Tensor& t);
+/// Gathered tensors written by each partition's leader rank.
+std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOptions& options, const Config& config,
+                                                          dist::DistributedContext& dist);
+
+/// Gathers a (possibly split) tensor into its full global tensor: over each
+/// of the spec's split groups, innermost first. Collective over those
+/// groups; returns `t` itself when the entry is whole.
+at::Tensor gather_full(dist::DistributedContext& dist, const ShardSpec& spec, const at::Tensor& t);
 
 /// CPU generator state as hex text, and back.
 std::string rng_state_hex();

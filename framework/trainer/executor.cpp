@@ -3,7 +3,15 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "framework/model/aux_loss.h"
+
 namespace hp {
+
+at::Tensor take_aux_losses(const AuxLossScope& scope, double scale, StepReport& report) {
+  for (const auto& [name, v] : scope.items()) report.aux_sums[name] += v.detach().item<double>();
+  at::Tensor total = scope.total();
+  return total.defined() ? total * scale : total;
+}
 
 namespace {
 
@@ -20,10 +28,16 @@ class SequentialExecutor : public StepExecutor {
     c10::AutoGradMode grad(work.backward);
     for (std::int64_t mb = 0; mb < work.micro_batches; ++mb) {
       Batch b = work.batch(mb);
-      auto out = model.forward(make_activations({{"tokens", b.tokens}}));
+      AuxLossScope aux;
+      auto out = model.forward(b.inputs);
       auto lo = model.loss->forward(out, b.targets);
+      at::Tensor extra = take_aux_losses(aux, work.loss_scale, r);
       if (work.after_forward) work.after_forward();
-      if (work.backward) (lo.sum * work.loss_scale).backward();
+      if (work.backward) {
+        at::Tensor total = lo.sum * work.loss_scale;
+        if (extra.defined()) total = total + extra;
+        total.backward();
+      }
       r.loss_sum += lo.sum.item<double>();
       r.tokens += static_cast<double>(lo.count);
     }

@@ -16,6 +16,8 @@
 
 namespace hp {
 
+class AuxLossScope;  // framework/model/aux_loss.h
+
 /// What the trainer asks of one step (or one evaluation).
 struct StepWork {
   std::int64_t micro_batches = 0;
@@ -30,11 +32,15 @@ struct StepWork {
   std::function<void()> after_forward;
 };
 
+
 struct StepReport {
   /// Summed per-token loss and token count of this rank's micro-batches
   /// (both 0 on ranks that do not compute the loss).
   double loss_sum = 0;
   double tokens = 0;
+  /// Auxiliary loss sums by name, over the micro-batches this rank ran
+  /// (blocks on any stage may add them).
+  std::map<std::string, double> aux_sums;
   /// Executor figures of the step, exported as gauges `hp_<name>` and
   /// written to metrics.jsonl (e.g. pipeline_idle_fraction).
   std::map<std::string, double> figures;
@@ -53,5 +59,10 @@ class StepExecutor {
 
 /// Every block on this rank; micro-batches one after the other.
 std::unique_ptr<StepExecutor> make_sequential_executor();
+
+/// Adds what an AuxLossScope collected to `report.aux_sums` and returns its
+/// total times `scale` (undefined when nothing was added). For executors
+/// that back-propagate a chunk's auxiliary losses with its outputs.
+at::Tensor take_aux_losses(const AuxLossScope& scope, double scale, StepReport& report);
 
 }  // namespace hp

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/core/GradMode.h>
 
 #include <chrono>
 #include <cmath>
@@ -15,12 +14,15 @@
 #include "framework/data/dataset.h"
 #include "framework/logging/logging.h"
 #include "framework/model/extensions.h"
+#include "framework/model/model.h"
+#include "framework/model/registry.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
+#include "framework/trainer/options.h"
 #include "framework/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
 
@@ -34,27 +36,24 @@ Trainer Trainer::from_file(const std::string& path, const std::vector<std::strin
   return Trainer(std::move(raw));
 }
 
-Trainer Trainer::from_yaml(const std::string& yaml) {
-  return Trainer(RawConfig::parse_string(yaml, "<yaml>"));
-}
+Trainer Trainer::from_yaml(const std::string& yaml) { return Trainer(RawConfig::parse_string(yaml, "<yaml>")); }
 
 Trainer& Trainer::set(const std::string& key, const std::string& yaml_value) {
   raw_.set(key, yaml_value);
   return *this;
 }
 
-Trainer& Trainer::enable(const std::string& feature,
-                         const std::map<std::string, std::string>& options) {
+Trainer& Trainer::enable(const std::string& feature, const std::map<std::string, std::string>& options) {
   raw_.set("features." + feature + ".enabled", "true");
   for (const auto& [k, v] : options) raw_.set("features." + feature + "." + k, v);
   return *this;
 }
 
-FitResult Trainer::fit() {
-  return fit(ModelProvider(describe_model), nullptr);
-}
-
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string format_eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
@@ -64,250 +63,318 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
-/// Everything one fit owns, destroyed in reverse: the model (which may hold
-/// plugin code) goes before the runtime that keeps the plugins loaded.
-struct Run {
-  Setup setup;
-  dist::DistEnv env;
-  std::shared_ptr<dist::DistributedContext> ctx;
-  std::unique_ptr<FeatureRuntime> runtime;
-  std::shared_ptr<StepExecutor> executor;  // may hold plugin code: after runtime
-  std::unique_ptr<TrainingMetrics> metrics;
-  std::shared_ptr<Dataset> data;
-  BuiltModel model;
-  std::unique_ptr<Optimizer> optimizer;
-  std::unique_ptr<GradSync> sync;
-
-  ~Run() {
-    sync.reset();
-    optimizer.reset();
-    model = BuiltModel();
-    executor.reset();
-  }
+/// What one step produced, global figures.
+struct StepResult {
+  double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  std::map<std::string, double> figures;  ///< executor, hooks and auxiliary losses
 };
 
-/// Sums `values` over data parallel and then over the pipeline (where only
-/// the last stage holds a loss), so every rank gets the global figure.
-void sum_over_dp_and_pp(Run& r, at::Tensor& values) {
-  r.ctx->group("dp").all_reduce(values);
-  if (r.setup.mesh.pp_size() > 1) r.ctx->group("pp").all_reduce(values);
+/// One fit: everything it owns, destroyed in reverse order of declaration
+/// (the model, which may hold plugin code, before the runtime that keeps
+/// the plugins loaded).
+class TrainingRun {
+ public:
+  explicit TrainingRun(const RawConfig& raw);
+  ~TrainingRun();
+  FitResult fit();
+
+ private:
+  void setup_process();
+  void setup_model();
+  void resume();
+  StepResult step(std::int64_t step);
+  void cadence(std::int64_t step, const StepResult& r, FitResult& result);
+  double evaluate();
+  void save(std::int64_t step);
+  void dump_gradients(std::int64_t step);
+  /// Sums `values` over the replicas, then the partitions, so every rank
+  /// gets the global figure.
+  void sum_globally(at::Tensor& values);
+  StepContext context(std::int64_t step, double loss, std::map<std::string, double>* figures);
+  bool rank0() const { return env_.rank == 0; }
+
+  Setup setup_;
+  dist::DistEnv env_;
+  RunOptions run_;
+  TrainingOptions train_;
+  ScheduleOptions schedule_;
+  OptimizerOptions optim_;
+  CheckpointOptions ckpt_;
+  std::shared_ptr<dist::DistributedContext> ctx_;
+  std::unique_ptr<TrainingMetrics> metrics_;
+  std::unique_ptr<FeatureRuntime> runtime_;
+  std::shared_ptr<StepExecutor> executor_;  // may hold plugin code: after runtime
+  std::shared_ptr<Dataset> data_;
+  ModelDescription desc_;
+  BuiltModel model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<CheckpointIO> checkpoint_;
+  std::int64_t start_ = 0;
+  double tokens_total_ = 0, samples_total_ = 0;
+};
+
+TrainingRun::TrainingRun(const RawConfig& raw) {
+  env_ = dist::read_dist_env();
+  setup_ = prepare(raw, env_.world_size);  // throws ConfigException, before any group
+  const Config& c = setup_.config;
+  run_ = RunOptions::from(c);
+  train_ = TrainingOptions::from(c);
+  schedule_ = ScheduleOptions::from(c);
+  optim_ = OptimizerOptions::from(c);
+  ckpt_ = CheckpointOptions::from(c);
 }
 
-double eval_loss(Run& r, std::int64_t micro_batches) {
-  const auto& c = r.setup.config;
-  const auto M = c.get_int("training.micro_batch_size");
-  const auto seq = c.get_int("model.seq_len");
-  const int dp_rank = r.ctx->coord().dp, dp = r.setup.mesh.dp_size();
-  for (auto& b : r.model.blocks) b->eval();
+TrainingRun::~TrainingRun() {
+  checkpoint_.reset();
+  reducer_.reset();
+  optimizer_.reset();
+  model_ = BuiltModel();
+  desc_ = ModelDescription();
+  executor_.reset();
+  runtime_.reset();
+}
+
+void TrainingRun::setup_process() {
+  const Config& c = setup_.config;
+  log::init(env_.rank, setup_.mesh.tag(env_.rank), c.get_string("logging.level"), c.get_string("logging.file"));
+  auto log = log::logger();
+  // A launcher gives each rank its share of the cores; alone, take them all
+  // (LibTorch's default counts physical cores only, often half of them).
+  const int threads =
+      env_.threads > 0 ? env_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  set_blas_threads(threads);
+  if (rank0()) warn_if_reference_blas(*log);
+
+  // Data first: a missing or empty corpus is refused before anything starts.
+  data_ = make_dataset(c);
+  const dist::ContextOptions opts = context_options(c);
+  ctx_ = dist::DistributedContext::create(env_, setup_.mesh, opts);
+  if (rank0()) {
+    std::filesystem::create_directories(run_.output_dir);
+    std::ofstream(run_.output_dir + "/config.yaml") << c.to_yaml();
+    log->info("{}", data_->describe());
+    log->info("mesh {} over {} ranks ({} backend, {} threads per rank)", setup_.mesh.shape(), env_.world_size,
+              opts.backend, at::get_num_threads());
+  }
+  metrics_ = std::make_unique<TrainingMetrics>(c, env_.rank, env_.local_rank, rank0());
+  if (!metrics_->url().empty()) log->info("metrics at {}", metrics_->url());
+  runtime_ = std::make_unique<FeatureRuntime>(c, *ctx_, &metrics_->registry());
+  runtime_->install(setup_.features);
+  executor_ = runtime_->executor();
+  if (!executor_) executor_ = make_sequential_executor();
+}
+
+void TrainingRun::setup_model() {
+  const Config& c = setup_.config;
+  at::manual_seed(run_.seed);
+  desc_ = describe_model(c);
+  BuildContext bctx(c, *ctx_, runtime_->model().layers(), run_.seed);
+  runtime_->model().apply_to(bctx);
+  model_ = build_model(desc_, bctx, executor_->place(desc_), executor_->computes_loss());
+  for (auto& b : model_.blocks) b->train();
+  // Global parameter count: this partition's parameters at their full
+  // shapes, summed over the partitions.
+  double global = 0;
+  for (const auto& p : model_.params) {
+    double n = 1;
+    for (auto d : p.spec.global_shape) n *= static_cast<double>(d);
+    global += n;
+  }
+  at::Tensor g = at::full({1}, global, at::kDouble);
+  ctx_->group(dist::MeshRole::kPartition).all_reduce(g);
+  if (rank0()) {
+    log::logger()->info("model {}: {} blocks, {:.0f} parameters", desc_.name, desc_.blocks.size(), g.item<double>());
+  }
+  const auto& opt = runtime_->optimizer_factory();
+  optimizer_ = opt ? opt(optim_, model_.params, *ctx_) : make_optimizer(optim_, model_.params);
+  ReducerOptions ro;
+  ro.bucket_bytes = c.get_float("distributed.bucket_size_mb") * 1024 * 1024;
+  const auto& red = runtime_->grad_reducer_factory();
+  reducer_ = red ? red(ro, model_.params, *ctx_) : make_bucketed_reducer(ro, model_.params, *ctx_);
+  const auto& io = runtime_->checkpoint_io_factory();
+  checkpoint_ = io ? io(ckpt_, c, *ctx_) : make_gathered_checkpoint_io(ckpt_, c, *ctx_);
+}
+
+StepContext TrainingRun::context(std::int64_t step, double loss, std::map<std::string, double>* figures) {
+  StepContext s;
+  s.step = step;
+  s.loss = loss;
+  s.params = &model_.params;
+  s.optimizer = optimizer_.get();
+  s.dist = ctx_.get();
+  s.metrics = &metrics_->registry();
+  s.figures = figures;
+  return s;
+}
+
+void TrainingRun::resume() {
+  const std::string dir = ckpt_.resume_dir();
+  if (dir.empty()) return;
+  const auto t0 = Clock::now();
+  SavedState s = checkpoint_->load(dir, model_.params, optimizer_->state());
+  start_ = s.step;
+  optimizer_->set_steps_taken(s.optimizer_steps);
+  set_rng_state_hex(s.rng_hex);
+  tokens_total_ = s.tokens_total;
+  samples_total_ = s.samples_total;
+  const double secs = seconds_since(t0);
+  metrics_->on_checkpoint("load", secs);
+  StepContext hc = context(start_, 0.0, nullptr);
+  runtime_->run_hooks(StepEvent::kLoad, hc);
+  if (rank0()) log::logger()->info("resumed from {} at step {} ({:.2f} s)", dir, start_, secs);
+}
+
+void TrainingRun::sum_globally(at::Tensor& values) {
+  ctx_->group(dist::MeshRole::kReplicate).all_reduce(values);
+  ctx_->group(dist::MeshRole::kPartition).all_reduce(values);
+}
+
+StepResult TrainingRun::step(std::int64_t step) {
+  const auto t0 = Clock::now();
+  StepResult r;
+  StepContext hc = context(step, 0.0, &r.figures);
+  runtime_->run_hooks(StepEvent::kStepBegin, hc);
+  optimizer_->zero_grad();
+  const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
+  const std::int64_t per_rank = train_.global_batch / replicas;
+  const double global_tokens = static_cast<double>(train_.global_batch * train_.seq_len);
   StepWork work;
-  work.micro_batches = micro_batches;
+  work.micro_batches = per_rank / train_.micro_batch;
+  work.loss_scale = 1.0 / global_tokens;
+  // The global batch is laid out the same on every layout: replica d takes
+  // samples [d * per_rank, (d + 1) * per_rank).
+  work.batch = [&](std::int64_t mb) {
+    return make_batch(*data_, Split::kTrain, step, replica * per_rank + mb * train_.micro_batch, train_.micro_batch,
+                      train_.seq_len);
+  };
+  work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
+  StepReport report = executor_->run(model_, work);
+  runtime_->run_hooks(StepEvent::kAfterBackward, hc);
+  reducer_->reduce();
+  if (step + 1 == train_.dump_grads_at) dump_gradients(step + 1);
+  // The main loss and every declared auxiliary loss in one collective.
+  std::vector<double> sums{report.loss_sum};
+  for (const auto& name : desc_.aux_losses) sums.push_back(report.aux_sums.count(name) ? report.aux_sums[name] : 0.0);
+  at::Tensor l = at::tensor(sums, at::kDouble);
+  sum_globally(l);
+  r.loss = l[0].item<double>() / global_tokens;
+  for (std::size_t i = 0; i < desc_.aux_losses.size(); ++i) {
+    r.figures["aux_loss_" + desc_.aux_losses[i]] = l[static_cast<std::int64_t>(i + 1)].item<double>() / global_tokens;
+  }
+  for (const auto& [k, v] : report.figures) r.figures[k] = v;
+  r.grad_norm = reducer_->clip(optim_.grad_clip);
+  r.lr = learning_rate(schedule_, step);
+  hc.loss = r.loss;
+  runtime_->run_hooks(StepEvent::kBeforeOptimizerStep, hc);
+  optimizer_->step(r.lr);
+  runtime_->run_hooks(StepEvent::kStepEnd, hc);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+double TrainingRun::evaluate() {
+  const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
+  for (auto& b : model_.blocks) b->eval();
+  StepWork work;
+  work.micro_batches = train_.eval_steps;
   work.backward = false;
   work.batch = [&](std::int64_t mb) {
-    return make_batch(*r.data, Split::kValid, 0, (mb * dp + dp_rank) * M, M, seq);
+    return make_batch(*data_, Split::kValid, 0, (mb * replicas + replica) * train_.micro_batch, train_.micro_batch,
+                      train_.seq_len);
   };
-  StepReport rep = r.executor->run(r.model, work);
-  for (auto& b : r.model.blocks) b->train();
+  StepReport rep = executor_->run(model_, work);
+  for (auto& b : model_.blocks) b->train();
   at::Tensor t = at::tensor({rep.loss_sum, rep.tokens}, at::kDouble);
-  sum_over_dp_and_pp(r, t);
+  sum_globally(t);
   return t[0].item<double>() / t[1].item<double>();
 }
 
-/// Full gradients by global name, after data-parallel sync and before
-/// clipping, one file per writing rank (see CheckpointAdapter).
-void dump_gradients(Run& r, std::int64_t step) {
-  const std::string dir = r.setup.config.get_string("run.output_dir") + "/grads_step" + std::to_string(step);
+/// Full gradients by global name, after the reduction and before clipping,
+/// one file per partition leader.
+void TrainingRun::dump_gradients(std::int64_t step) {
+  const std::string dir = run_.output_dir + "/grads_step" + std::to_string(step);
   std::vector<std::pair<std::string, at::Tensor>> full;
-  for (const auto& p : r.model.params) {
-    full.emplace_back(p.spec.name, gather_full(r.ctx.get(), p.spec, p.tensor.grad()).contiguous());
+  for (const auto& g : reducer_->gradients()) {
+    full.emplace_back(g.spec.name, gather_full(*ctx_, g.spec, g.tensor).contiguous());
   }
-  const auto c = r.ctx->coord();
-  if (c.dp == 0 && c.tp == 0) {
+  if (setup_.mesh.is_leader(env_.rank)) {
     std::filesystem::create_directories(dir);
     char name[64];
-    std::snprintf(name, sizeof name, "/grads-rank%05d.safetensors", r.env.rank);
+    std::snprintf(name, sizeof name, "/grads-rank%05d.safetensors", env_.rank);
     ckpt::write_safetensors(dir + name, full);
   }
 }
 
+void TrainingRun::save(std::int64_t step) {
+  std::map<std::string, double> none;
+  StepContext hc = context(step - 1, 0.0, &none);
+  runtime_->run_hooks(StepEvent::kSave, hc);
+  const auto t0 = Clock::now();
+  SavedState s{step, rng_state_hex(), optimizer_->steps_taken(), tokens_total_, samples_total_};
+  checkpoint_->save(step, model_.params, optimizer_->state(), s);
+  const double secs = seconds_since(t0);
+  metrics_->on_checkpoint("save", secs);
+  if (rank0()) log::logger()->info("checkpoint step {} saved to {} ({:.2f} s)", step, ckpt_.root, secs);
+}
+
+void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& result) {
+  const double global_tokens = static_cast<double>(train_.global_batch * train_.seq_len);
+  tokens_total_ += global_tokens;
+  samples_total_ += static_cast<double>(train_.global_batch);
+  StepFigures f{step + 1, r.loss, r.lr, r.grad_norm, global_tokens / r.seconds, r.seconds, global_tokens,
+                static_cast<double>(train_.global_batch)};
+  metrics_->on_step(f, ctx_.get());
+  metrics_->on_figures(r.figures);
+  result.losses.push_back(r.loss);
+  const bool last = step + 1 == train_.max_steps;
+  std::map<std::string, double> extra = r.figures;
+  if (train_.eval_interval > 0 && ((step + 1) % train_.eval_interval == 0 || last)) {
+    StepContext hc = context(step, r.loss, &extra);
+    runtime_->run_hooks(StepEvent::kEval, hc);
+    result.last_eval_loss = evaluate();
+    metrics_->on_eval(step + 1, result.last_eval_loss);
+    extra["eval_loss"] = result.last_eval_loss;
+    if (rank0()) log::logger()->info("step {} | eval loss {:.4f}", step + 1, result.last_eval_loss);
+  }
+  if ((step + 1) % train_.log_interval == 0 || last || step == start_) {
+    metrics_->log_step(f, extra);
+    if (rank0()) {
+      const double eta = r.seconds * static_cast<double>(train_.max_steps - step - 1);
+      log::logger()->info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | ETA {}",
+                          step + 1, train_.max_steps, r.loss, r.lr, r.grad_norm, f.tokens_per_second, format_eta(eta));
+    }
+  }
+  if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);
+}
+
+FitResult TrainingRun::fit() {
+  setup_process();
+  setup_model();
+  resume();
+  FitResult result;
+  result.first_step = start_;
+  double timed_seconds = 0, timed_tokens = 0;
+  for (std::int64_t s = start_; s < train_.max_steps; ++s) {
+    StepResult r = step(s);
+    cadence(s, r, result);
+    if (s > start_) {
+      timed_seconds += r.seconds;
+      timed_tokens += static_cast<double>(train_.global_batch * train_.seq_len);
+    }
+  }
+  result.last_step = train_.max_steps;
+  result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
+  ctx_->group("world").barrier();
+  return result;
+}
+
 }  // namespace
 
-FitResult Trainer::fit(const ModelProvider& provider, std::shared_ptr<Dataset> data) {
-  Run r;
-  r.env = dist::read_dist_env();
-  r.setup = prepare(raw_, r.env.world_size);  // throws ConfigException, before any group
-  const Config& c = r.setup.config;
-  log::init(r.env.rank, r.setup.mesh.tag(r.env.rank), c.get_string("logging.level"),
-            c.get_string("logging.file"));
-  auto log = log::logger();
-  // A launcher gives each rank its share of the cores; alone, take them all
-  // (LibTorch's default counts physical cores only, often half of them).
-  const int threads = r.env.threads > 0 ? r.env.threads
-                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
-  set_blas_threads(threads);
-  if (r.env.rank == 0) warn_if_reference_blas(*log);
-
-  // Data first: a missing or empty corpus is refused before anything starts.
-  r.data = data ? data : make_dataset(c);
-
-  dist::ContextOptions opts;
-  const std::string& backend = c.get_string("distributed.backend");
-  // NCCL is not wired yet (no CUDA LibTorch to build it against): auto means gloo.
-  opts.backend = backend == "auto" ? "gloo" : backend;
-  opts.init_method = c.get_string("distributed.init_method");
-  opts.init_file = c.get_string("distributed.init_file");
-  opts.gloo_hostname = c.get_string("distributed.gloo_hostname");
-  opts.timeout = std::chrono::milliseconds(
-      static_cast<long long>(c.get_float("distributed.timeout_seconds") * 1000));
-  r.ctx = dist::DistributedContext::create(r.env, r.setup.mesh, opts);
-  const bool rank0 = r.env.rank == 0;
-  if (rank0) {
-    std::filesystem::create_directories(c.get_string("run.output_dir"));
-    std::ofstream(c.get_string("run.output_dir") + "/config.yaml") << c.to_yaml();
-    log->info("{}", r.data->describe());
-    log->info("mesh {} over {} ranks ({} backend, {} threads per rank)", r.setup.mesh.shape(),
-              r.env.world_size, opts.backend, at::get_num_threads());
-  }
-
-  r.runtime = std::make_unique<FeatureRuntime>(c, r.ctx.get());
-  r.runtime->install(r.setup.features);
-  r.executor = r.runtime->executor();
-  if (!r.executor) r.executor = make_sequential_executor();
-  r.metrics = std::make_unique<TrainingMetrics>(c, r.env.rank, r.env.local_rank, rank0);
-  if (!r.metrics->url().empty()) log->info("metrics at {}", r.metrics->url());
-
-  const auto seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
-  at::manual_seed(seed);
-  ModelDescription desc = provider(c);
-  BuildContext bctx(c, r.ctx.get(), r.runtime->model().layers(), seed);
-  r.runtime->model().apply_to(bctx);
-  r.model = build_model(desc, bctx, r.executor->place(desc), r.executor->computes_loss());
-  for (auto& b : r.model.blocks) b->train();
-  {
-    // Global parameter count: this stage's parameters at their full shapes,
-    // summed over the pipeline stages.
-    double global = 0;
-    for (const auto& p : r.model.params) {
-      double n = 1;
-      for (auto d : p.spec.global_shape) n *= static_cast<double>(d);
-      global += n;
-    }
-    at::Tensor g = at::full({1}, global, at::kDouble);
-    if (r.setup.mesh.pp_size() > 1) r.ctx->group("pp").all_reduce(g);
-    if (rank0) {
-      log->info("model {}: {} blocks, {:.0f} parameters", desc.name, desc.blocks.size(), g.item<double>());
-    }
-  }
-  r.optimizer = std::make_unique<Optimizer>(OptimizerOptions::from(c), r.model.params);
-  r.sync = std::make_unique<GradSync>(r.ctx.get(), r.model.params,
-                                      c.get_float("distributed.bucket_size_mb") * 1024 * 1024);
-
-  CheckpointAdapter ckpt(c, r.ctx.get());
-  std::int64_t start = 0;
-  double tokens_total = 0, samples_total = 0;
-  if (std::string dir = ckpt.resume_dir(); !dir.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    SavedState s = ckpt.load(dir, r.model.params, r.optimizer->state());
-    start = s.step;
-    r.optimizer->set_steps_taken(s.optimizer_steps);
-    set_rng_state_hex(s.rng_hex);
-    tokens_total = s.tokens_total;
-    samples_total = s.samples_total;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.metrics->on_checkpoint("load", secs);
-    r.runtime->run_hooks(StepEvent::kLoad, StepInfo{start, 0.0});
-    if (rank0) log->info("resumed from {} at step {} ({:.2f} s)", dir, start, secs);
-  }
-
-  const auto max_steps = c.get_int("training.max_steps");
-  const auto G = c.get_int("training.global_batch_size");
-  const auto M = c.get_int("training.micro_batch_size");
-  const auto seq = c.get_int("model.seq_len");
-  const int dp = r.setup.mesh.dp_size(), dp_rank = r.ctx->coord().dp;
-  const std::int64_t per_rank = G / dp, micro_batches = per_rank / M;
-  const double global_tokens = static_cast<double>(G * seq);
-  const auto log_every = c.get_int("training.log_interval");
-  const auto eval_every = c.get_int("training.eval_interval");
-  const auto ckpt_every = c.get_int("checkpoint.interval");
-  const auto dump_grads_at = c.get_int("training.dump_grads_at_step");
-
-  FitResult result;
-  result.first_step = start;
-  double timed_seconds = 0, timed_tokens = 0;
-  const auto fit_start = std::chrono::steady_clock::now();
-  for (std::int64_t step = start; step < max_steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    StepInfo info{step, 0.0};
-    r.runtime->run_hooks(StepEvent::kStepBegin, info);
-    r.optimizer->zero_grad();
-    StepWork work;
-    work.micro_batches = micro_batches;
-    work.loss_scale = 1.0 / global_tokens;
-    // The global batch is laid out the same on every layout: rank d takes
-    // samples [d * per_rank, (d + 1) * per_rank).
-    work.batch = [&](std::int64_t mb) {
-      return make_batch(*r.data, Split::kTrain, step, dp_rank * per_rank + mb * M, M, seq);
-    };
-    work.after_forward = [&] { r.runtime->run_hooks(StepEvent::kAfterForward, info); };
-    StepReport report = r.executor->run(r.model, work);
-    r.runtime->run_hooks(StepEvent::kAfterBackward, info);
-    r.sync->all_reduce();
-    if (step + 1 == dump_grads_at) dump_gradients(r, step + 1);
-    at::Tensor l = at::full({1}, report.loss_sum, at::kDouble);
-    sum_over_dp_and_pp(r, l);
-    const double loss = l.item<double>() / global_tokens;
-    const double grad_norm = r.sync->clip(c.get_float("optimizer.grad_clip"));
-    const double lr = learning_rate(c, step);
-    info.loss = loss;
-    r.runtime->run_hooks(StepEvent::kBeforeOptimizerStep, info);
-    r.optimizer->step(lr);
-    r.runtime->run_hooks(StepEvent::kStepEnd, info);
-
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tokens_total += global_tokens;
-    samples_total += static_cast<double>(G);
-    StepFigures f{step + 1, loss, lr, grad_norm, global_tokens / secs, secs, global_tokens,
-                  static_cast<double>(G)};
-    r.metrics->on_step(f, r.ctx.get());
-    r.metrics->on_figures(report.figures);
-    result.losses.push_back(loss);
-    if (step > start) {
-      timed_seconds += secs;
-      timed_tokens += global_tokens;
-    }
-    const bool last = step + 1 == max_steps;
-    std::map<std::string, double> extra(report.figures.begin(), report.figures.end());
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
-      r.runtime->run_hooks(StepEvent::kEval, info);
-      result.last_eval_loss = eval_loss(r, c.get_int("training.eval_steps"));
-      r.metrics->on_eval(step + 1, result.last_eval_loss);
-      extra["eval_loss"] = result.last_eval_loss;
-      if (rank0) log->info("step {} | eval loss {:.4f}", step + 1, result.last_eval_loss);
-    }
-    if ((step + 1) % log_every == 0 || last || step == start) {
-      r.metrics->log_step(f, extra);
-      if (rank0) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
-        const double eta = elapsed / static_cast<double>(step + 1 - start) *
-                           static_cast<double>(max_steps - step - 1);
-        log->info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | ETA {}",
-                  step + 1, max_steps, loss, lr, grad_norm, f.tokens_per_second, format_eta(eta));
-      }
-    }
-    if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) {
-      r.runtime->run_hooks(StepEvent::kSave, info);
-      SavedState s{step + 1, rng_state_hex(), r.optimizer->steps_taken(), tokens_total,
-                   samples_total};
-      const double secs_saved = ckpt.save(step + 1, r.model.params, r.optimizer->state(), s);
-      r.metrics->on_checkpoint("save", secs_saved);
-      if (rank0) log->info("checkpoint step {} saved to {} ({:.2f} s)", step + 1, ckpt.root(), secs_saved);
-    }
-  }
-  result.last_step = max_steps;
-  result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
-  r.ctx->group("world").barrier();
-  return result;
+FitResult Trainer::fit() {
+  TrainingRun run(raw_);
+  return run.fit();
 }
 
 }  // namespace hp

@@ -3,8 +3,11 @@
 //
 //   hp::Trainer trainer = hp::Trainer::from_file("gpt.yaml");
 //   trainer.enable("recompute", {{"granularity", "selective"}});
-//   auto result = trainer.fit();                 // model and data from the config
-//   auto result = trainer.fit(my_model, my_data); // or your own
+//   auto result = trainer.fit();
+//
+// The model and the dataset are the registry entries `model.type` and
+// `data.type` name; register your own with hp::models().add(...) and
+// hp::datasets().add(...) before fit (see examples/custom_model).
 //
 // `enable` is the C++ twin of `features.<name>.enabled: true`. fit()
 // validates everything first (a bad config throws hp::ConfigException before
@@ -18,11 +21,8 @@
 #include <vector>
 
 #include "framework/config/config.h"
-#include "framework/model/model.h"
 
 namespace hp {
-
-class Dataset;
 
 struct FitResult {
   std::int64_t first_step = 0;  ///< first step run by this fit (after a resume: checkpoint step)
@@ -47,8 +47,6 @@ class Trainer {
 
   /// Trains the model and data named by the config.
   FitResult fit();
-  /// Trains `model` (a provider called after the mesh exists) on `data`.
-  FitResult fit(const ModelProvider& model, std::shared_ptr<Dataset> data);
 
   const RawConfig& raw_config() const { return raw_; }
 

@@ -16,6 +16,8 @@
 #include "backends/dist/mesh.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
+#include "framework/model/aux_loss.h"
+#include "framework/model/model_info.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/plugin_export.h"
 #include "framework/trainer/executor.h"
@@ -36,24 +38,21 @@ const char* kBalance = "features.pipeline_parallel.balance";
 
 /// Per-block costs for balancing: forward FLOPs per token, the loss counted
 /// with the last block. A block that declares nothing counts as 1.
-std::vector<double> block_costs(const ModelDescription& d) {
-  std::vector<double> c;
-  for (const auto& b : d.blocks) c.push_back(b.cost.flops_per_token > 0 ? b.cost.flops_per_token : 1.0);
-  if (!c.empty()) c.back() += d.loss_cost.flops_per_token;
-  return c;
+std::vector<double> block_costs(std::vector<double> flops, double loss_flops) {
+  for (auto& c : flops) c = c > 0 ? c : 1.0;
+  if (!flops.empty()) flops.back() += loss_flops;
+  return flops;
 }
 
-Partition split(const ModelDescription& d, const std::vector<std::int64_t>& balance, int chunks) {
-  auto costs = block_costs(d);
+Partition split(std::vector<double> costs, const std::vector<std::int64_t>& balance, int chunks) {
   if (balance.empty()) return partition_balanced(costs, chunks);
   return partition_manual(costs, std::vector<int>(balance.begin(), balance.end()), chunks);
 }
 
-int tensor_parallel_size(const Config& c) {
-  if (c.has("features.tensor_parallel.enabled") && c.get_bool("features.tensor_parallel.enabled")) {
-    return static_cast<int>(c.get_int("features.tensor_parallel.size"));
-  }
-  return 1;
+Partition split(const ModelDescription& d, const std::vector<std::int64_t>& balance, int chunks) {
+  std::vector<double> flops;
+  for (const auto& b : d.blocks) flops.push_back(b.cost.flops_per_token);
+  return split(block_costs(flops, d.loss_cost.flops_per_token), balance, chunks);
 }
 
 /// One (chunk, micro-batch) between its forward and its backward.
@@ -61,6 +60,7 @@ struct InFlight {
   Activations inputs;   ///< received (leaves) or the tokens
   Activations outputs;  ///< what was sent on, or the loss input
   at::Tensor loss;      ///< last chunk: the scaled loss to back-propagate
+  at::Tensor aux;       ///< other chunks: their scaled auxiliary losses (may be undefined)
 };
 
 class PipelineExecutor : public StepExecutor {
@@ -128,7 +128,7 @@ class PipelineExecutor : public StepExecutor {
       if (a.kind == Action::Kind::kForward) {
         InFlight st;
         if (c == 0) {
-          st.inputs = make_activations({{"tokens", w.batch(mb).tokens}});
+          st.inputs = w.batch(mb).inputs;
         } else {
           st.inputs = link_.recv((c - 1) % P_, {Direction::kForward, c - 1, mb});
           if (w.backward) {
@@ -137,8 +137,13 @@ class PipelineExecutor : public StepExecutor {
             }
           }
         }
-        Activations x = st.inputs;
-        for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
+        Activations x;
+        AuxLossScope aux_scope;
+        {
+          x = st.inputs;
+          for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
+        }
+        at::Tensor aux = take_aux_losses(aux_scope, w.loss_scale, rep);
         if (c == C - 1) {
           // Only one stage reads the targets, once per micro-batch (with one
           // stage, the batch is built twice: cheap, and no cache to keep).
@@ -146,9 +151,10 @@ class PipelineExecutor : public StepExecutor {
           rep.loss_sum += lo.sum.item<double>();
           rep.tokens += static_cast<double>(lo.count);
           if (w.after_forward) w.after_forward();
-          if (w.backward) st.loss = lo.sum * w.loss_scale;
+          if (w.backward) st.loss = aux.defined() ? lo.sum * w.loss_scale + aux : lo.sum * w.loss_scale;
         } else {
           link_.send(x, (c + 1) % P_, {Direction::kForward, c, mb});
+          if (w.backward) st.aux = aux;
         }
         if (w.backward) {
           st.outputs = std::move(x);
@@ -175,6 +181,10 @@ class PipelineExecutor : public StepExecutor {
               outs.push_back(t);
               gs.push_back(*g);
             }
+          }
+          if (st.aux.defined() && st.aux.requires_grad()) {
+            outs.push_back(st.aux);
+            gs.push_back(at::ones_like(st.aux));
           }
           if (!outs.empty()) torch::autograd::backward(outs, gs);
         }
@@ -249,7 +259,8 @@ class PipelineParallelFeature : public Feature {
                   "contiguous chunks whose costliest is as light as possible, from the blocks' cost estimates.");
   }
 
-  void validate(const Config& c, ConfigErrors& e) const override {
+  void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
+    const Config& c = ctx.config;
     if (!c.ok({kSize, kSchedule, kMicro, kVirtual, kBalance})) return;
     const int P = static_cast<int>(c.get_int(kSize));
     const int V = static_cast<int>(c.get_int(kVirtual));
@@ -263,9 +274,8 @@ class PipelineParallelFeature : public Feature {
       e.add(kVirtual, std::to_string(V), "more than one chunk per rank needs schedule interleaved_1f1b (schedule is " +
                                              schedule + ")", "1, or set schedule: interleaved_1f1b");
     }
-    const int T = tensor_parallel_size(c);
-    if (c.world_size() % (P * T) == 0 && c.ok({"training.global_batch_size", "training.micro_batch_size"})) {
-      const auto dp = c.world_size() / (P * T);
+    const int dp = ctx.mesh.replicas;
+    if (dp > 0 && c.ok({"training.global_batch_size", "training.micro_batch_size"})) {
       const auto G = c.get_int("training.global_batch_size"), mbs = c.get_int("training.micro_batch_size");
       if (G % (mbs * dp) == 0) {
         const auto M = G / (mbs * dp);
@@ -284,34 +294,31 @@ class PipelineParallelFeature : public Feature {
         }
       }
     }
-    if (P > 1 && c.ok({"model.tie_embeddings"}) && c.get_bool("model.tie_embeddings")) {
-      e.add("model.tie_embeddings", "true",
+    if (P > 1 && !ctx.model.shared_parameter_key.empty()) {
+      e.add(ctx.model.shared_parameter_key, "true",
             "tied embeddings across pipeline stages are not supported yet (the embedding and the head live "
             "on different stages)",
             "false when features.pipeline_parallel.size > 1");
     }
-    // The shipped models can be split here, before any process starts; a
-    // user's own model is split (and refused the same way) when it is built.
-    if (c.ok({"model.type", "model.layers"})) {
+    // The model's blocks are split here, before any process starts, from
+    // the costs it declares.
+    if (!ctx.model.block_flops.empty()) {
       try {
-        split(describe_model(c), c.get_int_list(kBalance), P * V);
+        split(block_costs(ctx.model.block_flops, ctx.model.loss_flops), c.get_int_list(kBalance), P * V);
       } catch (const PartitionError& err) {
         const auto& b = c.get_int_list(kBalance);
         e.add(kBalance, b.empty() ? "auto" : hp::to_string(c.value(kBalance)), err.what(),
               "auto, or " + std::to_string(P * V) + " counts >= 1 adding up to the model's blocks");
-      } catch (const std::exception&) {
-        // The model options themselves are reported by their own checks.
       }
     }
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
-    plan.claim("pp", static_cast<int>(c.get_int(kSize)), "pipeline_parallel");
+    plan.claim("pp", static_cast<int>(c.get_int(kSize)), "pipeline_parallel", dist::MeshRole::kPartition);
   }
 
   void install(FeatureRuntime& rt) override {
-    if (!rt.dist()) throw std::logic_error("pipeline_parallel needs process groups");
-    rt.set_executor("pipeline_parallel", std::make_shared<PipelineExecutor>(rt.config(), *rt.dist()));
+    rt.set_executor("pipeline_parallel", std::make_shared<PipelineExecutor>(rt.config(), rt.dist()));
   }
 };
 

@@ -7,6 +7,7 @@
 
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
+#include "framework/model/model_info.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/plugin_export.h"
 #include "plugins/recompute/checkpoint_function.h"
@@ -36,18 +37,19 @@ class RecomputeFeature : public Feature {
         .note("all, or N >= 1 for the first N blocks");
   }
 
-  void validate(const Config& c, ConfigErrors& e) const override {
+  void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
+    const Config& c = ctx.config;
     if (!c.ok({kBlocks})) return;
     const auto& b = c.get_string(kBlocks);
     if (parse_blocks(b) == 0) {
       e.add(kBlocks, b, "must be 'all' or a whole number >= 1", "all, 1, 2, ...");
-    } else if (c.ok({"model.layers"}) && parse_blocks(b) > c.get_int("model.layers")) {
-      e.add(kBlocks, b, "is more than model.layers = " + std::to_string(c.get_int("model.layers")),
-            "all, or 1 .. " + std::to_string(c.get_int("model.layers")));
+    } else if (const SplitSize* layers = ctx.model.size("layers"); layers && parse_blocks(b) > layers->value) {
+      e.add(kBlocks, b, "is more than " + layers->key + " = " + std::to_string(layers->value),
+            "all, or 1 .. " + std::to_string(layers->value));
     }
-    if (c.get_string(kGranularity) == "selective" && c.get_string("model.type") != "gpt") {
-      e.add(kGranularity, "selective", "needs a model with attention (model.type: gpt)",
-            "full");
+    if (c.get_string(kGranularity) == "selective" && !ctx.model.uses("attention.heads")) {
+      e.add(kGranularity, "selective",
+            "needs a model with attention (model '" + ctx.model.name + "' has no attention.heads layer)", "full");
     }
   }
 

@@ -10,11 +10,7 @@ namespace hp::tensor_parallel {
 
 namespace {
 
-dist::Group& tp_group(BuildContext& ctx) {
-  dist::Group* g = ctx.group("tp");
-  if (!g) throw std::logic_error("tensor_parallel: layers built without process groups");
-  return *g;
-}
+dist::Group& tp_group(BuildContext& ctx) { return *ctx.group("tp"); }
 
 /// The sequence dimension of [batch, seq, features] activations.
 constexpr std::int64_t kSeqDim = 1;
@@ -32,9 +28,9 @@ class ColumnLinear : public Layer {
     if (!s.tied_weight.empty()) {
       weight_ = ctx.shared(s.tied_weight);  // the embedding's vocabulary slice
     } else {
-      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 0);
+      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 0, "tp");
     }
-    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), 0);
+    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), 0, "tp");
   }
   at::Tensor forward(const at::Tensor& x) override {
     // Sequence parallel: the input is this rank's slice of the sequence;
@@ -57,7 +53,7 @@ class RowLinear : public Layer {
  public:
   RowLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
       : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1);
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1, "tp");
     if (s.bias) {
       bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), -1, "tp", replicated_sync(sp));
     }
@@ -86,7 +82,7 @@ class RowLinear : public Layer {
 class VocabEmbedding : public Layer {
  public:
   VocabEmbedding(const LayerSpec& s, BuildContext& ctx, bool sp) : g_(tp_group(ctx)), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), 0);
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), 0, "tp");
     ctx.share(s.name + ".weight", weight_);
     auto [off, len] = split_range(s.in, g_.size(), g_.rank());
     begin_ = off;

@@ -3,6 +3,7 @@
 #include "backends/dist/mesh.h"
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
+#include "framework/model/model_info.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/plugin_export.h"
 #include "plugins/tensor_parallel/layers.h"
@@ -25,40 +26,35 @@ class TensorParallelFeature : public Feature {
                   "instead of all-reduce. Needs model.seq_len divisible by size.");
   }
 
-  void validate(const Config& c, ConfigErrors& e) const override {
+  void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
+    const Config& c = ctx.config;
     if (!c.ok({kSize})) return;
     const auto T = c.get_int(kSize);
-    const std::string t = std::to_string(T);
     if (c.world_size() % T != 0) {
-      e.add(kSize, t, "must divide the world size " + std::to_string(c.world_size()),
+      e.add(kSize, std::to_string(T), "must divide the world size " + std::to_string(c.world_size()),
             "a divisor of " + std::to_string(c.world_size()));
     }
-    auto divisible = [&](const char* key, std::int64_t value, const std::string& what) {
-      if (value % T != 0) {
-        e.add(kSize, t, what + " = " + std::to_string(value) + " (" + key + ") is not divisible by it",
-              "a divisor of " + std::to_string(value));
+    // The sizes the model says a split must divide; the vocabulary may be
+    // split unevenly.
+    for (const char* role : {"heads", "hidden", "ffn"}) ctx.model.check_divides(role, T, kSize, e);
+    if (c.ok({kSequence}) && c.get_bool(kSequence)) {
+      if (!ctx.model.size("sequence")) {
+        e.add(kSequence, "true",
+              "model '" + ctx.model.name + "' cannot be split along its sequence (it states no sequence size; "
+              "the unet reshapes along its grid)",
+              "false for model " + ctx.model.name);
+      } else if (ctx.model.size("sequence")->value % T != 0) {
+        const SplitSize& s = *ctx.model.size("sequence");
+        e.add(kSize, std::to_string(T),
+              "sequence_parallel needs the sequence length = " + std::to_string(s.value) + " (" + s.key +
+                  ") divisible by it",
+              "a divisor of " + std::to_string(s.value));
       }
-    };
-    if (c.ok({"model.hidden", "model.heads", "model.ffn_hidden"})) {
-      const auto H = c.get_int("model.hidden");
-      const auto F = c.get_int("model.ffn_hidden") == 0 ? 4 * H : c.get_int("model.ffn_hidden");
-      if (c.get_string("model.type") == "gpt") divisible("model.heads", c.get_int("model.heads"), "the head count");
-      divisible("model.hidden", H, "the hidden size");
-      divisible("model.ffn_hidden", F, "the FFN size");
-    }
-    if (c.ok({kSequence, "model.type"}) && c.get_bool(kSequence) && c.get_string("model.type") == "unet") {
-      e.add(kSequence, "true", "the unet model reshapes along the grid (down/up-sampling), which a sequence "
-            "split does not follow", "false for model.type unet");
-    }
-    if (c.ok({kSequence, "model.seq_len"}) && c.get_bool(kSequence) && c.get_int("model.seq_len") % T != 0) {
-      e.add(kSize, t, "sequence_parallel needs the sequence length = " +
-                          std::to_string(c.get_int("model.seq_len")) + " (model.seq_len) divisible by it",
-            "a divisor of " + std::to_string(c.get_int("model.seq_len")));
     }
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
-    plan.claim("tp", static_cast<int>(c.get_int(kSize)), "tensor_parallel");
+    plan.claim("tp", static_cast<int>(c.get_int(kSize)), "tensor_parallel", dist::MeshRole::kSplit);
   }
 
   void install(FeatureRuntime& rt) override {

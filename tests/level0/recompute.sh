@@ -23,5 +23,5 @@ grep -q "features.recompute.blocks = abc: must be 'all' or a whole number >= 1 (
 out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true --set model.type=mlp \
       --set features.recompute.granularity=selective 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "selective on mlp: expected exit 2, got $rc"
-grep -q "features.recompute.granularity = selective: needs a model with attention (model.type: gpt) (legal: full)" <<<"$out" || fail "$out"
+grep -qF "features.recompute.granularity = selective: needs a model with attention (model 'mlp' has no attention.heads layer) (legal: full)" <<<"$out" || fail "$out"
 echo PASS

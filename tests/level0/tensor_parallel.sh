@@ -22,5 +22,5 @@ grep -qF "features.tensor_parallel.size = 2: sequence_parallel needs the sequenc
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.tensor_parallel.enabled=true \
       --set features.tensor_parallel.sequence_parallel=true --set model.type=unet --set data.type=field 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
-grep -qF "features.tensor_parallel.sequence_parallel = true: the unet model reshapes along the grid" <<<"$out" || fail "$out"
+grep -qF "features.tensor_parallel.sequence_parallel = true: model 'unet' cannot be split along its sequence (it states no sequence size; the unet reshapes along its grid) (legal: false for model unet)" <<<"$out" || fail "$out"
 echo PASS

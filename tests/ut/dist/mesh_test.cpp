@@ -59,9 +59,45 @@ TEST(ProcessMesh, DescribeListsEveryRank) {
 
 TEST(MeshPlan, SecondClaimIsAConflict) {
   hp::dist::MeshPlan p;
-  p.claim("tp", 2, "tensor_parallel");
-  p.claim("tp", 4, "other");
+  p.claim("tp", 2, "tensor_parallel", hp::dist::MeshRole::kSplit);
+  p.claim("tp", 4, "other", hp::dist::MeshRole::kSplit);
   ASSERT_EQ(p.conflicts.size(), 1u);
   EXPECT_EQ(p.size_of("tp"), 2);
   EXPECT_EQ(p.size_of("pp"), 1);
+}
+
+// A claim of a dimension the mesh does not serve is a problem, not dropped;
+// so is a served dimension claimed with another role.
+TEST(MeshPlan, UnservedDimensionAndWrongRoleAreRefused) {
+  hp::dist::MeshPlan p;
+  p.claim("cp", 2, "context_parallel", hp::dist::MeshRole::kSplit);
+  p.claim("pp", 2, "odd_feature", hp::dist::MeshRole::kSplit);
+  ASSERT_EQ(p.conflicts.size(), 2u);
+  EXPECT_EQ(p.conflicts[0],
+            "mesh dimension 'cp' claimed by 'context_parallel' is not served by the process mesh, so nothing would "
+            "act on it (served: ep (split), pp (partition), tp (split))");
+  EXPECT_EQ(p.conflicts[1], "mesh dimension 'pp' claimed by 'odd_feature' with role split, but the mesh serves it only "
+                            "as partition");
+  EXPECT_EQ(p.size_of("cp"), 1);
+  EXPECT_EQ(p.size_of("pp"), 1);
+}
+
+TEST(ProcessMesh, RolesNameTheirGroupsAndLeaders) {
+  ProcessMesh m(2, 2, 2);
+  EXPECT_EQ(ProcessMesh::role_group(hp::dist::MeshRole::kPartition), "pp");
+  EXPECT_EQ(ProcessMesh::role_group(hp::dist::MeshRole::kReplicate), "dp");
+  EXPECT_EQ(m.leaders(), (std::vector<int>{0, 4}));
+  EXPECT_TRUE(m.is_leader(4));
+  EXPECT_FALSE(m.is_leader(5));
+  EXPECT_EQ(m.replicas(), 2);
+  EXPECT_EQ(m.replica_rank(6), 1);
+  hp::dist::MeshPlan plan;
+  plan.claim("pp", 2, "pipeline_parallel", hp::dist::MeshRole::kPartition);
+  ProcessMesh resolved;
+  hp::dist::MeshProblem problem;
+  ASSERT_TRUE(hp::dist::resolve_mesh(plan, 8, 0, resolved, problem));
+  EXPECT_EQ(plan.replicas, 4);
+  EXPECT_EQ(resolved.shape(), "pp=2 dp=4 tp=1 ep=1");
+  EXPECT_FALSE(hp::dist::resolve_mesh(plan, 7, 0, resolved, problem));
+  EXPECT_EQ(problem.key, "distributed");
 }

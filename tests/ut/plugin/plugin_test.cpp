@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/dist/context.h"
 #include "framework/config/config.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
@@ -155,17 +156,19 @@ TEST(FeatureRuntime, InstallRegistersHooksThatRun) {
                                   "t.yaml"),
       1);
   ASSERT_EQ(setup.features.size(), 1u);
-  hp::FeatureRuntime rt(setup.config, nullptr);
+  hp::FeatureRuntime rt(setup.config, *hp::dist::DistributedContext::single());
   rt.install(setup.features);
   EXPECT_TRUE(rt.has_feature("test_good"));
   EXPECT_EQ(rt.hook_count(hp::StepEvent::kStepEnd), 1u);
-  rt.run_hooks(hp::StepEvent::kStepEnd, hp::StepInfo{5, 1.0});
+  hp::StepContext sc;
+  sc.step = 5;
+  rt.run_hooks(hp::StepEvent::kStepEnd, sc);
 }
 
 // One feature at most replaces the step executor; a second is refused naming both.
 TEST(FeatureRuntime, SecondExecutorIsRefusedNamingBoth) {
   auto setup = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n", "t.yaml"), 1);
-  hp::FeatureRuntime rt(setup.config, nullptr);
+  hp::FeatureRuntime rt(setup.config, *hp::dist::DistributedContext::single());
   EXPECT_EQ(rt.executor(), nullptr);
   rt.set_executor("pipeline_parallel", hp::make_sequential_executor());
   ASSERT_NE(rt.executor(), nullptr);

@@ -9,6 +9,7 @@
 #include "framework/config/config.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
+#include "framework/model/registry.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/runtime/setup.h"
 #include "plugins/tensor_parallel/layers.h"
@@ -21,6 +22,11 @@ struct Result {
   std::vector<hp::ParamEntry> params;
 };
 
+hp::dist::DistributedContext& one() {
+  static auto ctx = hp::dist::DistributedContext::single();
+  return *ctx;
+}
+
 const hp::Config& config() {
   static hp::Setup s = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\nmodel: {vocab_size: 66}", "t"), 1);
   return s.config;
@@ -30,7 +36,7 @@ const hp::Config& config() {
 /// back-propagates <out, w> for a fixed w.
 Result run(const hp::LayerSpec& spec, const hp::LayerRegistry& registry, hp::dist::DistributedContext* d,
            const torch::Tensor& x) {
-  hp::BuildContext ctx(config(), d, registry, 99);
+  hp::BuildContext ctx(config(), d ? *d : one(), registry, 99);
   auto layer = registry.make(spec, ctx);
   auto in = x.is_floating_point() ? x.clone().requires_grad_(true) : x;
   auto out = layer->forward(in);
@@ -55,7 +61,7 @@ void expect_grads_match(const std::vector<hp::ParamEntry>& par, const std::vecto
 /// Sums the gradients as the trainer does after backward (sequence
 /// parallel's replicated parameters: over tp).
 void sync_grads(hp::dist::DistributedContext& d, const std::vector<hp::ParamEntry>& params) {
-  hp::GradSync(&d, params, 1 << 20).all_reduce();
+  hp::make_bucketed_reducer({1 << 20}, params, d)->reduce();
 }
 
 void expect_same(const Result& dense, const Result& par) {
@@ -107,14 +113,14 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
   const int T = GetParam();
   auto logits = torch::randn({2, 8, 66}, torch::make_generator<at::CPUGeneratorImpl>(11));
   auto targets = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(12));
-  hp::BuildContext dctx(config(), nullptr, hp::LayerRegistry::dense(), 1);
+  hp::BuildContext dctx(config(), one(), hp::LayerRegistry::dense(), 1);
   auto dense_in = logits.clone().requires_grad_(true);
   auto dense = hp::LayerRegistry::dense().make_loss({"loss.cross_entropy", "loss"}, dctx)->forward(dense_in, targets);
   dense.sum.backward();
   hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel");
-    hp::BuildContext ctx(config(), &d, registry, 1);
+    hp::BuildContext ctx(config(), d, registry, 1);
     auto [off, len] = hp::split_range(66, T, d.group("tp").rank());
     auto local = logits.narrow(-1, off, len).clone().requires_grad_(true);
     auto out = registry.make_loss({"loss.cross_entropy", "loss"}, ctx)->forward(local, targets);
@@ -142,7 +148,7 @@ enum class OutSlice { kSequence, kFeatures };
 
 void check_sequence_parallel(int T, const hp::LayerSpec& spec, const torch::Tensor& x, OutSlice how,
                              bool input_is_sequence_slice = true) {
-  hp::BuildContext dctx(config(), nullptr, hp::LayerRegistry::dense(), 99);
+  hp::BuildContext dctx(config(), one(), hp::LayerRegistry::dense(), 99);
   auto dense_layer = hp::LayerRegistry::dense().make(spec, dctx);
   auto din = x.is_floating_point() ? x.clone().requires_grad_(true) : x;
   auto dout = dense_layer->forward(din);
@@ -152,7 +158,7 @@ void check_sequence_parallel(int T, const hp::LayerSpec& spec, const torch::Tens
   hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
-    hp::BuildContext ctx(config(), &d, registry, 99);
+    hp::BuildContext ctx(config(), d, registry, 99);
     auto layer = registry.make(spec, ctx);
     const int r = d.group("tp").rank();
     const auto len = seq / T;
@@ -226,7 +232,7 @@ TEST_P(SequenceParallelKinds, DropoutMaskIsTheSliceOfTheDenseMask) {
   const auto x = act();
   hp::LayerSpec spec{"dropout", "d"};
   spec.with_dropout(0.3);
-  hp::BuildContext dctx(config(), nullptr, hp::LayerRegistry::dense(), 1);
+  hp::BuildContext dctx(config(), one(), hp::LayerRegistry::dense(), 1);
   auto dense_layer = hp::LayerRegistry::dense().make(spec, dctx);
   at::manual_seed(5);
   const auto dense = dense_layer->forward(x);
@@ -235,7 +241,7 @@ TEST_P(SequenceParallelKinds, DropoutMaskIsTheSliceOfTheDenseMask) {
   hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
-    hp::BuildContext ctx(config(), &d, registry, 1);
+    hp::BuildContext ctx(config(), d, registry, 1);
     auto layer = registry.make(spec, ctx);
     const int r = d.group("tp").rank();
     const auto len = x.size(1) / T;
@@ -262,18 +268,18 @@ TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
   auto tokens = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(21));
   auto targets = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(22));
   auto dense_registry = hp::LayerRegistry::dense();
-  hp::BuildContext dctx(s.config, nullptr, dense_registry, 5);
+  hp::BuildContext dctx(s.config, one(), dense_registry, 5);
   auto dense = hp::build_model(desc, dctx);
-  auto dloss = dense.loss->forward(dense.forward(hp::make_activations({{"tokens", tokens}})), targets);
+  auto dloss = dense.loss->forward(dense.forward(hp::make_activations({{"tokens", tokens}})), hp::make_activations({{"labels", targets}}));
   dloss.sum.backward();
   hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
-    hp::BuildContext ctx(s.config, &d, registry, 5);
+    hp::BuildContext ctx(s.config, d, registry, 5);
     auto m = hp::build_model(desc, ctx);
     auto out = m.forward(hp::make_activations({{"tokens", tokens}}));
     EXPECT_EQ(out["logits"].size(1), 8) << "logits cover the whole sequence";
-    auto loss = m.loss->forward(out, targets);
+    auto loss = m.loss->forward(out, hp::make_activations({{"labels", targets}}));
     EXPECT_NEAR(loss.sum.item<double>(), dloss.sum.item<double>(), 1e-4);
     loss.sum.backward();
     sync_grads(d, m.params);
@@ -297,7 +303,7 @@ TEST(GradSyncGroups, SumsOverEachNamedGroup) {
       e.tensor.mutable_grad() = torch::full({3}, static_cast<double>(d.rank() + 1));
       params.push_back(e);
     }
-    hp::GradSync(&d, params, 8).all_reduce();  // 8 bytes: one tensor per bucket
+    hp::make_bucketed_reducer({8}, params, d)->reduce();  // 8 bytes: one tensor per bucket
     // Ranks 0..3 are (dp, tp) = (0,0) (0,1) (1,0) (1,1): values 1..4.
     const double dp_sum = d.coord().tp == 0 ? 1 + 3 : 2 + 4;
     const double tp_sum = d.coord().dp == 0 ? 1 + 2 : 3 + 4;

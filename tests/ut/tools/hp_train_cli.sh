@@ -48,9 +48,13 @@ grep -q '| `training.micro_batch_size` | int | `4` | no |' <<<"$out" || fail "$o
 # The unet model and the field task go together; the grid halves, so it is even.
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set model.type=unet --set model.seq_len=15 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "unet on synthetic: expected exit 2, got $rc: $out"
-grep -qF "data.type = synthetic: model.type unet regresses a field (legal: field)" <<<"$out" || fail "$out"
+grep -qF "data.type = synthetic: model 'unet' reads input 'field', which this dataset does not produce (legal: field)" <<<"$out" || fail "$out"
 grep -qF "model.seq_len = 15: unet halves the grid in its down-sample block, so it must be even (legal: an even number)" <<<"$out" || fail "$out"
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=field 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "field with gpt: expected exit 2, got $rc: $out"
-grep -qF "data.type = field: the field task needs model.type unet (it has no tokens)" <<<"$out" || fail "$out"
+grep -qF "data.type = field: model 'gpt' reads input 'tokens', which this dataset does not produce (legal: text, synthetic)" <<<"$out" || fail "$out"
+# A text corpus yields bytes: a smaller vocabulary is refused, naming the model's own key.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=text --set model.vocab_size=100 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "vocab 100 on text: expected exit 2, got $rc: $out"
+grep -qF "model.vocab_size = 100: is below 256, but data.type text yields tokens 0..255 (legal: >= 256)" <<<"$out" || fail "$out"
 echo "PASS"

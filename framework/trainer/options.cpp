@@ -1,0 +1,39 @@
+#include "framework/trainer/options.h"
+
+#include "backends/dist/context.h"
+#include "framework/config/config.h"
+
+namespace hp {
+
+RunOptions RunOptions::from(const Config& c) {
+  RunOptions o;
+  o.output_dir = c.get_string("run.output_dir");
+  o.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+  return o;
+}
+
+TrainingOptions TrainingOptions::from(const Config& c) {
+  TrainingOptions o;
+  o.max_steps = c.get_int("training.max_steps");
+  o.global_batch = c.get_int("training.global_batch_size");
+  o.micro_batch = c.get_int("training.micro_batch_size");
+  o.seq_len = c.get_int("model.seq_len");
+  o.log_interval = c.get_int("training.log_interval");
+  o.eval_interval = c.get_int("training.eval_interval");
+  o.eval_steps = c.get_int("training.eval_steps");
+  o.dump_grads_at = c.get_int("training.dump_grads_at_step");
+  return o;
+}
+
+dist::ContextOptions context_options(const Config& c) {
+  dist::ContextOptions o;
+  const std::string& backend = c.get_string("distributed.backend");
+  o.backend = backend == "auto" ? "gloo" : backend;
+  o.init_method = c.get_string("distributed.init_method");
+  o.init_file = c.get_string("distributed.init_file");
+  o.gloo_hostname = c.get_string("distributed.gloo_hostname");
+  o.timeout = std::chrono::milliseconds(static_cast<long long>(c.get_float("distributed.timeout_seconds") * 1000));
+  return o;
+}
+
+}  // namespace hp

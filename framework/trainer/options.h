@@ -1,0 +1,31 @@
+#pragma once
+// The config sections the trainer reads, each into a typed struct once
+// (as OptimizerOptions::from does), not by string lookups through the code.
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace hp {
+
+class Config;
+namespace dist {
+struct ContextOptions;
+}
+
+struct RunOptions {
+  std::string output_dir;
+  std::uint64_t seed = 0;
+  static RunOptions from(const Config& c);
+};
+
+struct TrainingOptions {
+  std::int64_t max_steps = 0, global_batch = 0, micro_batch = 0, seq_len = 0;
+  std::int64_t log_interval = 1, eval_interval = 0, eval_steps = 1, dump_grads_at = 0;
+  static TrainingOptions from(const Config& c);
+};
+
+/// distributed.* as the options of the DistributedContext ("auto" is gloo:
+/// this build has no NCCL process group).
+dist::ContextOptions context_options(const Config& c);
+
+}  // namespace hp
