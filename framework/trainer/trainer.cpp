@@ -330,6 +330,7 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
   result.losses.push_back(r.loss);
   const bool last = step + 1 == train_.max_steps;
   std::map<std::string, double> extra = r.figures;
+  extra["optimizer_state_bytes"] = static_cast<double>(optimizer_->state_bytes());
   if (train_.eval_interval > 0 && ((step + 1) % train_.eval_interval == 0 || last)) {
     StepContext hc = context(step, r.loss, &extra);
     runtime_->run_hooks(StepEvent::kEval, hc);

@@ -7,8 +7,13 @@
 
 #include "backends/dist/context.h"
 #include "framework/config/config.h"
+#include "framework/optim/grad_sync.h"
+#include "framework/optim/optimizer.h"
+#include "framework/plugin/api_hash.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
+#include "framework/util/build_info.h"
+#include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
 #include "framework/runtime/setup.h"
 
@@ -53,7 +58,7 @@ TEST(PluginLoader, NoSuchFeatureSuggestsAndSaysWhereItLooked) {
   EXPECT_NE(err.find("no such feature 'test_godo': no libhp_feature_test_godo.so in [" + kDir + "]"),
             std::string::npos) << err;
   EXPECT_NE(err.find("did you mean 'test_good'?"), std::string::npos) << err;
-  EXPECT_NE(err.find("features found: test_conflicts, test_good"), std::string::npos) << err;
+  EXPECT_NE(err.find("features found: test_collab, test_conflicts, test_good"), std::string::npos) << err;
 }
 
 TEST(PluginLoader, LibraryThatFailsToLoadShowsTheLoaderError) {
@@ -92,6 +97,17 @@ TEST(PluginLoader, ApiVersionMismatchNamesBothVersions) {
       << err;
   EXPECT_NE(err.find("needs version " + std::to_string(hp::kFeatureApiVersion)), std::string::npos)
       << err;
+}
+
+// A plugin built against other plugin-visible headers is refused even at
+// the same API version: the header hash names both sides.
+TEST(PluginLoader, ApiHashMismatchNamesBothHashes) {
+  auto err = load_error("test_stale_hash");
+  EXPECT_EQ(err, "feature 'test_stale_hash': " + kDir +
+                     "/libhp_feature_test_stale_hash.so was built against plugin headers with API hash "
+                     "0000000000000000, but this hyperparallel " + hp::build_info::version() + " has API hash " +
+                     HP_FEATURE_API_HASH + " (both at version " + std::to_string(hp::kFeatureApiVersion) +
+                     "); rebuild the plugin against this hyperparallel");
 }
 
 TEST(PluginLoader, ConstructorThatThrows) {
@@ -178,4 +194,33 @@ TEST(FeatureRuntime, SecondExecutorIsRefusedNamingBoth) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "the step executor is replaced by both 'pipeline_parallel' and 'other_feature'");
   }
+}
+
+// Every replaceable collaborator has one owner; a second is refused naming both.
+TEST(FeatureRuntime, SecondOwnerOfEachCollaboratorIsRefusedNamingBoth) {
+  auto setup = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n", "t.yaml"), 1);
+  hp::FeatureRuntime rt(setup.config, *hp::dist::DistributedContext::single());
+  auto expect_refused = [](const std::function<void()>& second, const std::string& what) {
+    try {
+      second();
+      FAIL() << "a second " << what << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "the " + what + " is replaced by both 'zero' and 'other'");
+    }
+  };
+  hp::OptimizerFactory opt = [](const hp::OptimizerOptions&, const std::vector<hp::ParamEntry>&,
+                                hp::dist::DistributedContext&) { return std::unique_ptr<hp::Optimizer>(); };
+  hp::GradReducerFactory red = [](const hp::ReducerOptions&, const std::vector<hp::ParamEntry>&,
+                                  hp::dist::DistributedContext&) { return std::unique_ptr<hp::GradReducer>(); };
+  hp::CheckpointIOFactory io = [](const hp::CheckpointOptions&, const hp::Config&, hp::dist::DistributedContext&) {
+    return std::unique_ptr<hp::CheckpointIO>();
+  };
+  EXPECT_EQ(rt.owner_of("optimizer"), "");
+  rt.set_optimizer("zero", opt);
+  rt.set_grad_reducer("zero", red);
+  rt.set_checkpoint_io("zero", io);
+  EXPECT_EQ(rt.owner_of("checkpoint IO"), "zero");
+  expect_refused([&] { rt.set_optimizer("other", opt); }, "optimizer");
+  expect_refused([&] { rt.set_grad_reducer("other", red); }, "gradient reducer");
+  expect_refused([&] { rt.set_checkpoint_io("other", io); }, "checkpoint IO");
 }

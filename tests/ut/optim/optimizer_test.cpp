@@ -1,0 +1,248 @@
+// The optimizer collaborator against torch::optim, the learning-rate
+// schedule, and the zero feature's sharded optimizer and reducer against the
+// unsharded ones on real Gloo ranks (loaded as the plugin, through the
+// runtime's extension points).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "backends/dist/context.h"
+#include "framework/config/config.h"
+#include "framework/optim/grad_sync.h"
+#include "framework/optim/optimizer.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/runtime/setup.h"
+#include "tests/support/multi_rank.h"
+
+namespace {
+
+std::vector<hp::ParamEntry> make_params(std::uint64_t seed) {
+  std::vector<hp::ParamEntry> out;
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto shape : std::vector<std::vector<std::int64_t>>{{5, 3}, {4}, {2, 7}}) {
+    hp::ParamEntry e;
+    e.spec.name = "p" + std::to_string(out.size());
+    e.spec.global_shape = shape;
+    e.tensor = torch::randn(shape, gen).requires_grad_(true);
+    out.push_back(e);
+  }
+  return out;
+}
+
+/// Gradients for step `step`, the same for both optimizers.
+void set_grads(const std::vector<hp::ParamEntry>& params, int step, std::uint64_t salt = 0) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(100 * step + i + salt);
+    params[i].tensor.mutable_grad() = torch::randn(params[i].tensor.sizes(), gen);
+  }
+}
+
+double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / (b.abs().max() + 1e-12)).item<double>();
+}
+
+void expect_like_torch(hp::OptimizerOptions o, torch::optim::Optimizer& ref, std::vector<torch::Tensor>& ref_params,
+                       double lr) {
+  auto ours = make_params(3);
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    torch::NoGradGuard g;
+    ref_params[i].copy_(ours[i].tensor);
+  }
+  auto opt = hp::make_optimizer(o, ours);
+  for (int step = 1; step <= 10; ++step) {
+    std::vector<hp::ParamEntry> theirs;
+    for (auto& t : ref_params) theirs.push_back({{}, t});
+    set_grads(ours, step);
+    set_grads(theirs, step);
+    opt->step(lr);
+    ref.step();
+  }
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_LE(max_rel(ours[i].tensor.detach(), ref_params[i].detach()), 1e-6) << ours[i].spec.name;
+  }
+  EXPECT_EQ(opt->steps_taken(), 10);
+}
+
+std::vector<torch::Tensor> leaves() {
+  std::vector<torch::Tensor> out;
+  for (auto& p : make_params(3)) out.push_back(p.tensor.detach().clone().requires_grad_(true));
+  return out;
+}
+
+}  // namespace
+
+TEST(Optimizer, SgdWithMomentumMatchesTorch) {
+  auto p = leaves();
+  torch::optim::SGD ref(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01));
+  hp::OptimizerOptions o;
+  o.kind = hp::OptimizerKind::kSgd;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  expect_like_torch(o, ref, p, 0.05);
+}
+
+TEST(Optimizer, AdamMatchesTorch) {
+  auto p = leaves();
+  torch::optim::Adam ref(p, torch::optim::AdamOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  hp::OptimizerOptions o;
+  o.kind = hp::OptimizerKind::kAdam;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  expect_like_torch(o, ref, p, 1e-2);
+}
+
+TEST(Optimizer, AdamWMatchesTorch) {
+  auto p = leaves();
+  torch::optim::AdamW ref(p, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.1));
+  hp::OptimizerOptions o;
+  o.kind = hp::OptimizerKind::kAdamW;
+  o.weight_decay = 0.1;
+  expect_like_torch(o, ref, p, 1e-2);
+}
+
+TEST(Optimizer, StateIsNamedByKindAndParameter) {
+  auto params = make_params(1);
+  hp::OptimizerOptions o;
+  auto opt = hp::make_optimizer(o, params);
+  auto st = opt->state();
+  ASSERT_EQ(st.size(), 6u);
+  EXPECT_EQ(st[0].spec.name, "exp_avg/p0");
+  EXPECT_EQ(st[1].spec.name, "exp_avg_sq/p0");
+  EXPECT_EQ(opt->state_bytes(), 2 * (15 + 4 + 14) * 4);
+  o.kind = hp::OptimizerKind::kSgd;
+  EXPECT_TRUE(hp::make_optimizer(o, params)->state().empty()) << "plain SGD keeps no state";
+}
+
+TEST(LearningRate, WarmupThenCosineToTheFloor) {
+  hp::ScheduleOptions s;
+  s.lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup_steps = 4;
+  s.max_steps = 14;
+  EXPECT_DOUBLE_EQ(hp::learning_rate(s, 0), 0.25);
+  EXPECT_DOUBLE_EQ(hp::learning_rate(s, 3), 1.0);
+  EXPECT_DOUBLE_EQ(hp::learning_rate(s, 4), 1.0);
+  EXPECT_NEAR(hp::learning_rate(s, 9), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
+  EXPECT_NEAR(hp::learning_rate(s, 14), 0.1, 1e-12);
+  EXPECT_NEAR(hp::learning_rate(s, 20), 0.1, 1e-12) << "stays at the floor past max_steps";
+  s.cosine = false;
+  EXPECT_DOUBLE_EQ(hp::learning_rate(s, 1), 0.5);
+  EXPECT_DOUBLE_EQ(hp::learning_rate(s, 9), 1.0);
+}
+
+// ---- zero: the plugin through the runtime's collaborator slots ---------------
+
+namespace {
+
+hp::Setup zero_setup() {
+  return hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\nfeatures: {zero: {enabled: true}}\n", "z"),
+                     1);
+}
+
+/// Parameters of one rank of a (dp, tp) mesh: p0 split over tp on dim 1,
+/// p1 whole, p2 split over tp on dim 0 (uneven), p3 a bias summed over tp
+/// then dp (sequence parallel's replicated parameters).
+std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
+  std::vector<hp::ParamEntry> out;
+  const int T = d.group("tp").size(), t = d.group("tp").rank();
+  auto full = [](std::vector<std::int64_t> shape, std::uint64_t seed) {
+    return torch::randn(shape, torch::make_generator<at::CPUGeneratorImpl>(seed));
+  };
+  auto add = [&](const std::string& name, torch::Tensor whole, int dim, const std::string& sync) {
+    hp::ParamEntry e;
+    e.spec.name = name;
+    e.spec.global_shape = whole.sizes().vec();
+    e.spec.grad_sync_group = sync;
+    torch::Tensor local = whole;
+    if (dim >= 0 && T > 1) {
+      auto [off, len] = hp::split_range(whole.size(dim), T, t);
+      e.spec.split_dim = dim;
+      e.spec.offset = off;
+      e.spec.length = len;
+      e.spec.split_group = "tp";
+      local = whole.narrow(dim, off, len);
+    }
+    e.tensor = local.clone().requires_grad_(true);
+    out.push_back(e);
+  };
+  add("p0", full({6, 8}, 1), 1, "dp");
+  add("p1", full({5}, 2), -1, "dp");
+  add("p2", full({7, 3}, 3), 0, "dp");
+  add("p3", full({9}, 4), -1, "tp+dp");
+  return out;
+}
+
+}  // namespace
+
+TEST(Zero, ShardedStepEqualsTheUnshardedStepAtDp2AndDp2Tp2) {
+  for (auto mesh : {hp::dist::ProcessMesh(1, 2, 1), hp::dist::ProcessMesh(1, 2, 2), hp::dist::ProcessMesh(1, 4, 1)}) {
+    static hp::Setup setup = zero_setup();
+    ASSERT_EQ(setup.features.size(), 1u);
+    hp::test::run_ranks(mesh, [&](hp::dist::DistributedContext& d) {
+      auto ref = mesh_params(d);
+      auto ours = mesh_params(d);
+      hp::OptimizerOptions o;
+      o.weight_decay = 0.1;
+      auto ref_opt = hp::make_optimizer(o, ref);
+      auto ref_red = hp::make_bucketed_reducer({64}, ref, d);
+      hp::FeatureRuntime rt(setup.config, d);
+      rt.install(setup.features);
+      EXPECT_EQ(rt.owner_of("optimizer"), "zero");
+      EXPECT_EQ(rt.owner_of("gradient reducer"), "zero");
+      auto opt = rt.optimizer_factory()(o, ours, d);
+      auto red = rt.grad_reducer_factory()(hp::ReducerOptions{64}, ours, d);
+      for (int step = 1; step <= 3; ++step) {
+        set_grads(ref, step, static_cast<std::uint64_t>(1000 * d.rank()));
+        set_grads(ours, step, static_cast<std::uint64_t>(1000 * d.rank()));
+        ref_red->reduce();
+        red->reduce();
+        const double ref_norm = ref_red->clip(1.0);
+        const double norm = red->clip(1.0);
+        EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm) << "global norm at step " << step;
+        ref_opt->step(1e-2);
+        opt->step(1e-2);
+      }
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_LE(max_rel(ours[i].tensor.detach(), ref[i].tensor.detach()), 1e-6) << ref[i].spec.name << " on rank "
+                                                                                    << d.rank();
+      }
+      // Each replica keeps about 1/dp of the state; slices are ranges of
+      // the global tensor, named as the unsharded state is.
+      const double share = static_cast<double>(opt->state_bytes()) / static_cast<double>(ref_opt->state_bytes());
+      EXPECT_NEAR(share, 1.0 / d.group("dp").size(), 0.15) << mesh.shape();
+      auto st = opt->state();
+      ASSERT_EQ(st.size(), ref_opt->state().size());
+      EXPECT_EQ(st[0].spec.name, "exp_avg/p0");
+      if (d.group("dp").size() > 1) {
+        EXPECT_EQ(st[0].spec.split_group, d.group("tp").size() > 1 ? "tp+dp" : "dp");
+        EXPECT_EQ(st[2].spec.split_group, "dp") << "a whole parameter is cut along dimension 0";
+      }
+    });
+  }
+}
+
+// The reduced gradients the zero reducer reports reassemble (through their
+// ShardSpecs) into the unsharded reducer's.
+TEST(Zero, ReportedGradientSlicesTileTheFullGradient) {
+  static hp::Setup setup = zero_setup();
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 2, 1), [&](hp::dist::DistributedContext& d) {
+    auto ref = mesh_params(d);
+    auto ours = mesh_params(d);
+    hp::FeatureRuntime rt(setup.config, d);
+    rt.install(setup.features);
+    hp::OptimizerOptions o;
+    auto opt = rt.optimizer_factory()(o, ours, d);
+    auto red = rt.grad_reducer_factory()(hp::ReducerOptions{1 << 20}, ours, d);
+    auto ref_red = hp::make_bucketed_reducer({1 << 20}, ref, d);
+    set_grads(ref, 1, static_cast<std::uint64_t>(d.rank()));
+    set_grads(ours, 1, static_cast<std::uint64_t>(d.rank()));
+    ref_red->reduce();
+    red->reduce();
+    auto grads = red->gradients();
+    ASSERT_EQ(grads.size(), ref.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const auto& s = grads[i].spec;
+      auto expect = ref[i].tensor.grad().narrow(s.split_dim, s.offset, s.length);
+      EXPECT_TRUE(torch::allclose(grads[i].tensor, expect, 1e-6, 1e-7)) << s.name;
+    }
+  });
+}
