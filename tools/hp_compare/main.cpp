@@ -120,6 +120,16 @@ int main(int argc, char** argv) {
           grads_ok = false;
         }
       }
+      for (const auto& [name, tb] : gb) {
+        if (!ga.count(name)) {
+          std::printf("gradient %s missing from the reference\n", name.c_str());
+          grads_ok = false;
+        }
+      }
+      if (ga.empty()) {
+        std::printf("FAIL: no gradients to compare in %s\n", (ref + sub).c_str());
+        grads_ok = false;
+      }
       std::printf("compared %zu gradients of step %lld, max relative error %.3e (%s)\n", ga.size(),
                   static_cast<long long>(grads_step), gworst, gworst_name.c_str());
     }
