@@ -90,15 +90,34 @@ void zero_gradients(const std::vector<ParamEntry>& params) {
   }
 }
 
+std::vector<ParamEntry> named_state(const OptimizerOptions& o, const std::vector<ShardSpec>& specs,
+                                    const std::vector<std::vector<at::Tensor>>& state) {
+  std::vector<ParamEntry> out;
+  const auto names = o.state_names();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      ParamEntry e{specs[i], state[i][k]};
+      e.spec.name = names[k] + "/" + specs[i].name;
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> fresh_state(const OptimizerOptions& o, const at::Tensor& like) {
+  std::vector<at::Tensor> s;
+  for (std::size_t k = 0; k < o.state_names().size(); ++k) s.push_back(at::zeros_like(like));
+  return s;
+}
+
 namespace {
 
 class LocalOptimizer : public Optimizer {
  public:
   LocalOptimizer(OptimizerOptions o, std::vector<ParamEntry> params) : o_(o), params_(std::move(params)) {
     for (const auto& p : params_) {
-      std::vector<at::Tensor> s;
-      for (std::size_t k = 0; k < o_.state_names().size(); ++k) s.push_back(at::zeros_like(p.tensor));
-      state_.push_back(std::move(s));
+      state_.push_back(fresh_state(o_, p.tensor));
+      specs_.push_back(p.spec);
     }
   }
   void step(double lr) override {
@@ -112,22 +131,12 @@ class LocalOptimizer : public Optimizer {
   void zero_grad() override { zero_gradients(params_); }
   std::int64_t steps_taken() const override { return steps_; }
   void set_steps_taken(std::int64_t s) override { steps_ = s; }
-  std::vector<ParamEntry> state() override {
-    std::vector<ParamEntry> out;
-    const auto names = o_.state_names();
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      for (std::size_t k = 0; k < names.size(); ++k) {
-        ParamEntry e{params_[i].spec, state_[i][k]};
-        e.spec.name = names[k] + "/" + params_[i].spec.name;
-        out.push_back(e);
-      }
-    }
-    return out;
-  }
+  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
 
  private:
   OptimizerOptions o_;
   std::vector<ParamEntry> params_;
+  std::vector<ShardSpec> specs_;
   std::vector<std::vector<at::Tensor>> state_;
   std::int64_t steps_ = 0;
 };

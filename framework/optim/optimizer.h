@@ -63,6 +63,13 @@ class Optimizer {
   std::int64_t state_bytes();
 };
 
+/// State entries named "<kind>/<param name>" (Optimizer::state): for each
+/// i, state[i][k] is state_names()[k] of the tensor `specs[i]` describes.
+std::vector<ParamEntry> named_state(const OptimizerOptions& o, const std::vector<ShardSpec>& specs,
+                                    const std::vector<std::vector<at::Tensor>>& state);
+/// Zeroed state tensors shaped like `like`, one per state_names() entry.
+std::vector<at::Tensor> fresh_state(const OptimizerOptions& o, const at::Tensor& like);
+
 /// Every parameter's state on this rank (no sharding).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<ParamEntry>& params);
 

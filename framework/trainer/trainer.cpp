@@ -367,6 +367,9 @@ FitResult TrainingRun::fit() {
   }
   result.last_step = train_.max_steps;
   result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
+  // Every rank says what it holds, so sharding is visible per rank.
+  log::logger()->info("this rank: optimizer state {} bytes, peak resident memory {:.1f} MiB",
+                      optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0));
   ctx_->group("world").barrier();
   return result;
 }

@@ -123,7 +123,7 @@ struct Shards {
       auto& g = dist->group(cuts[bucket.front()].shard_group);
       const int n = g.size();
       if (n == 1) {
-        for (std::size_t i : bucket) cuts[i].slice_grad.copy_(cuts[i].param.tensor.grad());
+        for (std::size_t i : bucket) cuts[i].slice_grad = cuts[i].param.tensor.grad();
         continue;
       }
       // Member-major: every member's slices of every parameter, in bucket order.
@@ -142,11 +142,12 @@ struct Shards {
       // Sum in member order, so every replica adds in the same order.
       at::Tensor sum = got[0].clone();
       for (int m = 1; m < n; ++m) sum.add_(got[m]);
+      // The slices' gradients are views into the summed bucket (no copy).
       std::int64_t off = 0;
       for (std::size_t i : bucket) {
         auto& c = cuts[i];
         const std::int64_t k = c.numel_of(c.me);
-        c.slice_grad.copy_(sum.narrow(0, off, k).view(c.slice_grad.sizes()));
+        c.slice_grad = sum.narrow(0, off, k).view(c.slice_grad.sizes());
         off += k;
       }
     }
@@ -210,9 +211,9 @@ class ZeroOptimizer : public Optimizer {
  public:
   ZeroOptimizer(OptimizerOptions o, std::shared_ptr<Shards> s) : o_(o), s_(std::move(s)) {
     for (const auto& c : s_->cuts) {
-      std::vector<at::Tensor> st;
-      for (std::size_t k = 0; k < o_.state_names().size(); ++k) st.push_back(at::zeros_like(c.slice_grad));
-      state_.push_back(std::move(st));
+      state_.push_back(fresh_state(o_, c.slice_grad));
+      specs_.push_back(c.slice_spec);
+      specs_.back().name = c.param.spec.name;
     }
   }
   void step(double lr) override {
@@ -233,22 +234,12 @@ class ZeroOptimizer : public Optimizer {
   }
   std::int64_t steps_taken() const override { return steps_; }
   void set_steps_taken(std::int64_t s) override { steps_ = s; }
-  std::vector<ParamEntry> state() override {
-    std::vector<ParamEntry> out;
-    const auto names = o_.state_names();
-    for (std::size_t i = 0; i < s_->cuts.size(); ++i) {
-      for (std::size_t k = 0; k < names.size(); ++k) {
-        ParamEntry e{s_->cuts[i].slice_spec, state_[i][k]};
-        e.spec.name = names[k] + "/" + s_->cuts[i].param.spec.name;
-        out.push_back(e);
-      }
-    }
-    return out;
-  }
+  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
 
  private:
   OptimizerOptions o_;
   std::shared_ptr<Shards> s_;
+  std::vector<ShardSpec> specs_;
   std::vector<std::vector<at::Tensor>> state_;
   std::int64_t steps_ = 0;
 };

@@ -24,4 +24,7 @@ check 0004-tensor-parallel.md "$tp"
 printf 'data: {type: synthetic}\nfeatures: {pipeline_parallel: {enabled: true}}\n' > "$dir/p.yaml"
 pp=$("$HP_TRAIN" "$dir/p.yaml" --nproc 2 --options-markdown | grep '^| `features.pipeline_parallel') || fail "pp options"
 check 0005-pipeline-parallel.md "$pp"
+printf 'data: {type: synthetic}\nfeatures: {zero: {enabled: true}}\n' > "$dir/z.yaml"
+zr=$("$HP_TRAIN" "$dir/z.yaml" --nproc 2 --options-markdown | grep '^| `features.zero') || fail "zero options"
+check 0006-zero.md "$zr"
 echo PASS
