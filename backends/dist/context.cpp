@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backends/dist/detail/pg_handle.h"
+#include "backends/dist/flight_recorder.h"
 
 namespace hp::dist {
 
@@ -91,6 +92,8 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
     }
   }
 
+  if (options.flight_entries > 0) ctx->recorder_ = std::make_shared<flight::Recorder>(env.rank, options.flight_entries);
+
   std::string host = options.gloo_hostname;
   if (host.empty()) host = is_local_address(env.master_addr) ? "127.0.0.1" : "";
 
@@ -122,6 +125,10 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
         }
       }
       ctx->groups_[name] = std::make_unique<Group>(name, members, env.rank, handle, options.timeout);
+      if (ctx->recorder_ && members.size() > 1) {
+        ctx->groups_[name]->set_recorder(ctx->recorder_);
+        ctx->recorder_->add_group(name, members);
+      }
     }
   }
   return ctx;

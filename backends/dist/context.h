@@ -25,6 +25,8 @@ struct ContextOptions {
   /// this host's name.
   std::string gloo_hostname;
   std::chrono::milliseconds timeout{300000};
+  /// Operations each rank keeps in its flight recorder (0: no recorder).
+  std::size_t flight_entries = 4096;
 
   ContextOptions& with_backend(std::string b) { backend = std::move(b); return *this; }
   ContextOptions& with_file(std::string f) { init_method = "file"; init_file = std::move(f); return *this; }
@@ -56,12 +58,15 @@ class DistributedContext {
   /// The group of a role that has one (partition, replicate).
   Group& group(MeshRole role) { return group(ProcessMesh::role_group(role)); }
   const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
+  /// This rank's flight recorder (null when ContextOptions::flight_entries is 0).
+  const std::shared_ptr<flight::Recorder>& recorder() const { return recorder_; }
 
  private:
   DistributedContext() = default;
   DistEnv env_;
   ProcessMesh mesh_;
   std::map<std::string, std::unique_ptr<Group>> groups_;
+  std::shared_ptr<flight::Recorder> recorder_;
   struct StoreHolder;
   std::unique_ptr<StoreHolder> store_;
 };

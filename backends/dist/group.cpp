@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include "backends/dist/detail/pg_handle.h"
+#include "backends/dist/flight_recorder.h"
 
 #include <algorithm>
 #include <chrono>
@@ -61,20 +62,25 @@ void Group::fail(const std::string& op, const std::string& cause) const {
 }
 
 template <typename Start>
-void Group::run(const std::string& op, std::uint64_t bytes, Start&& start) {
+void Group::run(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind, int peer) {
   const auto t0 = std::chrono::steady_clock::now();
+  const std::string short_op = op.substr(0, op.find(' '));
+  const std::uint64_t id = recorder_ ? recorder_->issue(name_, short_op, kind, peer, bytes) : 0;
   try {
     c10::intrusive_ptr<c10d::Work> work = start(*pg_->pg);
     work->wait(timeout_);
   } catch (const CommError&) {
+    if (recorder_) recorder_->finish(id, false);
     throw;
   } catch (const std::exception& e) {
+    if (recorder_) recorder_->finish(id, false);
     std::string what = e.what();
     // c10 errors carry a C++ backtrace after the first line; keep the cause.
     auto nl = what.find('\n');
     fail(op, nl == std::string::npos ? what : what.substr(0, nl));
   }
-  auto& s = stats_[op.substr(0, op.find(' '))];
+  if (recorder_) recorder_->finish(id, true);
+  auto& s = stats_[short_op];
   s.calls += 1;
   s.bytes += bytes;
   s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -87,7 +93,7 @@ void Group::all_reduce(at::Tensor& t, ReduceKind op) {
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = timeout_;
-  run("all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); });
+  run("all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); }, flight::Kind::kCollective);
   if (op == ReduceKind::kAvg) buf.div_(size());
   if (!buf.is_same(t)) t.copy_(buf);
 }
@@ -99,7 +105,7 @@ void Group::broadcast(at::Tensor& t, int root) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = timeout_;
-  run("broadcast", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.broadcast(v, o); });
+  run("broadcast", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.broadcast(v, o); }, flight::Kind::kCollective);
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
@@ -111,7 +117,7 @@ std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
   std::vector<at::Tensor> inputs{in};
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
-  run("all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1), [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); });
+  run("all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1), [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); }, flight::Kind::kCollective);
   return out[0];
 }
 
@@ -142,7 +148,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKi
   std::vector<std::int64_t> counts;  // empty -> even split
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
-  run("reduce_scatter", nbytes(send) / n * (n - 1), [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(recv, send, counts, counts, o); });
+  run("reduce_scatter", nbytes(send) / n * (n - 1), [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(recv, send, counts, counts, o); }, flight::Kind::kCollective);
   at::Tensor out;
   switch (op) {
     case ReduceKind::kMax: out = std::get<0>(recv.max(0)); break;
@@ -181,7 +187,7 @@ at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t
   o.timeout = timeout_;
   const std::int64_t row = t.size(0) ? static_cast<std::int64_t>(nbytes(in)) / t.size(0) : 0;
   run("all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
-      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); });
+      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); }, flight::Kind::kCollective);
   return out;
 }
 
@@ -189,19 +195,20 @@ void Group::send(const at::Tensor& t, int dst, int tag) {
   at::Tensor buf = t.contiguous();
   std::vector<at::Tensor> v{buf};
   run("send to member " + std::to_string(dst), nbytes(buf),
-      [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); });
+      [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); }, flight::Kind::kSend, dst);
 }
 
 void Group::recv(at::Tensor& t, int src, int tag) {
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
-  run("recv from member " + std::to_string(src), 0, [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); });
+  run("recv from member " + std::to_string(src), 0, [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); }, flight::Kind::kRecv, src);
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
 struct PendingSend::Impl {
   Group* group;
   int dst;
+  std::uint64_t flight_id = 0;
   at::Tensor buf;
   c10::intrusive_ptr<c10d::Work> work;
   bool waited = false;
@@ -226,7 +233,9 @@ void PendingSend::wait() {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     impl_->work->wait(g.timeout_);
+    if (g.recorder_) g.recorder_->finish(impl_->flight_id, true);
   } catch (const std::exception& e) {
+    if (g.recorder_) g.recorder_->finish(impl_->flight_id, false);
     std::string what = e.what();
     auto nl = what.find('\n');
     g.fail("send to member " + std::to_string(impl_->dst), nl == std::string::npos ? what : what.substr(0, nl));
@@ -240,6 +249,7 @@ std::unique_ptr<PendingSend> Group::isend(const at::Tensor& t, int dst, int tag)
   impl->dst = dst;
   impl->buf = t.contiguous();
   std::vector<at::Tensor> v{impl->buf};
+  if (recorder_) impl->flight_id = recorder_->issue(name_, "send", flight::Kind::kSend, dst, nbytes(impl->buf));
   try {
     impl->work = pg_->pg->send(v, dst, tag);
   } catch (const std::exception& e) {
@@ -257,7 +267,7 @@ void Group::barrier() {
   if (size() == 1) return;
   c10d::BarrierOptions o;
   o.timeout = timeout_;
-  run("barrier", 0, [&](c10d::ProcessGroup& pg) { return pg.barrier(o); });
+  run("barrier", 0, [&](c10d::ProcessGroup& pg) { return pg.barrier(o); }, flight::Kind::kCollective);
 }
 
 }  // namespace hp::dist

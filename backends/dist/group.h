@@ -19,6 +19,10 @@
 namespace hp::dist {
 
 struct PgHandle;  // detail/pg_handle.h
+namespace flight {
+class Recorder;  // flight_recorder.h
+enum class Kind;
+}
 
 class CommError : public std::runtime_error {
  public:
@@ -96,6 +100,8 @@ class Group {
   void barrier();
 
   const std::map<std::string, OpStats>& stats() const { return stats_; }
+  /// Records every operation of this group in `recorder` (null: none).
+  void set_recorder(std::shared_ptr<flight::Recorder> recorder) { recorder_ = std::move(recorder); }
 
  private:
   friend class PendingSend;
@@ -103,7 +109,7 @@ class Group {
   /// Starts an op with `start()` (returning c10d work), waits with the
   /// timeout, records stats; any failure becomes a CommError.
   template <typename Start>
-  void run(const std::string& op, std::uint64_t bytes, Start&& start);
+  void run(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind, int peer = -1);
   std::string name_;
   std::vector<int> ranks_;
   int my_global_rank_;
@@ -111,6 +117,7 @@ class Group {
   std::shared_ptr<PgHandle> pg_;
   std::chrono::milliseconds timeout_;
   std::map<std::string, OpStats> stats_;
+  std::shared_ptr<flight::Recorder> recorder_;
 };
 
 }  // namespace hp::dist

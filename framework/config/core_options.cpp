@@ -83,6 +83,19 @@ void declare_core_options(Schema& s) {
       .describe("Timeout of every collective and of rendezvous.");
   s.add_float("distributed.bucket_size_mb", 25.0).range(0.001, 4096.0)
       .describe("Gradient all-reduce bucket size.");
+  s.add_bool("distributed.flight_recorder", true)
+      .describe("Record every collective and stage message (a ring per rank), publish heartbeats to "
+                "<run.output_dir>/flight/, name the rank behind on a stall, and write flight/rank<R>.json on a failure.");
+  s.add_int("distributed.flight_entries", 4096).range(16, 1e7)
+      .describe("Operations each rank's flight recorder keeps (the oldest are overwritten).");
+  s.add_float("distributed.heartbeat_seconds", 1.0).range(0.05, 60.0)
+      .describe("Seconds between a rank's heartbeats (its progress per group and current action).");
+  s.add_float("distributed.stall_seconds", 30.0).range(0.1, 86400.0)
+      .describe("A rank that has waited this long in one collective or stage receive reports which rank is behind.")
+      .note("must be below distributed.timeout_seconds");
+  s.add_enum("distributed.on_stall", "warn", {"warn", "abort"})
+      .describe("On a stall: warn (report, keep waiting until the timeout) or abort (report, write the flight "
+                "record and end the job).");
   s.add_enum("distributed.init_method", "env", {"env", "file"})
       .describe("`env`: TCPStore at MASTER_ADDR:MASTER_PORT; `file`: FileStore at distributed.init_file.");
   s.add_string("distributed.init_file", "").describe("FileStore path for init_method: file.");
@@ -153,6 +166,15 @@ void declare_core_options(Schema& s) {
         c.get_string("distributed.init_file").empty()) {
       e.add("distributed.init_file", "\"\"", "is required when distributed.init_method is file",
             "a path on a file system every rank can see");
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"distributed.stall_seconds", "distributed.timeout_seconds"})) return;
+    if (c.get_float("distributed.stall_seconds") >= c.get_float("distributed.timeout_seconds")) {
+      e.add("distributed.stall_seconds", to_string(c.value("distributed.stall_seconds")),
+            "must be below distributed.timeout_seconds = " + to_string(c.value("distributed.timeout_seconds")) +
+                " (a stall is reported while the others still wait)",
+            "less than " + to_string(c.value("distributed.timeout_seconds")));
     }
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "backends/dist/flight_recorder.h"
 #include "framework/model/aux_loss.h"
 
 namespace hp {
@@ -27,6 +28,8 @@ class SequentialExecutor : public StepExecutor {
     StepReport r;
     c10::AutoGradMode grad(work.backward);
     for (std::int64_t mb = 0; mb < work.micro_batches; ++mb) {
+      namespace flight = dist::flight;
+      flight::set_phase(work.backward ? flight::Phase::kForward : flight::Phase::kEval, static_cast<int>(mb));
       Batch b = work.batch(mb);
       AuxLossScope aux;
       auto out = model.forward(b.inputs);
@@ -34,6 +37,7 @@ class SequentialExecutor : public StepExecutor {
       at::Tensor extra = take_aux_losses(aux, work.loss_scale, r);
       if (work.after_forward) work.after_forward();
       if (work.backward) {
+        flight::set_phase(flight::Phase::kBackward, static_cast<int>(mb));
         at::Tensor total = lo.sum * work.loss_scale;
         if (extra.defined()) total = total + extra;
         total.backward();

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backends/dist/context.h"
+#include "backends/dist/flight_recorder.h"
 #include "checkpoint/safetensors.h"
 #include "framework/data/dataset.h"
 #include "framework/logging/logging.h"
@@ -77,6 +78,8 @@ class TrainingRun {
   explicit TrainingRun(const RawConfig& raw);
   ~TrainingRun();
   FitResult fit();
+  /// Writes this rank's flight record after a failure; logs where.
+  void record_failure(const std::string& reason);
 
  private:
   void setup_process();
@@ -101,6 +104,7 @@ class TrainingRun {
   OptimizerOptions optim_;
   CheckpointOptions ckpt_;
   std::shared_ptr<dist::DistributedContext> ctx_;
+  std::unique_ptr<dist::flight::Watchdog> watchdog_;
   std::unique_ptr<TrainingMetrics> metrics_;
   std::unique_ptr<FeatureRuntime> runtime_;
   std::shared_ptr<StepExecutor> executor_;  // may hold plugin code: after runtime
@@ -126,6 +130,7 @@ TrainingRun::TrainingRun(const RawConfig& raw) {
 }
 
 TrainingRun::~TrainingRun() {
+  watchdog_.reset();
   checkpoint_.reset();
   reducer_.reset();
   optimizer_.reset();
@@ -150,7 +155,18 @@ void TrainingRun::setup_process() {
   // Data first: a missing or empty corpus is refused before anything starts.
   data_ = make_dataset(c);
   const dist::ContextOptions opts = context_options(c);
+  dist::flight::set_action({});
   ctx_ = dist::DistributedContext::create(env_, setup_.mesh, opts);
+  if (ctx_->recorder()) {
+    dist::flight::WatchOptions wo;
+    wo.dir = run_.output_dir + "/flight";
+    wo.heartbeat_seconds = c.get_float("distributed.heartbeat_seconds");
+    wo.stall_seconds = c.get_float("distributed.stall_seconds");
+    wo.abort_on_stall = c.get_string("distributed.on_stall") == "abort";
+    watchdog_ = std::make_unique<dist::flight::Watchdog>(ctx_->recorder(), wo,
+                                                         [log](const std::string& line) { log->warn("{}", line); });
+    dist::flight::dump_on_sigterm();
+  }
   if (rank0()) {
     std::filesystem::create_directories(run_.output_dir);
     std::ofstream(run_.output_dir + "/config.yaml") << c.to_yaml();
@@ -231,8 +247,17 @@ void TrainingRun::sum_globally(at::Tensor& values) {
   ctx_->group(dist::MeshRole::kPartition).all_reduce(values);
 }
 
+void TrainingRun::record_failure(const std::string& reason) {
+  if (!watchdog_) return;
+  const std::string path = watchdog_->dump(reason.substr(0, reason.find('\n')));
+  if (!path.empty()) log::logger()->error("flight record written to {}", path);
+}
+
 StepResult TrainingRun::step(std::int64_t step) {
+  namespace flight = dist::flight;
   const auto t0 = Clock::now();
+  flight::set_step(step);
+  flight::set_phase(flight::Phase::kForward);
   StepResult r;
   StepContext hc = context(step, 0.0, &r.figures);
   runtime_->run_hooks(StepEvent::kStepBegin, hc);
@@ -252,6 +277,7 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
   StepReport report = executor_->run(model_, work);
   runtime_->run_hooks(StepEvent::kAfterBackward, hc);
+  flight::set_phase(flight::Phase::kGradSync);
   reducer_->reduce();
   if (step + 1 == train_.dump_grads_at) dump_gradients(step + 1);
   // The main loss and every declared auxiliary loss in one collective.
@@ -268,13 +294,16 @@ StepResult TrainingRun::step(std::int64_t step) {
   r.lr = learning_rate(schedule_, step);
   hc.loss = r.loss;
   runtime_->run_hooks(StepEvent::kBeforeOptimizerStep, hc);
+  flight::set_phase(flight::Phase::kOptimizer);
   optimizer_->step(r.lr);
   runtime_->run_hooks(StepEvent::kStepEnd, hc);
+  flight::set_phase(flight::Phase::kIdle);
   r.seconds = seconds_since(t0);
   return r;
 }
 
 double TrainingRun::evaluate() {
+  dist::flight::set_phase(dist::flight::Phase::kEval);
   const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
   for (auto& b : model_.blocks) b->eval();
   StepWork work;
@@ -311,6 +340,7 @@ void TrainingRun::save(std::int64_t step) {
   std::map<std::string, double> none;
   StepContext hc = context(step - 1, 0.0, &none);
   runtime_->run_hooks(StepEvent::kSave, hc);
+  dist::flight::set_phase(dist::flight::Phase::kCheckpoint);
   const auto t0 = Clock::now();
   SavedState s{step, rng_state_hex(), optimizer_->steps_taken(), tokens_total_, samples_total_};
   checkpoint_->save(step, model_.params, optimizer_->state(), s);
@@ -378,7 +408,12 @@ FitResult TrainingRun::fit() {
 
 FitResult Trainer::fit() {
   TrainingRun run(raw_);
-  return run.fit();
+  try {
+    return run.fit();
+  } catch (const std::exception& e) {
+    run.record_failure(std::string("exception: ") + e.what());
+    throw;
+  }
 }
 
 }  // namespace hp

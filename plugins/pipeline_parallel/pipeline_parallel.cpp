@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "backends/dist/context.h"
+#include "backends/dist/flight_recorder.h"
 #include "backends/dist/group.h"
 #include "backends/dist/mesh.h"
 #include "framework/config/config.h"
@@ -123,8 +124,14 @@ class PipelineExecutor : public StepExecutor {
     if (w.backward) pp_.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     link_.take_wait_seconds();
+    dist::flight::set_where("pipeline stage " + std::to_string(stage_));
     for (const Action& a : actions) {
       const int c = a.chunk, mb = a.mb;
+      const bool fwd = a.kind == Action::Kind::kForward;
+      dist::flight::set_phase(!w.backward ? dist::flight::Phase::kEval
+                              : fwd       ? dist::flight::Phase::kForward
+                                          : dist::flight::Phase::kBackward,
+                              mb, c);
       if (a.kind == Action::Kind::kForward) {
         InFlight st;
         if (c == 0) {

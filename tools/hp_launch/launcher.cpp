@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -545,6 +546,7 @@ class Job {
         }
       }
       if (workers_.size() > 1) say("other ranks: " + fates(&w));
+      say_flight_records();
       return exit_code_of(w.status);
     }
     if (launch_failed_) return 1;
@@ -553,6 +555,30 @@ class Job {
       return 128 + interrupt_signal_;
     }
     return 0;
+  }
+
+  /// Names the flight records the workers wrote, and the command that
+  /// compares them.
+  void say_flight_records() const {
+    std::string dir = options_.flight_dir;
+    if (dir.empty()) {
+      if (const char* env = std::getenv("HP_FLIGHT_DIR")) dir = env;
+    }
+    if (dir.empty()) return;
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("rank", 0) == 0 && e.path().extension() == ".json") files.push_back(f);
+    }
+    if (files.empty()) {
+      say("no flight records in " + dir);
+      return;
+    }
+    std::sort(files.begin(), files.end());
+    std::string list;
+    for (const auto& f : files) list += (list.empty() ? "" : ", ") + f;
+    say("flight records in " + dir + ": " + list + "; compare them with: hp-flight " + dir);
   }
 
   const LaunchOptions& options_;
@@ -587,6 +613,10 @@ void add_flags(CLI::App& app, LaunchOptions& o) {
   app.add_option("--tail-lines", o.tail_lines,
                  "output lines of a failed rank to repeat in the summary (default 20)")
       ->type_name("L");
+  app.add_option("--flight-dir", o.flight_dir,
+                 "where the workers write flight records on a failure; the summary lists them "
+                 "(default: $HP_FLIGHT_DIR)")
+      ->type_name("DIR");
 }
 
 constexpr const char* kDescription =

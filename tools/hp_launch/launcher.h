@@ -25,6 +25,10 @@ struct LaunchOptions {
   int threads_per_worker = 0;
   /// How many of the failed rank's last output lines the failure summary repeats.
   int tail_lines = 20;
+  /// Where the workers write their flight records on a failure
+  /// (<run.output_dir>/flight); the failure summary lists them. "" also
+  /// reads HP_FLIGHT_DIR.
+  std::string flight_dir;
 };
 
 /// A mistake in the command line or in LaunchOptions. what() names the flag, the value and the

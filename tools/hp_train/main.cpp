@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
     }
     hp::launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
+    if (setup.config.get_bool("distributed.flight_recorder")) {
+      lo.flight_dir = setup.config.get_string("run.output_dir") + "/flight";
+    }
     return hp::launch::run(lo, cmd);
   }
 
