@@ -15,6 +15,7 @@ check() {  # RFC FILE, rows
 }
 core=$("$HP_TRAIN" --options-markdown | grep '^| `') || fail "options-markdown failed"
 check 0001-config-and-plugins.md "$core"
+check 0007-flight-recorder.md "$(grep -E '^\| `distributed\.(flight_recorder|flight_entries|heartbeat_seconds|stall_seconds|on_stall)`' <<<"$core")"
 printf 'features: {recompute: {enabled: true}}\n' > "$dir/r.yaml"
 rec=$("$HP_TRAIN" "$dir/r.yaml" --options-markdown | grep '^| `features.recompute') || fail "recompute options"
 check 0003-recompute.md "$rec"
