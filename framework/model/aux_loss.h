@@ -14,11 +14,19 @@
 namespace hp {
 
 void add_aux_loss(const std::string& name, const at::Tensor& sum);
+/// True while a step's forward collects auxiliary losses on this thread
+/// (false in evaluation and in a forward replayed by recompute).
+bool aux_loss_collecting();
+/// True inside a replayed forward (recompute); statistics must not count twice.
+bool aux_loss_replaying();
 
 /// Collects the auxiliary losses added on this thread while it lives.
 class AuxLossScope {
  public:
-  AuxLossScope();
+  /// `replay`: a forward replayed by recompute in backward (its auxiliary
+  /// losses are needed for their gradients; statistics were already counted).
+  explicit AuxLossScope(bool replay = false);
+  bool replay() const { return replay_; }
   ~AuxLossScope();
   AuxLossScope(const AuxLossScope&) = delete;
   AuxLossScope& operator=(const AuxLossScope&) = delete;
@@ -31,6 +39,7 @@ class AuxLossScope {
 
  private:
   AuxLossScope* previous_;
+  bool replay_;
   std::vector<std::pair<std::string, at::Tensor>> items_;
 };
 

@@ -103,6 +103,16 @@ at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::strin
   return p;
 }
 
+at::Tensor BuildContext::buffer(torch::nn::Module& module, const std::string& global_name,
+                                const std::string& local_name, const std::vector<std::int64_t>& shape) {
+  ShardSpec spec;
+  spec.name = global_name;
+  spec.global_shape = shape;
+  at::Tensor b = module.register_buffer(local_name, at::zeros(shape));
+  buffers_.push_back({spec, b});
+  return b;
+}
+
 at::Tensor BuildContext::shared(const std::string& key) const {
   auto it = shared_.find(key);
   if (it == shared_.end()) {

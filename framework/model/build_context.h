@@ -23,6 +23,7 @@ namespace hp {
 
 class Config;
 class LayerRegistry;
+struct StepContext;  // framework/plugin/feature_runtime.h
 namespace dist {
 class DistributedContext;
 class Group;
@@ -87,6 +88,18 @@ class BuildContext {
 
   const std::vector<ParamEntry>& params() const { return params_; }
 
+  /// Creates a model buffer: state that is not trained but is saved and
+  /// loaded with the parameters (whole on every rank; zeros at start).
+  at::Tensor buffer(torch::nn::Module& module, const std::string& global_name, const std::string& local_name,
+                    const std::vector<std::int64_t>& shape);
+  const std::vector<ParamEntry>& buffers() const { return buffers_; }
+
+  /// Called after every optimizer step with the step's context (a layer's
+  /// statistics, an aux-free bias update).
+  using StepEndFn = std::function<void(StepContext&)>;
+  void on_step_end(StepEndFn fn) { step_end_.push_back(std::move(fn)); }
+  const std::vector<StepEndFn>& step_end() const { return step_end_; }
+
   /// Tensors shared between blocks (tied embeddings).
   void share(const std::string& key, const at::Tensor& t) { shared_[key] = t; }
   at::Tensor shared(const std::string& key) const;
@@ -109,6 +122,8 @@ class BuildContext {
   const LayerRegistry& layers_;
   std::uint64_t seed_;
   std::vector<ParamEntry> params_;
+  std::vector<ParamEntry> buffers_;
+  std::vector<StepEndFn> step_end_;
   std::map<std::string, at::Tensor> shared_;
   struct ScopedWrapper {
     Wrapper fn;

@@ -1,5 +1,7 @@
 #include "framework/model/layers.h"
 
+#include "framework/model/moe.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -171,6 +173,7 @@ LayerRegistry LayerRegistry::dense() {
   r.layers_["layer_norm"] = {"dense", factory<DenseLayerNorm>()};
   r.layers_["attention.heads"] = {"dense", factory<HeadsAttention>()};
   r.layers_["mlp"] = {"dense", factory<ColumnRowMlp>()};
+  r.layers_["moe"] = {"dense", make_dense_moe};
   r.losses_["loss.cross_entropy"] = {"dense", [](const LayerSpec&, BuildContext&) {
                                        return std::make_shared<DenseCrossEntropy>();
                                      }};

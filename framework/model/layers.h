@@ -5,8 +5,8 @@
 //
 // Kinds: linear.column, linear.row, embedding.vocab, embedding.position
 // (adds learned positions to [batch, seq, hidden]; in = max positions),
-// attention.heads, mlp, layer_norm, dropout (probability LayerSpec::dropout),
-// loss.cross_entropy.
+// attention.heads, mlp, moe (mixture of experts, framework/model/moe.h),
+// layer_norm, dropout (probability LayerSpec::dropout), loss.cross_entropy.
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -33,6 +33,8 @@ class LossLayer : public torch::nn::Module {
   virtual LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) = 0;
 };
 
+struct MoeOptions;  // framework/model/moe.h
+
 struct LayerSpec {
   std::string kind;
   std::string name;          ///< global prefix of its parameters, e.g. "blocks.3.attn"
@@ -50,6 +52,8 @@ struct LayerSpec {
   /// embedding.vocab / linear.column: reuse this shared tensor as the weight
   /// (tied embeddings); "" to create one.
   std::string tied_weight;
+  /// moe: the mixture-of-experts options (in = hidden, out = expert width).
+  std::shared_ptr<const MoeOptions> moe;
 
   LayerSpec& with_bias(bool b) { bias = b; return *this; }
   LayerSpec& with_gather_output(bool g) { gather_output = g; return *this; }

@@ -51,6 +51,8 @@ BuiltModel build_model(const ModelDescription& desc, BuildContext& ctx,
   ctx.set_current_block(-1);
   if (with_loss && desc.loss) m.loss = desc.loss(ctx);
   m.params = ctx.params();
+  m.buffers = ctx.buffers();
+  m.step_end = ctx.step_end();
   return m;
 }
 

@@ -43,6 +43,10 @@ struct BuiltModel {
   std::vector<std::shared_ptr<Block>> blocks;
   std::shared_ptr<LossBlock> loss;  ///< null unless this rank computes the loss
   std::vector<ParamEntry> params;
+  /// Untrained state saved with the parameters (BuildContext::buffer).
+  std::vector<ParamEntry> buffers;
+  /// Called after each optimizer step (BuildContext::on_step_end).
+  std::vector<BuildContext::StepEndFn> step_end;
 
   /// Runs the built blocks in order.
   Activations forward(const Activations& in) const;

@@ -9,6 +9,7 @@
 #include "framework/config/schema.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
+#include "framework/model/moe.h"
 #include "framework/model/registry.h"
 
 namespace hp {
@@ -19,6 +20,9 @@ struct Dims {
   std::int64_t vocab, hidden, heads, ffn, seq, layers;
   double std, dropout;
   bool tied;
+  std::shared_ptr<const MoeOptions> moe;  ///< null: dense FFNs
+  std::int64_t expert_ffn = 0;
+  bool moe_block(std::int64_t i) const { return moe && i % moe->every == 0; }
 };
 
 Dims dims_of(const Config& c) {
@@ -32,6 +36,11 @@ Dims dims_of(const Config& c) {
   d.std = c.get_float("model.init_std");
   d.dropout = c.get_float("model.dropout");
   d.tied = c.get_bool("model.tie_embeddings");
+  const MoeOptions mo = MoeOptions::from(c);
+  if (mo.enabled()) {
+    d.moe = std::make_shared<const MoeOptions>(mo);
+    d.expert_ffn = mo.ffn_hidden > 0 ? mo.ffn_hidden : d.ffn;
+  }
   return d;
 }
 
@@ -57,7 +66,7 @@ class EmbedBlock : public Block {
 
 class ResidualBlock : public Block {
  public:
-  ResidualBlock(const Dims& d, BuildContext& ctx, const std::string& name, bool attention) {
+  ResidualBlock(const Dims& d, BuildContext& ctx, const std::string& name, bool attention, bool moe) {
     const std::int64_t H = d.hidden, F = d.ffn;
     drop_ = register_module("drop", ctx.layers().make(LayerSpec{"dropout", name + ".drop"}.with_dropout(d.dropout), ctx));
     if (attention) {
@@ -69,6 +78,10 @@ class ResidualBlock : public Block {
     }
     ln2_ = register_module("ln2", ctx.layers().make(LayerSpec{"layer_norm", name + ".ln2", H}, ctx));
     LayerSpec m{"mlp", name + ".mlp", H, F};
+    if (moe) {
+      m = LayerSpec{"moe", name + ".moe", H, d.expert_ffn};
+      m.moe = d.moe;
+    }
     m.with_init_std(d.std);
     mlp_ = register_module("mlp", ctx.layers().make(m, ctx));
   }
@@ -115,13 +128,19 @@ class CrossEntropyBlock : public LossBlock {
   std::shared_ptr<LossLayer> loss_;
 };
 
-BlockCost estimate(const Dims& d, bool attention, const std::string& which) {
+BlockCost estimate(const Dims& d, bool attention, const std::string& which, bool moe = false) {
   // Costs are needed before blocks are built, to place them on stages.
   const std::int64_t H = d.hidden, F = d.ffn;
   if (which == "embed") return {d.vocab * H + d.seq * H, 2.0 * H};
   if (which == "head") return {d.vocab * H + 2 * H, 2.0 * d.vocab * H};
   std::int64_t params = 2 * H * F + F + H + 4 * H;
   double flops = 2.0 * (2 * H * F);
+  if (moe) {
+    // Router, k routed experts and the shared ones per token; all experts' parameters.
+    const std::int64_t E = d.moe->num_experts, Fe = d.expert_ffn, S = d.moe->shared_experts;
+    params = E * H + E * (2 * H * Fe + Fe + H) + S * (2 * H * Fe + Fe + H) + 4 * H;
+    flops = 2.0 * H * E + 2.0 * (2 * H * Fe) * static_cast<double>(d.moe->top_k + S);
+  }
   if (attention) {
     params += 4 * H * H + 4 * H;
     flops += 2.0 * 4 * H * H + 2.0 * d.seq * H;  // projections + causal scores and values
@@ -137,14 +156,16 @@ ModelDescription describe_decoder(const Config& config, bool attention) {
                          [d](BuildContext& ctx) { return std::make_shared<EmbedBlock>(d, ctx); }});
   for (std::int64_t i = 0; i < d.layers; ++i) {
     const std::string name = "blocks." + std::to_string(i);
-    desc.blocks.push_back({name, estimate(d, attention, "block"), [d, name, attention](BuildContext& ctx) {
-                             return std::make_shared<ResidualBlock>(d, ctx, name, attention);
+    const bool moe = d.moe_block(i);
+    desc.blocks.push_back({name, estimate(d, attention, "block", moe), [d, name, attention, moe](BuildContext& ctx) {
+                             return std::make_shared<ResidualBlock>(d, ctx, name, attention, moe);
                            }});
   }
   desc.blocks.push_back({"head", estimate(d, attention, "head"),
                          [d](BuildContext& ctx) { return std::make_shared<HeadBlock>(d, ctx); }});
   desc.loss = [](BuildContext& ctx) { return std::make_shared<CrossEntropyBlock>(ctx); };
   desc.loss_cost = {0, 4.0 * static_cast<double>(d.vocab)};  // max, exp, sum and log over the vocabulary
+  if (d.moe) desc.aux_losses = {"load_balance", "router_z"};
   return desc;
 }
 
@@ -170,6 +191,7 @@ void declare_decoder_options(Schema& s) {
   declare_once(s, "model.dropout", [](Schema& sc) {
     sc.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
   });
+  declare_moe_options(s);
 }
 
 ModelInfo decoder_info(const Config& c, bool attention) {
@@ -190,6 +212,11 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.split_sizes["layers"] = {d.layers, "model.layers", "the transformer block count"};
   m.inputs = {"tokens"};
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
+  if (d.moe) {
+    m.layer_kinds.insert("moe");
+    m.split_sizes["experts"] = {d.moe->num_experts, "model.moe.num_experts", "the expert count"};
+    m.split_sizes["expert_ffn"] = {d.expert_ffn, "model.moe.ffn_hidden", "the expert FFN width"};
+  }
   return m;
 }
 
@@ -198,16 +225,15 @@ void register_decoder(ModelRegistry& r, bool attention) {
   e.name = attention ? "gpt" : "mlp";
   e.doc = attention ? "pre-LayerNorm decoder transformer" : "the gpt without attention";
   e.declare_options = declare_decoder_options;
-  if (attention) {
-    e.validate = [](const Config& c, ConfigErrors& errors) {
-      if (!c.ok({"model.hidden", "model.heads"})) return;
-      const auto h = c.get_int("model.hidden"), n = c.get_int("model.heads");
-      if (h % n != 0) {
-        errors.add("model.heads", std::to_string(n), "must divide model.hidden = " + std::to_string(h),
-                   "a divisor of " + std::to_string(h));
-      }
-    };
-  }
+  e.validate = [attention](const Config& c, ConfigErrors& errors) {
+    validate_moe_options(c, errors);
+    if (!attention || !c.ok({"model.hidden", "model.heads"})) return;
+    const auto h = c.get_int("model.hidden"), n = c.get_int("model.heads");
+    if (h % n != 0) {
+      errors.add("model.heads", std::to_string(n), "must divide model.hidden = " + std::to_string(h),
+                 "a divisor of " + std::to_string(h));
+    }
+  };
   e.info = [attention](const Config& c) { return decoder_info(c, attention); };
   e.describe = [attention](const Config& c) { return describe_decoder(c, attention); };
   r.add(std::move(e));

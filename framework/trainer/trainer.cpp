@@ -95,6 +95,12 @@ class TrainingRun {
   void sum_globally(at::Tensor& values);
   StepContext context(std::int64_t step, double loss, std::map<std::string, double>* figures);
   bool rank0() const { return env_.rank == 0; }
+  /// Parameters and buffers: what a checkpoint holds of the model.
+  std::vector<ParamEntry> model_tensors() const {
+    auto all = model_.params;
+    all.insert(all.end(), model_.buffers.begin(), model_.buffers.end());
+    return all;
+  }
 
   Setup setup_;
   dist::DistEnv env_;
@@ -229,7 +235,7 @@ void TrainingRun::resume() {
   const std::string dir = ckpt_.resume_dir();
   if (dir.empty()) return;
   const auto t0 = Clock::now();
-  SavedState s = checkpoint_->load(dir, model_.params, optimizer_->state());
+  SavedState s = checkpoint_->load(dir, model_tensors(), optimizer_->state());
   start_ = s.step;
   optimizer_->set_steps_taken(s.optimizer_steps);
   set_rng_state_hex(s.rng_hex);
@@ -296,6 +302,7 @@ StepResult TrainingRun::step(std::int64_t step) {
   runtime_->run_hooks(StepEvent::kBeforeOptimizerStep, hc);
   flight::set_phase(flight::Phase::kOptimizer);
   optimizer_->step(r.lr);
+  for (const auto& fn : model_.step_end) fn(hc);
   runtime_->run_hooks(StepEvent::kStepEnd, hc);
   flight::set_phase(flight::Phase::kIdle);
   r.seconds = seconds_since(t0);
@@ -343,7 +350,7 @@ void TrainingRun::save(std::int64_t step) {
   dist::flight::set_phase(dist::flight::Phase::kCheckpoint);
   const auto t0 = Clock::now();
   SavedState s{step, rng_state_hex(), optimizer_->steps_taken(), tokens_total_, samples_total_};
-  checkpoint_->save(step, model_.params, optimizer_->state(), s);
+  checkpoint_->save(step, model_tensors(), optimizer_->state(), s);
   const double secs = seconds_since(t0);
   metrics_->on_checkpoint("save", secs);
   if (rank0()) log::logger()->info("checkpoint step {} saved to {} ({:.2f} s)", step, ckpt_.root, secs);

@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
+#include "framework/model/aux_loss.h"
+
 namespace hp::recompute {
 
 namespace {
@@ -14,6 +16,9 @@ using torch::autograd::variable_list;
 struct State : torch::CustomClassHolder {
   ForwardFn inner;
   std::vector<std::string> in_keys, out_keys;
+  /// Auxiliary losses the region added (MoE load balancing): returned as
+  /// extra outputs so their gradients reach the replayed region.
+  std::vector<std::string> aux_names;
   at::Tensor rng;  // CPU generator state before the forward
 };
 
@@ -32,11 +37,19 @@ struct Recompute : torch::autograd::Function<Recompute> {
     variable_list inputs = input_list.vec();
     auto gen = at::detail::getDefaultCPUGenerator();
     state->rng = gen.get_state();
-    Activations out = state->inner(pack(state->in_keys, inputs));
+    Activations out;
     variable_list outs;
-    for (const auto& item : out) {
-      state->out_keys.push_back(item.key());
-      outs.push_back(item.value());
+    {
+      AuxLossScope aux(/*replay=*/false);
+      out = state->inner(pack(state->in_keys, inputs));
+      for (const auto& item : out) {
+        state->out_keys.push_back(item.key());
+        outs.push_back(item.value());
+      }
+      for (const auto& [name, v] : aux.items()) {
+        state->aux_names.push_back(name);
+        outs.push_back(v);
+      }
     }
     ctx->save_for_backward(inputs);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
@@ -57,9 +70,12 @@ struct Recompute : torch::autograd::Function<Recompute> {
     at::Tensor now = gen.get_state();
     gen.set_state(state->rng);
     Activations out;
+    std::vector<at::Tensor> aux_values;
     {
       torch::AutoGradMode enable(true);
+      AuxLossScope aux(/*replay=*/true);
       out = state->inner(pack(state->in_keys, inputs));
+      for (const auto& item : aux.items()) aux_values.push_back(item.second);
     }
     gen.set_state(now);
     variable_list outs, out_grads;
@@ -67,6 +83,13 @@ struct Recompute : torch::autograd::Function<Recompute> {
     for (const auto& item : out) {
       if (item.value().requires_grad() && i < grads.size() && grads[i].defined()) {
         outs.push_back(item.value());
+        out_grads.push_back(grads[i]);
+      }
+      ++i;
+    }
+    for (const auto& v : aux_values) {
+      if (v.requires_grad() && i < grads.size() && grads[i].defined()) {
+        outs.push_back(v);
         out_grads.push_back(grads[i]);
       }
       ++i;
@@ -91,6 +114,11 @@ Activations checkpointed(const ForwardFn& inner, const Activations& in) {
     inputs.push_back(item.value());
   }
   variable_list outs = Recompute::apply(at::TensorList(inputs), state);
+  // The region's auxiliary losses, now differentiable through this node.
+  for (std::size_t a = 0; a < state->aux_names.size(); ++a) {
+    add_aux_loss(state->aux_names[a], outs[state->out_keys.size() + a]);
+  }
+  outs.resize(state->out_keys.size());
   return pack(state->out_keys, outs);
 }
 

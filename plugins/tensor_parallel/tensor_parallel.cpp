@@ -43,6 +43,11 @@ class TensorParallelFeature : public Feature {
               "model '" + ctx.model.name + "' cannot be split along its sequence (it states no sequence size; "
               "the unet reshapes along its grid)",
               "false for model " + ctx.model.name);
+      } else if (ctx.model.uses("moe")) {
+        e.add(kSequence, "true",
+              "a mixture-of-experts model routes and balances per whole sequence, which a sequence split does not "
+              "see (not supported yet)",
+              "false for a model with experts");
       } else if (ctx.model.size("sequence")->value % T != 0) {
         const SplitSize& s = *ctx.model.size("sequence");
         e.add(kSize, std::to_string(T),

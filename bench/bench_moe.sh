@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Mixture of experts side by side in one run (figures printed, never
+# asserted): an 8-expert top-2 GPT (4 x 256) at ep=2 (2 processes x 1
+# thread) beside one process x 2 threads and beside a dense GPT of the same
+# active parameters (FFN width 2 x the expert width); all-to-all bytes per
+# step beside the theory; expert-parameter bytes per rank; load imbalance
+# over the run with the aux loss, with the bias method, and with neither.
+#   bash bench/bench_moe.sh [steps=30]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/bin
+STEPS=${1:-30}
+H=256; L=4; T=128; B=8; M=2; E=8; K=2
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+cat > "$W/c.yaml" <<YAML
+model: {type: gpt, layers: $L, hidden: $H, heads: 4, seq_len: $T}
+data: {type: text}
+training: {max_steps: $STEPS, global_batch_size: $B, micro_batch_size: $M, log_interval: 1}
+optimizer: {lr: 0.002, schedule: constant}
+checkpoint: {interval: 0, resume: never}
+YAML
+moe=(--set model.moe.num_experts=$E --set model.moe.top_k=$K)
+ep=(--set features.expert_parallel.enabled=true --set features.expert_parallel.size=2)
+run() {  # NAME ENV ARGS...
+  local name=$1 envs=$2; shift 2
+  env $envs "$BIN/hp-train" "$W/c.yaml" --set run.output_dir="$W/$name" "$@" > "$W/$name.log" 2>&1 \
+    || { cat "$W/$name.log"; exit 1; }
+}
+run moe_1p2t "HP_INTRA_OP_THREADS=2" "${moe[@]}"
+run moe_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}"
+run dense_1p2t "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
+run moe_dp2 "" --nproc 2 "${moe[@]}"
+run bal_aux "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0.01
+run bal_bias "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0 --set model.moe.bias_update_rate=0.001
+run bal_none "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0
+python3 - "$W" "$H" "$L" "$T" "$B" "$E" "$K" <<'PY'
+import json, re, sys
+w, H, L, T, B, E, K = sys.argv[1], *map(int, sys.argv[2:])
+def rows(name):
+    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]
+def tps(name):
+    r = rows(name)
+    return sum(x["tokens_per_second"] for x in r) / len(r)
+print(f"GPT {L} x {H}, seq {T}, batch {B}; MoE: {E} experts, top-{K}, expert FFN {4 * H}")
+print(f"{'run':44s} {'tokens/s':>10s} {'step s':>8s} {'comm s':>8s}")
+for name, label in [("moe_1p2t", "MoE, 1 process x 2 threads"), ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)"),
+                    ("moe_dp2", "MoE, dp=2 without ep"), ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2")]:
+    r = rows(name)
+    print(f"{label:44s} {tps(name):10.0f} {sum(x['step_seconds'] for x in r)/len(r):8.3f} "
+          f"{sum(x['comm_seconds'] for x in r)/len(r):8.3f}")
+# All-to-all payload: rank 0's share of the global batch (B/2 sequences) sends
+# k x tokens x H x 4 bytes per MoE layer each way in forward and again in
+# backward, of which the half going to its own experts stays local.
+tokens_rank = B // 2 * T
+theory = 2 * 2 * K * tokens_rank * H * 4 * L / 2
+ep_rows = rows("moe_ep2")
+print(f"ep=2 rank-0 bytes per step (all groups, incl. gradient all-reduce): "
+      f"{sum(x['comm_bytes'] for x in ep_rows)/len(ep_rows)/2**20:.2f} MiB; all-to-all theory "
+      f"(2 exchanges x fwd+bwd x k x tokens x hidden x 4 B x layers, half local): {theory/2**20:.2f} MiB")
+# Parameter bytes per rank, measured: AdamW keeps 2 state tensors per parameter.
+p1 = rows("moe_1p2t")[-1]["optimizer_state_bytes"] / 2
+p2 = rows("moe_ep2")[-1]["optimizer_state_bytes"] / 2
+expert_all = E * (2 * H * 4 * H + 4 * H + H) * 4 * L
+print(f"parameter bytes on rank 0: ep=1 {p1/2**20:.2f} MiB, ep=2 {p2/2**20:.2f} MiB; the experts' share "
+      f"(all {E}: {expert_all/2**20:.2f} MiB) drops by {(p1 - p2)/2**20:.2f} MiB = {(p1 - p2)/expert_all:.3f} of it "
+      f"(target 1/ep = 0.5 per rank)")
+print(f"{'balancing':12s} {'mean imbalance (max/mean)':>26s} {'last':>8s}")
+for name in ("bal_aux", "bal_bias", "bal_none"):
+    r = rows(name)
+    imb = [x.get("moe_load_imbalance_max", 0) for x in r]
+    print(f"{name[4:]:12s} {sum(imb)/len(imb):26.3f} {imb[-1]:8.3f}")
+PY

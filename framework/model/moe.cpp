@@ -1,0 +1,287 @@
+#include "framework/model/moe.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/dist/context.h"
+#include "framework/config/config.h"
+#include "framework/config/schema.h"
+#include "framework/metrics/metrics.h"
+#include "framework/model/aux_loss.h"
+#include "framework/model/build_context.h"
+#include "framework/plugin/feature_runtime.h"
+
+namespace hp {
+
+MoeOptions MoeOptions::from(const Config& c) {
+  MoeOptions o;
+  o.num_experts = c.get_int("model.moe.num_experts");
+  o.top_k = c.get_int("model.moe.top_k");
+  o.every = c.get_int("model.moe.every");
+  o.ffn_hidden = c.get_int("model.moe.ffn_hidden");
+  o.shared_experts = c.get_int("model.moe.shared_experts");
+  o.sigmoid = c.get_string("model.moe.score") == "sigmoid";
+  o.renormalize = c.get_bool("model.moe.renormalize");
+  o.capacity_factor = c.get_float("model.moe.capacity_factor");
+  o.aux_loss_coef = c.get_float("model.moe.aux_loss_coef");
+  o.z_loss_coef = c.get_float("model.moe.z_loss_coef");
+  o.bias_update_rate = c.get_float("model.moe.bias_update_rate");
+  return o;
+}
+
+std::int64_t MoeOptions::capacity(std::int64_t seq) const {
+  return static_cast<std::int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(top_k * seq) / static_cast<double>(num_experts)));
+}
+
+void declare_moe_options(Schema& s) {
+  auto once = [&](const std::string& path, auto declare) {
+    if (!s.find(path)) declare();
+  };
+  once("model.moe.num_experts", [&] {
+    s.add_int("model.moe.num_experts", 0).range(0, 65536)
+        .describe("Experts of each mixture-of-experts FFN.").note("0: a dense FFN in every block");
+  });
+  once("model.moe.top_k", [&] {
+    s.add_int("model.moe.top_k", 2).range(1, 64).describe("Experts each token is routed to.");
+  });
+  once("model.moe.every", [&] {
+    s.add_int("model.moe.every", 1).range(1, 1024)
+        .describe("Block i has a mixture-of-experts FFN when i is a multiple of this (1: every block).");
+  });
+  once("model.moe.ffn_hidden", [&] {
+    s.add_int("model.moe.ffn_hidden", 0).range(0, 262144)
+        .describe("An expert's FFN width.").note("0 means the model's FFN width");
+  });
+  once("model.moe.shared_experts", [&] {
+    s.add_int("model.moe.shared_experts", 0).range(0, 64)
+        .describe("Experts every token goes through besides its routed ones.");
+  });
+  once("model.moe.score", [&] {
+    s.add_enum("model.moe.score", "softmax", {"softmax", "sigmoid"}).describe("Router score function.");
+  });
+  once("model.moe.renormalize", [&] {
+    s.add_bool("model.moe.renormalize", true).describe("Divide a token's top-k weights by their sum.");
+  });
+  once("model.moe.capacity_factor", [&] {
+    s.add_float("model.moe.capacity_factor", 0.0).range(0.0, 64.0)
+        .describe("Slots per expert and sequence: ceil(factor x top_k x seq_len / num_experts); an expert keeps "
+                  "the assignments of highest probability (ties: the earlier token) and drops the rest.")
+        .note("0: dropless");
+  });
+  once("model.moe.aux_loss_coef", [&] {
+    s.add_float("model.moe.aux_loss_coef", 0.01).range(0.0, 10.0)
+        .describe("Load-balancing loss coefficient (per sequence, then the mean).");
+  });
+  once("model.moe.z_loss_coef", [&] {
+    s.add_float("model.moe.z_loss_coef", 0.0).range(0.0, 10.0).describe("Router z-loss coefficient.");
+  });
+  once("model.moe.bias_update_rate", [&] {
+    s.add_float("model.moe.bias_update_rate", 0.0).range(0.0, 1.0)
+        .describe("Aux-loss-free balancing: after each step every expert's selection bias moves by this rate "
+                  "towards the mean load (sign rule, over the global batch).")
+        .note("0: off");
+  });
+}
+
+void validate_moe_options(const Config& c, ConfigErrors& e) {
+  if (!c.ok({"model.moe.num_experts", "model.moe.top_k"})) return;
+  const auto E = c.get_int("model.moe.num_experts"), k = c.get_int("model.moe.top_k");
+  if (E > 0 && k > E) {
+    e.add("model.moe.top_k", std::to_string(k), "is more than model.moe.num_experts = " + std::to_string(E),
+          "1 .. " + std::to_string(E));
+  }
+}
+
+Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o, std::int64_t seq) {
+  Routing r;
+  r.logits = logits.to(at::kFloat);
+  r.probs = o.sigmoid ? at::sigmoid(r.logits) : at::softmax(r.logits, -1);
+  at::Tensor sel = r.probs.detach();
+  if (bias.defined()) sel = sel + bias;
+  // A stable descending sort keeps the lower expert index first among ties.
+  at::Tensor order = std::get<1>(at::sort(sel, /*stable=*/true, /*dim=*/-1, /*descending=*/true));
+  r.experts = std::get<0>(at::sort(order.narrow(-1, 0, o.top_k), -1));  // ascending within a token
+  at::Tensor w = r.probs.gather(-1, r.experts);
+  if (o.renormalize) w = w / w.sum(-1, true);
+  const std::int64_t N = logits.size(0), k = o.top_k;
+  r.kept = at::ones({N, k}, at::kBool);
+  if (o.capacity_factor > 0) {
+    const std::int64_t C = o.capacity(seq), E = o.num_experts;
+    const auto* ex = r.experts.data_ptr<std::int64_t>();
+    at::Tensor p = r.probs.detach().contiguous();
+    const auto* pp = p.data_ptr<float>();
+    auto* kept = r.kept.data_ptr<bool>();
+    // Per sequence and expert: the assignments by probability (desc), then token (asc).
+    std::vector<std::vector<std::pair<float, std::int64_t>>> by_expert(static_cast<std::size_t>(E));
+    for (std::int64_t s0 = 0; s0 < N; s0 += seq) {
+      for (auto& v : by_expert) v.clear();
+      for (std::int64_t t = s0; t < s0 + seq; ++t) {
+        for (std::int64_t j = 0; j < k; ++j) {
+          const std::int64_t e = ex[t * k + j];
+          by_expert[static_cast<std::size_t>(e)].push_back({pp[t * E + e], t * k + j});
+        }
+      }
+      for (auto& v : by_expert) {
+        std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (std::size_t i = static_cast<std::size_t>(C); i < v.size(); ++i) kept[v[i].second] = false;
+      }
+    }
+    w = w * r.kept.to(w.scalar_type());
+  }
+  r.weights = w;
+  return r;
+}
+
+at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq) {
+  const std::int64_t N = r.probs.size(0), E = r.probs.size(1), S = N / seq;
+  // f: share of the sequence's k x T selections each expert got (no gradient).
+  at::Tensor counts = at::zeros({N, E}, at::kFloat).scatter_(1, r.experts, 1.0).view({S, seq, E}).sum(1);
+  at::Tensor f = counts / static_cast<double>(o.top_k * seq);
+  at::Tensor p_sum = r.probs.view({S, seq, E}).sum(1);  // = T x P_e
+  return o.aux_loss_coef * static_cast<double>(E) * (f * p_sum).sum();
+}
+
+at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o) {
+  return o.z_loss_coef * at::logsumexp(r.logits, -1).pow(2).sum();
+}
+
+at::Tensor ExpertWeights::forward(std::int64_t e, const at::Tensor& x) const {
+  return at::linear(at::gelu(at::linear(x, w1[e], b1[e])), w2[e], b2[e]);
+}
+
+at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert, const at::Tensor& tokens,
+                            const Routing& r) {
+  at::Tensor out = at::zeros_like(tokens);
+  const std::int64_t count = w.w1.size(0);
+  at::Tensor flat_e = r.experts.reshape({-1}), flat_kept = r.kept.reshape({-1});
+  at::Tensor flat_w = r.weights.reshape({-1});
+  const std::int64_t k = r.experts.size(1);
+  for (std::int64_t j = 0; j < count; ++j) {
+    at::Tensor slots = at::nonzero(flat_e.eq(first_expert + j).logical_and(flat_kept)).reshape({-1});
+    if (slots.numel() == 0) continue;
+    at::Tensor tok = at::div(slots, k, "floor");
+    at::Tensor y = w.forward(j, tokens.index_select(0, tok));
+    out = out.index_add(0, tok, y * flat_w.index_select(0, slots).unsqueeze(1).to(y.scalar_type()));
+  }
+  return out;
+}
+
+MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidden_(s.in), ffn_(s.out), init_std_(s.init_std) {
+  if (!s.moe) throw std::logic_error("internal error: moe layer '" + s.name + "' built without options, please report");
+  o_ = *s.moe;
+  const std::int64_t E = o_.num_experts;
+  router_ = ctx.param(*this, s.name + ".router.weight", "router", {E, hidden_}, Init::normal(s.init_std));
+  if (o_.bias_update_rate > 0) bias_ = ctx.buffer(*this, s.name + ".router.bias", "router_bias", {E});
+  if (o_.shared_experts > 0) {
+    LayerSpec m{"mlp", s.name + ".shared", hidden_, o_.shared_experts * ffn_};
+    m.with_init_std(s.init_std);
+    shared_ = register_module("shared", ctx.layers().make(m, ctx));
+  }
+  stats_.tokens_per_expert.assign(static_cast<std::size_t>(E), 0.0);
+  // After each optimizer step: the global counts (summed over the replicas,
+  // which saw different data), the aux-free bias update, the figures.
+  ctx.on_step_end([this](StepContext& sc) {
+    at::Tensor counts = at::tensor(stats_.tokens_per_expert, at::kDouble);
+    at::Tensor more = at::tensor({stats_.selected, stats_.dropped}, at::kDouble);
+    auto& replicas = sc.dist->group(dist::MeshRole::kReplicate);
+    replicas.all_reduce(counts);
+    replicas.all_reduce(more);
+    const double total = counts.sum().item<double>();
+    const double mean = total / static_cast<double>(o_.num_experts);
+    const double imbalance = mean > 0 ? counts.max().item<double>() / mean : 0.0;
+    const double dropped = more[0].item<double>() > 0 ? more[1].item<double>() / more[0].item<double>() : 0.0;
+    if (bias_.defined() && total > 0) {
+      c10::NoGradGuard g;
+      bias_.add_(at::sign(mean - counts).to(bias_.scalar_type()) * o_.bias_update_rate);
+    }
+    if (sc.metrics) {
+      for (std::int64_t e = 0; e < o_.num_experts; ++e) {
+        sc.metrics->gauge("hp_moe_tokens_per_expert", "Token assignments an expert kept in the last step, global batch.",
+                          {{"layer", name_}, {"expert", std::to_string(e)}})
+            .set(counts[e].item<double>());
+      }
+      sc.metrics->gauge("hp_moe_load_imbalance", "Max over mean of the tokens per expert in the last step.",
+                        {{"layer", name_}})
+          .set(imbalance);
+      sc.metrics->gauge("hp_moe_dropped_fraction", "Share of token assignments capacity dropped in the last step.",
+                        {{"layer", name_}})
+          .set(dropped);
+    }
+    if (sc.figures) {
+      auto& fig = *sc.figures;
+      fig["moe_load_imbalance_max"] = std::max(fig.count("moe_load_imbalance_max") ? fig["moe_load_imbalance_max"] : 0.0, imbalance);
+      fig["moe_dropped_fraction_max"] = std::max(fig.count("moe_dropped_fraction_max") ? fig["moe_dropped_fraction_max"] : 0.0, dropped);
+    }
+    std::fill(stats_.tokens_per_expert.begin(), stats_.tokens_per_expert.end(), 0.0);
+    stats_.selected = stats_.dropped = 0;
+  });
+}
+
+ExpertWeights MoeLayer::make_experts(BuildContext& ctx, std::int64_t first, std::int64_t count,
+                                     const std::string& split_group, const std::string& grad_sync_group) {
+  const std::int64_t E = o_.num_experts, H = hidden_, F = ffn_;
+  const int dim = split_group.empty() ? -1 : 0;
+  auto make = [&](const std::string& what, std::vector<std::int64_t> shape, Init init) {
+    std::string local = "experts_" + what;
+    std::replace(local.begin(), local.end(), '.', '_');
+    return ctx.param_slice(*this, name_ + ".experts." + what, local, shape, init, dim,
+                           dim < 0 ? 0 : first, dim < 0 ? 0 : count, split_group, grad_sync_group);
+  };
+  ExpertWeights w;
+  w.w1 = make("fc1.weight", {E, F, H}, Init::normal(init_std_));
+  w.b1 = make("fc1.bias", {E, F}, Init::zeros());
+  w.w2 = make("fc2.weight", {E, H, F}, Init::normal(init_std_));
+  w.b2 = make("fc2.bias", {E, H}, Init::zeros());
+  return w;
+}
+
+at::Tensor MoeLayer::forward(const at::Tensor& x) {
+  const auto shape = x.sizes().vec();
+  const std::int64_t seq = x.size(1);
+  at::Tensor tokens = x.reshape({-1, hidden_});
+  Routing r = route(at::linear(tokens, router_), bias_, o_, seq);
+  if (aux_loss_collecting()) {
+    if (o_.aux_loss_coef > 0) add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq));
+    if (o_.z_loss_coef > 0) add_aux_loss("router_z", z_loss_sum(r, o_));
+  }
+  if (aux_loss_collecting() && !aux_loss_replaying()) {
+    // Counted once per forward of a step (not again when recompute replays it).
+    at::Tensor kept_e = r.experts.masked_select(r.kept);
+    at::Tensor counts = at::bincount(kept_e, {}, o_.num_experts).to(at::kDouble);
+    for (std::int64_t e = 0; e < o_.num_experts; ++e) stats_.tokens_per_expert[static_cast<std::size_t>(e)] += counts[e].item<double>();
+    stats_.selected += static_cast<double>(r.kept.numel());
+    stats_.dropped += static_cast<double>(r.kept.numel() - kept_e.numel());
+  }
+  at::Tensor out = dispatch(tokens, r).view(shape);
+  if (shared_) out = out + shared_->forward(x);
+  return out;
+}
+
+namespace {
+
+class DenseMoe : public MoeLayer {
+ public:
+  DenseMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx) {
+    experts_ = make_experts(ctx, 0, options().num_experts, "", "");
+  }
+
+ protected:
+  at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
+    return dispatch_locally(experts_, 0, tokens, r);
+  }
+
+ private:
+  ExpertWeights experts_;
+};
+
+}  // namespace
+
+std::shared_ptr<Layer> make_dense_moe(const LayerSpec& spec, BuildContext& ctx) {
+  return std::make_shared<DenseMoe>(spec, ctx);
+}
+
+}  // namespace hp

@@ -1,0 +1,125 @@
+#pragma once
+// Mixture of experts, defined so that every layout computes the same
+// numbers (shared/design/MOE.md): the router, the capacity rule and the
+// auxiliary losses work per sequence, ties are broken by the lower expert
+// index (and the earlier token), and a token's expert outputs are summed in
+// ascending expert order. The dense `moe` layer kind (every expert on this
+// rank) lives here; expert_parallel replaces its dispatch.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/model/layers.h"
+
+namespace hp {
+
+class Config;
+class ConfigErrors;
+class Schema;
+
+/// model.moe.*, read once.
+struct MoeOptions {
+  std::int64_t num_experts = 0;   ///< 0: no MoE
+  std::int64_t top_k = 2;
+  std::int64_t every = 1;         ///< block i is MoE when i % every == 0
+  std::int64_t ffn_hidden = 0;    ///< an expert's FFN width; 0: the model's FFN width
+  std::int64_t shared_experts = 0;
+  bool sigmoid = false;           ///< score function: softmax (false) or sigmoid
+  bool renormalize = true;        ///< divide the k weights by their sum
+  double capacity_factor = 0.0;   ///< 0: dropless
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.0;
+  double bias_update_rate = 0.0;  ///< aux-loss-free balancing; 0: off
+  static MoeOptions from(const Config& c);
+  bool enabled() const { return num_experts > 0; }
+  /// Slots per expert and sequence of `seq` tokens (capacity_factor > 0).
+  std::int64_t capacity(std::int64_t seq) const;
+};
+
+/// Declares model.moe.* (the gpt and mlp models call it).
+void declare_moe_options(Schema& s);
+/// Rules among model.moe.*: top_k <= num_experts, ... (config errors).
+void validate_moe_options(const Config& c, ConfigErrors& e);
+
+/// The routing of N tokens (N a multiple of the sequence length).
+struct Routing {
+  at::Tensor logits;   ///< [N, E] fp32 router scores before the score function
+  at::Tensor probs;    ///< [N, E] softmax or sigmoid of the logits (differentiable)
+  at::Tensor experts;  ///< [N, k] int64, ascending within each token
+  at::Tensor weights;  ///< [N, k] (differentiable); 0 where the assignment was dropped
+  at::Tensor kept;     ///< [N, k] bool: false where capacity dropped the assignment
+};
+
+/// Top-k of probs + bias (bias: selection only; undefined for none), ties
+/// to the lower expert index; weights from probs, renormalised when asked;
+/// capacity per sequence of `seq` tokens: each expert keeps the
+/// assignments with the highest probability, ties to the earlier token.
+Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o, std::int64_t seq);
+
+/// Load-balancing loss as a SUM over the sequences of aux_coef * E *
+/// sum_e f_e * P_e times the sequence length (so dividing by the global
+/// token count gives the mean over sequences). f_e counts the top-k
+/// selections (before capacity); the gradient flows through P_e only.
+at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq);
+/// Router z-loss as a SUM over tokens of z_coef * logsumexp(logits)^2.
+at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o);
+
+/// Expert parameters stacked per layer: w1 [E, F, H], b1 [E, F],
+/// w2 [E, H, F], b2 [E, H] (a slice of experts on expert-parallel ranks).
+struct ExpertWeights {
+  at::Tensor w1, b1, w2, b2;
+  /// gelu(x w1[e]^T + b1[e]) w2[e]^T + b2[e] for local expert e.
+  at::Tensor forward(std::int64_t e, const at::Tensor& x) const;
+};
+
+/// Per-layer counts of one step (for metrics and the aux-free bias).
+struct MoeStats {
+  std::vector<double> tokens_per_expert;  ///< kept assignments
+  double selected = 0, dropped = 0;
+};
+
+/// The `moe` kind's common part: the router (replicated), the aux-free
+/// bias (a model buffer, saved in checkpoints), shared experts (an `mlp`
+/// of shared_experts x the expert width), auxiliary losses, statistics and
+/// the end-of-step bias update. A subclass holds the experts and says how
+/// tokens reach them (dispatch). LayerSpec: in = hidden, out = expert
+/// width, moe = the options.
+class MoeLayer : public Layer {
+ public:
+  MoeLayer(const LayerSpec& spec, BuildContext& ctx);
+  at::Tensor forward(const at::Tensor& x) override;
+  const MoeOptions& options() const { return o_; }
+  const MoeStats& stats() const { return stats_; }
+  /// Creates the stacked expert parameters, experts [first, first + count)
+  /// of E, split over `split_group` ("" when all are here); gradients are
+  /// summed over `grad_sync_group` ("" for the replicate group).
+  ExpertWeights make_experts(BuildContext& ctx, std::int64_t first, std::int64_t count,
+                             const std::string& split_group, const std::string& grad_sync_group);
+
+ protected:
+  /// For each token, the sum over its kept assignments (ascending expert
+  /// order) of weight x expert output; [N, H] from tokens [N, H].
+  virtual at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) = 0;
+
+  std::string name_;
+  std::int64_t hidden_ = 0, ffn_ = 0;
+  double init_std_ = 0.02;
+
+ private:
+  MoeOptions o_;
+  at::Tensor router_, bias_;
+  std::shared_ptr<Layer> shared_;
+  MoeStats stats_;
+};
+
+/// Every expert on this rank: each expert's tokens in one batch, outputs
+/// weighted and added in ascending expert order.
+at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert, const at::Tensor& tokens,
+                            const Routing& r);
+
+std::shared_ptr<Layer> make_dense_moe(const LayerSpec& spec, BuildContext& ctx);
+
+}  // namespace hp

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# A 2-rank mixture-of-experts GPT with its experts split over 2 ranks: the
+# loss falls; config errors name key, value, rule and legal values.
+source "$(dirname "$0")/../lib/common.sh"
+BIN=$1
+small_config "$WORK/c.yaml"
+moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set features.expert_parallel.enabled=true
+     --set features.expert_parallel.size=2)
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${moe[@]}" --set run.output_dir="$WORK/run" > "$WORK/log" 2>&1 \
+  || { cat "$WORK/log"; fail "training failed"; }
+read -r first last <<<"$(first_last "$WORK/run")"
+echo "loss $first -> $last"
+python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "loss did not fall"
+grep -q "mesh pp=1 dp=2 tp=1 ep=2 over 2 ranks" "$WORK/log" || fail "mesh line missing"
+grep -q '"aux_loss_load_balance"' "$WORK/run/metrics.jsonl" || fail "no load-balancing loss in metrics.jsonl"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set model.moe.num_experts=3 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "3 experts over 2: expected exit 2, got $rc: $out"
+grep -qF "features.expert_parallel.size = 2: the expert count = 3 (model.moe.num_experts) is not divisible by it (legal: a divisor of 3)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set model.moe.top_k=5 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "top_k 5 of 4: expected exit 2, got $rc"
+grep -qF "model.moe.top_k = 5: is more than model.moe.num_experts = 4 (legal: 1 .. 4)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.expert_parallel.enabled=true 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "ep without experts: expected exit 2, got $rc"
+grep -qF "features.expert_parallel.enabled = true: model 'gpt' has no experts to split (it builds no moe layer) (legal: model.moe.num_experts > 0, or disable expert_parallel)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set features.expert_parallel.size=4 --set model.moe.num_experts=8 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "ep 4 over dp 2: expected exit 2, got $rc"
+grep -qF "distributed = ep=4 dp=2: the expert-parallel size must divide the data-parallel size (claimed by expert_parallel) (legal: an expert-parallel size dividing 2)" <<<"$out" || fail "$out"
+echo PASS
