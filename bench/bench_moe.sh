@@ -5,11 +5,11 @@
 # active parameters (FFN width 2 x the expert width); all-to-all bytes per
 # step beside the theory; expert-parameter bytes per rank; load imbalance
 # over the run with the aux loss, with the bias method, and with neither.
-#   bash bench/bench_moe.sh [steps=30]
+#   bash bench/bench_moe.sh [steps=80]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
-STEPS=${1:-30}
+STEPS=${1:-80}
 H=256; L=4; T=128; B=8; M=2; E=8; K=2
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cat > "$W/c.yaml" <<YAML
@@ -64,9 +64,10 @@ expert_all = E * (2 * H * 4 * H + 4 * H + H) * 4 * L
 print(f"parameter bytes on rank 0: ep=1 {p1/2**20:.2f} MiB, ep=2 {p2/2**20:.2f} MiB; the experts' share "
       f"(all {E}: {expert_all/2**20:.2f} MiB) drops by {(p1 - p2)/2**20:.2f} MiB = {(p1 - p2)/expert_all:.3f} of it "
       f"(target 1/ep = 0.5 per rank)")
-print(f"{'balancing':12s} {'mean imbalance (max/mean)':>26s} {'last':>8s}")
+print("load imbalance: max over mean tokens per expert, the worst layer, per step")
+print(f"{'balancing':12s} {'first half':>12s} {'second half':>12s} {'last':>8s}")
 for name in ("bal_aux", "bal_bias", "bal_none"):
-    r = rows(name)
-    imb = [x.get("moe_load_imbalance_max", 0) for x in r]
-    print(f"{name[4:]:12s} {sum(imb)/len(imb):26.3f} {imb[-1]:8.3f}")
+    imb = [x.get("moe_load_imbalance_max", 0) for x in rows(name)]
+    h = len(imb) // 2
+    print(f"{name[4:]:12s} {sum(imb[:h])/h:12.3f} {sum(imb[h:])/(len(imb)-h):12.3f} {imb[-1]:8.3f}")
 PY
