@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <optional>
+
 #include "backends/dist/flight_recorder.h"
 #include "framework/model/aux_loss.h"
 
@@ -31,10 +33,13 @@ class SequentialExecutor : public StepExecutor {
       namespace flight = dist::flight;
       flight::set_phase(work.backward ? flight::Phase::kForward : flight::Phase::kEval, static_cast<int>(mb));
       Batch b = work.batch(mb);
-      AuxLossScope aux;
+      // Auxiliary losses (and the statistics behind them) belong to training
+      // steps only, not to evaluation.
+      std::optional<AuxLossScope> aux;
+      if (work.backward) aux.emplace();
       auto out = model.forward(b.inputs);
       auto lo = model.loss->forward(out, b.targets);
-      at::Tensor extra = take_aux_losses(aux, work.loss_scale, r);
+      at::Tensor extra = aux ? take_aux_losses(*aux, work.loss_scale, r) : at::Tensor();
       if (work.after_forward) work.after_forward();
       if (work.backward) {
         flight::set_phase(flight::Phase::kBackward, static_cast<int>(mb));

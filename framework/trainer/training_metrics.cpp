@@ -59,6 +59,7 @@ std::string TrainingMetrics::url() const { return exposer_ ? exposer_->url() : "
 void TrainingMetrics::update_comm(dist::DistributedContext* d) {
   step_comm_bytes_ = 0;
   step_comm_seconds_ = 0;
+  step_comm_by_op_.clear();
   if (!d) return;
   for (const auto& [name, group] : d->groups()) {
     for (const auto& [op, s] : group->stats()) {
@@ -68,6 +69,7 @@ void TrainingMetrics::update_comm(dist::DistributedContext* d) {
           .inc(static_cast<double>(s.bytes) - seen.first);
       step_comm_bytes_ += static_cast<double>(s.bytes) - seen.first;
       step_comm_seconds_ += s.seconds - seen.second;
+      step_comm_by_op_[name + "_" + op] = {static_cast<double>(s.bytes) - seen.first, s.seconds - seen.second};
       registry_->counter("hp_comm_seconds_total", "Seconds spent waiting on communication.", labels)
           .inc(s.seconds - seen.second);
       seen = {static_cast<double>(s.bytes), s.seconds};
@@ -100,6 +102,11 @@ void TrainingMetrics::log_step(const StepFigures& f, const std::map<std::string,
                                        {"comm_bytes", step_comm_bytes_},
                                        {"comm_seconds", step_comm_seconds_},
                                        {"peak_resident_memory_bytes", resident_memory_bytes().second}};
+  // Per group and operation (e.g. comm_bytes_ep_all_to_all), for plots.
+  for (const auto& [key, v] : step_comm_by_op_) {
+    fields["comm_bytes_" + key] = v.first;
+    fields["comm_seconds_" + key] = v.second;
+  }
   for (const auto& kv : extra) fields[kv.first] = kv.second;
   jsonl_->write(fields, f.step);
 }

@@ -56,6 +56,7 @@ class TrainingMetrics {
   std::map<std::string, std::pair<double, double>> comm_seen_;  // group/op -> bytes, seconds
   double step_comm_bytes_ = 0;
   double step_comm_seconds_ = 0;  // seconds waited on communication in the last step, all groups
+  std::map<std::string, std::pair<double, double>> step_comm_by_op_;  // "<group>_<op>" -> bytes, seconds
 };
 
 /// Resident and peak resident memory of this process in bytes (from /proc).

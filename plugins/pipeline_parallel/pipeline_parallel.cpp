@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "backends/dist/context.h"
 #include "backends/dist/flight_recorder.h"
@@ -145,12 +146,11 @@ class PipelineExecutor : public StepExecutor {
           }
         }
         Activations x;
-        AuxLossScope aux_scope;
-        {
-          x = st.inputs;
-          for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
-        }
-        at::Tensor aux = take_aux_losses(aux_scope, w.loss_scale, rep);
+        std::optional<AuxLossScope> aux_scope;  // training steps only, not evaluation
+        if (w.backward) aux_scope.emplace();
+        x = st.inputs;
+        for (int pos : chunk_blocks_.at(c)) x = m.blocks[static_cast<std::size_t>(pos)]->forward(x);
+        at::Tensor aux = aux_scope ? take_aux_losses(*aux_scope, w.loss_scale, rep) : at::Tensor();
         if (c == C - 1) {
           // Only one stage reads the targets, once per micro-batch (with one
           // stage, the batch is built twice: cheap, and no cache to keep).

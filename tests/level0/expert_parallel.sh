@@ -12,7 +12,16 @@ read -r first last <<<"$(first_last "$WORK/run")"
 echo "loss $first -> $last"
 python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "loss did not fall"
 grep -q "mesh pp=1 dp=2 tp=1 ep=2 over 2 ranks" "$WORK/log" || fail "mesh line missing"
-grep -q '"aux_loss_load_balance"' "$WORK/run/metrics.jsonl" || fail "no load-balancing loss in metrics.jsonl"
+python3 - "$WORK/run/metrics.jsonl" <<'PY' || fail "MoE figures missing from metrics.jsonl"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+for key in ("aux_loss_load_balance", "aux_loss_router_z", "moe_load_imbalance_max", "moe_dropped_fraction_max",
+            "comm_bytes_ep_all_to_all", "comm_seconds_ep_all_to_all"):
+    assert key in last, key
+assert last["comm_bytes_ep_all_to_all"] > 0 and last["moe_load_imbalance_max"] >= 1.0
+print("load balance %.4f, imbalance %.2f, all-to-all %.0f bytes per step" % (
+    last["aux_loss_load_balance"], last["moe_load_imbalance_max"], last["comm_bytes_ep_all_to_all"]))
+PY
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set model.moe.num_experts=3 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "3 experts over 2: expected exit 2, got $rc: $out"
 grep -qF "features.expert_parallel.size = 2: the expert count = 3 (model.moe.num_experts) is not divisible by it (legal: a divisor of 3)" <<<"$out" || fail "$out"

@@ -20,8 +20,13 @@ compare() {  # REF RUN
     --phase "expert dispatch, combine or gradient sync" || fail "$2 vs $1"
 }
 cap=(--set model.moe.capacity_factor=1.0)
+# Shared experts, MoE in every other block, aux-loss-free bias (updated from
+# global counts after each step), sigmoid scores, evaluation in between.
+var=(--set model.moe.shared_experts=1 --set model.moe.every=2 --set model.moe.bias_update_rate=0.001
+     --set model.moe.score=sigmoid --set model.moe.aux_loss_coef=0 --set training.eval_interval=10)
 run ref 1
 run ref_cap 1 "${cap[@]}"
+run ref_var 1 "${var[@]}"
 # shellcheck disable=SC2046
 {
 run ep2 2 $(ep 2)
@@ -33,9 +38,11 @@ run ep2pp2 4 $(ep 2) --set features.pipeline_parallel.enabled=true --set feature
 run ep2zero 2 $(ep 2) --set features.zero.enabled=true
 run tp2 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 run ep2rc 2 $(ep 2) --set features.recompute.enabled=true
+run ep2_var 2 $(ep 2) "${var[@]}"
 }
 for r in ep2 ep2dp4 ep4 ep2tp2 ep2pp2 ep2zero tp2; do compare ref $r; done
 compare ref_cap ep2_cap
+compare ref_var ep2_var
 python3 - "$WORK/ref_cap" <<'PY' || fail "capacity dropped nothing: the capacity run tests nothing"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if l.strip()]

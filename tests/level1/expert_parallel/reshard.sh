@@ -27,4 +27,14 @@ for r in ep1 ep4; do
 done
 echo "== ep=2 resumed at ep=2"
 "$BIN/hp-compare" "$WORK/ep2" "$WORK/ep2b" --from-step 21 --exact --phase resume || fail "ep2 same layout"
+echo "== the aux-free bias is saved with the model: a resume continues bitwise"
+bias=(--set model.moe.bias_update_rate=0.001 --set model.moe.aux_loss_coef=0)
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${moe[@]}" "${bias[@]}" $(ep 2) --set checkpoint.interval=20 \
+  --set run.output_dir="$WORK/b2" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "bias run"; }
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${moe[@]}" "${bias[@]}" $(ep 2) \
+  --set checkpoint.resume="$WORK/b2/checkpoints/step_00000020" --set run.output_dir="$WORK/b2r" > "$WORK/log" 2>&1 \
+  || { cat "$WORK/log"; fail "bias resume"; }
+"$BIN/hp-compare" "$WORK/b2" "$WORK/b2r" --from-step 21 --exact --phase "resume of the router bias" || fail "bias resume"
 echo PASS

@@ -28,4 +28,7 @@ check 0005-pipeline-parallel.md "$pp"
 printf 'data: {type: synthetic}\nfeatures: {zero: {enabled: true}}\n' > "$dir/z.yaml"
 zr=$("$HP_TRAIN" "$dir/z.yaml" --nproc 2 --options-markdown | grep '^| `features.zero') || fail "zero options"
 check 0006-zero.md "$zr"
+printf 'data: {type: synthetic}\nmodel: {moe: {num_experts: 4}}\nfeatures: {expert_parallel: {enabled: true}}\n' > "$dir/e.yaml"
+er=$("$HP_TRAIN" "$dir/e.yaml" --nproc 2 --options-markdown | grep -E '^\| `(features.expert_parallel|model.moe)') || fail "ep options"
+check 0008-expert-parallel.md "$er"
 echo PASS
