@@ -200,7 +200,19 @@ void replace_in(Map& map, const char* what, const std::string& kind, const std::
 }  // namespace
 
 void LayerRegistry::replace(const std::string& kind, const std::string& owner, LayerFactory f) {
+  auto it = layers_.find(kind);
+  if (it != layers_.end() && it->second.offered) {
+    it->second = {owner, std::move(f), false};
+    return;
+  }
   replace_in(layers_, "layer", kind, owner, std::move(f));
+}
+
+void LayerRegistry::offer(const std::string& kind, const std::string& owner, LayerFactory f) {
+  auto it = layers_.find(kind);
+  if (it != layers_.end() && it->second.owner != "dense" && !it->second.offered) return;  // replaced outright
+  replace_in(layers_, "layer", kind, owner, std::move(f));
+  layers_.at(kind).offered = true;
 }
 
 void LayerRegistry::replace_loss(const std::string& kind, const std::string& owner, LossFactory f) {

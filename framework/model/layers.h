@@ -67,13 +67,17 @@ using LayerFactory = std::function<std::shared_ptr<Layer>(const LayerSpec&, Buil
 using LossFactory = std::function<std::shared_ptr<LossLayer>(const LayerSpec&, BuildContext&)>;
 
 /// Explicit, keyed registry. A kind can be replaced once, by one feature; a
-/// second feature replacing the same kind is refused with both names.
+/// second feature replacing the same kind is refused with both names. A
+/// feature may instead *offer* an implementation: it is used unless another
+/// feature replaces the kind outright, in either order (tensor_parallel
+/// offers split experts for `moe`; expert_parallel replaces `moe`).
 class LayerRegistry {
  public:
   /// The dense defaults for every kind.
   static LayerRegistry dense();
 
   void replace(const std::string& kind, const std::string& owner, LayerFactory factory);
+  void offer(const std::string& kind, const std::string& owner, LayerFactory factory);
   void replace_loss(const std::string& kind, const std::string& owner, LossFactory factory);
   std::shared_ptr<Layer> make(const LayerSpec& spec, BuildContext& ctx) const;
   std::shared_ptr<LossLayer> make_loss(const LayerSpec& spec, BuildContext& ctx) const;
@@ -84,6 +88,7 @@ class LayerRegistry {
   struct Entry {
     std::string owner;
     LayerFactory factory;
+    bool offered = false;  ///< an offer, which a replacement overrides
   };
   struct LossEntry {
     std::string owner;

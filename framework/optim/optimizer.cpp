@@ -112,13 +112,10 @@ std::vector<at::Tensor> fresh_state(const OptimizerOptions& o, const at::Tensor&
 
 namespace {
 
-class LocalOptimizer : public Optimizer {
+class LocalOptimizer : public NamedStateOptimizer {
  public:
-  LocalOptimizer(OptimizerOptions o, std::vector<ParamEntry> params) : o_(o), params_(std::move(params)) {
-    for (const auto& p : params_) {
-      state_.push_back(fresh_state(o_, p.tensor));
-      specs_.push_back(p.spec);
-    }
+  LocalOptimizer(OptimizerOptions o, std::vector<ParamEntry> params) : NamedStateOptimizer(o), params_(std::move(params)) {
+    for (const auto& p : params_) add_state(p.spec, p.tensor);
   }
   void step(double lr) override {
     c10::NoGradGuard no_grad;
@@ -129,16 +126,9 @@ class LocalOptimizer : public Optimizer {
     }
   }
   void zero_grad() override { zero_gradients(params_); }
-  std::int64_t steps_taken() const override { return steps_; }
-  void set_steps_taken(std::int64_t s) override { steps_ = s; }
-  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
 
  private:
-  OptimizerOptions o_;
   std::vector<ParamEntry> params_;
-  std::vector<ShardSpec> specs_;
-  std::vector<std::vector<at::Tensor>> state_;
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace

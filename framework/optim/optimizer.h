@@ -70,6 +70,28 @@ std::vector<ParamEntry> named_state(const OptimizerOptions& o, const std::vector
 /// Zeroed state tensors shaped like `like`, one per state_names() entry.
 std::vector<at::Tensor> fresh_state(const OptimizerOptions& o, const at::Tensor& like);
 
+/// The bookkeeping every optimizer here shares: the step count and per-tensor
+/// state named by parameter (state()). Subclasses add a tensor's state with
+/// add_state and update it in step().
+class NamedStateOptimizer : public Optimizer {
+ public:
+  std::int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(std::int64_t s) override { steps_ = s; }
+  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
+
+ protected:
+  explicit NamedStateOptimizer(OptimizerOptions o) : o_(o) {}
+  /// State for the tensor `spec` describes (named spec.name), shaped like `like`.
+  void add_state(const ShardSpec& spec, const at::Tensor& like) {
+    specs_.push_back(spec);
+    state_.push_back(fresh_state(o_, like));
+  }
+  OptimizerOptions o_;
+  std::vector<ShardSpec> specs_;
+  std::vector<std::vector<at::Tensor>> state_;
+  std::int64_t steps_ = 0;
+};
+
 /// Every parameter's state on this rank (no sharding).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<ParamEntry>& params);
 

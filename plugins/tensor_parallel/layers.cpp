@@ -4,6 +4,7 @@
 
 #include "backends/dist/autograd.h"
 #include "backends/dist/group.h"
+#include "framework/model/moe.h"
 #include "framework/config/config.h"
 
 namespace hp::tensor_parallel {
@@ -198,6 +199,59 @@ LayerFactory factory() {
 
 }  // namespace
 
+/// The "MoE tensor-parallel" mode: every expert on every tp rank, each
+/// expert's FFN split column/row over tp (fc1 by its output features, fc2
+/// by its input features), one all-reduce of the layer's output; fc2's bias
+/// is added once, after the reduction. Offered, not imposed: with
+/// expert_parallel the experts are split over ep instead.
+class TensorParallelMoe : public MoeLayer {
+ public:
+  TensorParallelMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx), g_(tp_group(ctx)) {
+    const std::int64_t E = options().num_experts, H = hidden_, F = ffn_;
+    auto [off, len] = split_range(F, g_.size(), g_.rank());
+    const std::string base = name_ + ".experts.";
+    w1_ = ctx.param_slice(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), 1, off,
+                          len, "tp");
+    b1_ = ctx.param_slice(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), 1, off, len, "tp");
+    w2_ = ctx.param_slice(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), 2, off,
+                          len, "tp");
+    b2_ = ctx.param(*this, base + "fc2.bias", "experts_fc2_bias", {E, H}, Init::zeros());
+  }
+
+ protected:
+  at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
+    // Each rank's expert outputs are partial sums over its FFN slice, so the
+    // gradients they send back (to the tokens and to the routing weights)
+    // are partial too: both enter through copy_to_group (all-reduce in
+    // backward). The bias term uses the weights directly: it is whole.
+    at::Tensor x = dist::copy_to_group(tokens, g_);
+    at::Tensor flat_e = r.experts.reshape({-1}), kept = r.kept.reshape({-1});
+    at::Tensor flat_w = dist::copy_to_group(r.weights, g_).reshape({-1}), whole_w = r.weights.reshape({-1});
+    const std::int64_t k = r.experts.size(1);
+    std::vector<std::pair<at::Tensor, at::Tensor>> routed;  // per expert: tokens, weights
+    at::Tensor partial = x * 0;
+    for (std::int64_t e = 0; e < options().num_experts; ++e) {
+      at::Tensor slots = at::nonzero(flat_e.eq(e).logical_and(kept)).reshape({-1});
+      at::Tensor tok = at::div(slots, k, "floor");
+      at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type());
+      routed.emplace_back(tok, whole_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type()));
+      if (slots.numel() == 0) continue;
+      at::Tensor h = at::gelu(at::linear(x.index_select(0, tok), w1_[e], b1_[e]));
+      partial = partial.index_add(0, tok, at::linear(h, w2_[e]) * w);
+    }
+    at::Tensor out = dist::reduce_from_group(partial, g_);
+    for (std::int64_t e = 0; e < options().num_experts; ++e) {
+      const auto& [tok, w] = routed[static_cast<std::size_t>(e)];
+      if (tok.numel() > 0) out = out.index_add(0, tok, b2_[e].unsqueeze(0) * w);
+    }
+    return out;
+  }
+
+ private:
+  dist::Group& g_;
+  at::Tensor w1_, b1_, w2_, b2_;
+};
+
 void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o) {
   r.replace("linear.column", owner, factory<ColumnLinear>(o.sequence_parallel));
   r.replace("linear.row", owner, factory<RowLinear>(o.sequence_parallel));
@@ -207,6 +261,7 @@ void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o)
     r.replace("embedding.position", owner, factory<SequencePositions>());
     r.replace("dropout", owner, factory<SequenceDropout>());
   }
+  r.offer("moe", owner, [](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<TensorParallelMoe>(s, ctx); });
   r.replace_loss("loss.cross_entropy", owner, [](const LayerSpec& s, BuildContext& ctx) {
     const std::int64_t vocab = s.out > 0 ? s.out : ctx.config().get_int("model.vocab_size");
     return std::make_shared<VocabParallelCrossEntropy>(vocab, ctx);

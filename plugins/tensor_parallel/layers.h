@@ -4,6 +4,8 @@
 //   linear.row        weight split by input features, output all-reduced, bias added once
 //   embedding.vocab   vocabulary split (uneven splits allowed), out-of-range tokens masked
 //   loss.cross_entropy  vocabulary-parallel: never gathers the full logits
+//   moe               offered (unless expert_parallel replaces it): every expert's
+//                     FFN split column/row over tp, one all-reduce of the output
 // attention.heads and mlp need nothing of their own: they are built from the
 // column and row kinds, so each rank owns whole heads and one slice of the FFN.
 //

@@ -207,13 +207,13 @@ class ZeroReducer : public GradReducer {
   std::shared_ptr<Shards> s_;
 };
 
-class ZeroOptimizer : public Optimizer {
+class ZeroOptimizer : public NamedStateOptimizer {
  public:
-  ZeroOptimizer(OptimizerOptions o, std::shared_ptr<Shards> s) : o_(o), s_(std::move(s)) {
+  ZeroOptimizer(OptimizerOptions o, std::shared_ptr<Shards> s) : NamedStateOptimizer(o), s_(std::move(s)) {
     for (const auto& c : s_->cuts) {
-      state_.push_back(fresh_state(o_, c.slice_grad));
-      specs_.push_back(c.slice_spec);
-      specs_.back().name = c.param.spec.name;
+      ShardSpec spec = c.slice_spec;
+      spec.name = c.param.spec.name;
+      add_state(spec, c.slice_grad);
     }
   }
   void step(double lr) override {
@@ -232,16 +232,9 @@ class ZeroOptimizer : public Optimizer {
     for (const auto& c : s_->cuts) params.push_back(c.param);
     zero_gradients(params);
   }
-  std::int64_t steps_taken() const override { return steps_; }
-  void set_steps_taken(std::int64_t s) override { steps_ = s; }
-  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
 
  private:
-  OptimizerOptions o_;
   std::shared_ptr<Shards> s_;
-  std::vector<ShardSpec> specs_;
-  std::vector<std::vector<at::Tensor>> state_;
-  std::int64_t steps_ = 0;
 };
 
 class ZeroFeature : public Feature {

@@ -228,3 +228,27 @@ TEST(AuxiliaryLoss, AddedToTheLossScaledAndReportedSeparately) {
   EXPECT_TRUE(torch::allclose(model.params[0].tensor.grad(), torch::full({3}, 9.0)));
   hp::add_aux_loss("ignored", torch::ones({}));  // no collection open: nothing happens
 }
+
+// A feature's offer for a kind gives way to a feature that replaces it, in
+// either order; two replacements (or two offers) are refused naming both.
+TEST(LayerRegistry, AnOfferGivesWayToAReplacementInEitherOrder) {
+  hp::LayerFactory f = [](const hp::LayerSpec&, hp::BuildContext&) { return std::shared_ptr<hp::Layer>(); };
+  auto a = hp::LayerRegistry::dense();
+  a.offer("moe", "tensor_parallel", f);
+  EXPECT_EQ(a.owner("moe"), "tensor_parallel");
+  a.replace("moe", "expert_parallel", f);
+  EXPECT_EQ(a.owner("moe"), "expert_parallel");
+  auto b = hp::LayerRegistry::dense();
+  b.replace("moe", "expert_parallel", f);
+  b.offer("moe", "tensor_parallel", f);
+  EXPECT_EQ(b.owner("moe"), "expert_parallel");
+  try {
+    b.replace("moe", "other", f);
+    FAIL() << "a second replacement was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "layer kind 'moe' is replaced by both 'expert_parallel' and 'other'");
+  }
+  auto c = hp::LayerRegistry::dense();
+  c.offer("moe", "tensor_parallel", f);
+  EXPECT_THROW(c.offer("moe", "other", f), std::invalid_argument);
+}
