@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <stdexcept>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "framework/metrics/exposition.h"
 #include "framework/metrics/registry.h"
@@ -29,8 +31,10 @@ constexpr const char* kMetricsPath = "/metrics";
 constexpr const char* kPlainText = "text/plain; charset=utf-8";
 // A request line and a few headers; anything longer is not a scraper.
 constexpr std::size_t kMaxRequestHead = std::size_t{16} * 1024;
-// One thread serves every client, so none may hold it for long.
+// A client that has not sent its request head by then is closed.
 constexpr std::chrono::seconds kClientTimeout{5};
+// Clients served at once; one more is answered 503 and closed.
+constexpr std::size_t kMaxClients = 64;
 // After answering, unread input is drained for at most this long: closing
 // with unread input makes the kernel send a reset, which can destroy the
 // answer before the client has read it.
@@ -50,7 +54,13 @@ class FileDescriptor {
   FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(FileDescriptor&&) = delete;
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
   int get() const { return fd_; }
 
  private:
@@ -102,8 +112,12 @@ std::string answer(const Registry& registry, const std::string& head) {
 
 }  // namespace
 
-// Owns the listening socket and the thread that serves it, one client at a
-// time (Prometheus scrapes sequentially). An eventfd wakes the thread to stop.
+// Owns the listening socket and the thread that serves it. The thread runs
+// one poll loop over every client at once, each a small state machine
+// (reading its request head, writing the answer, draining), so an idle,
+// trickling, garbage-sending or oversized client never delays another
+// client's scrape: each is bounded in size (kMaxRequestHead) and time
+// (kClientTimeout). An eventfd wakes the loop to stop.
 class HttpExposer::Server {
  public:
   Server(const Registry& registry, FileDescriptor listener, FileDescriptor wake)
@@ -114,122 +128,149 @@ class HttpExposer::Server {
 
   ~Server() {
     const std::uint64_t one = 1;
-    // An eventfd write only fails when the counter would overflow.
-    [[maybe_unused]] const ssize_t written = ::write(wake_.get(), &one, sizeof one);
+    ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
+    (void)ignored;
     thread_.join();
   }
 
-  Server(const Server&) = delete;
-  Server& operator=(const Server&) = delete;
-
  private:
-  enum class Ready { kYes, kTimeout, kStop };
-
-  // Waits until `fd` has `events`, the deadline passes or stop is requested.
-  Ready wait_for(int fd, short events, std::optional<Clock::time_point> deadline) const {
-    for (;;) {
-      int timeout_ms = -1;
-      if (deadline) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
-        if (left.count() <= 0) return Ready::kTimeout;
-        timeout_ms = static_cast<int>(left.count());
-      }
-      pollfd fds[2] = {{fd, events, 0}, {wake_.get(), POLLIN, 0}};
-      const int ready = ::poll(fds, 2, timeout_ms);
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready < 0 || fds[1].revents != 0) return Ready::kStop;
-      if (ready == 0) return Ready::kTimeout;
-      return Ready::kYes;  // errors and hang-ups show up in the next recv/send
-    }
-  }
+  enum class Phase { kReading, kWriting, kDraining };
+  struct Client {
+    explicit Client(int fd) : fd(fd) {}
+    FileDescriptor fd;
+    Phase phase = Phase::kReading;
+    std::string head, reply;
+    std::size_t sent = 0;
+    Clock::time_point deadline = Clock::now() + kClientTimeout;
+  };
 
   void run() {
     pthread_setname_np(pthread_self(), "hp-metrics-http");
+    std::vector<std::unique_ptr<Client>> clients;
+    std::vector<pollfd> fds;
     for (;;) {
-      if (wait_for(listener_.get(), POLLIN, std::nullopt) != Ready::kYes) return;
-      FileDescriptor client(
-          ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (client.get() < 0) {
-        // Out of descriptors or memory: back off rather than spin on a
-        // listener that stays readable.
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          if (wait_for(wake_.get(), POLLIN, Clock::now() + std::chrono::milliseconds(100)) ==
-              Ready::kStop) {
-            return;
-          }
-        }
+      fds.clear();
+      fds.push_back({wake_.get(), POLLIN, 0});
+      fds.push_back({listener_.get(), POLLIN, 0});
+      auto next = Clock::time_point::max();
+      for (const auto& c : clients) {
+        fds.push_back({c->fd.get(), static_cast<short>(c->phase == Phase::kWriting ? POLLOUT : POLLIN), 0});
+        next = std::min(next, c->deadline);
+      }
+      int timeout_ms = -1;
+      if (!clients.empty()) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
+        timeout_ms = static_cast<int>(std::max<long long>(0, left.count()));
+      }
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
+      if (fds[0].revents != 0) return;  // stop requested
+      for (std::size_t i = 0; i < clients.size(); ++i) {
+        if (fds[i + 2].revents != 0) step(*clients[i]);
+      }
+      const auto now = Clock::now();
+      clients.erase(std::remove_if(clients.begin(), clients.end(),
+                                   [&](const auto& c) { return c->fd.get() < 0 || now >= c->deadline; }),
+                    clients.end());
+      if (fds[1].revents != 0) accept_all(clients);
+    }
+  }
+
+  void accept_all(std::vector<std::unique_ptr<Client>>& clients) {
+    for (;;) {
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or out of descriptors: the next poll tries again
+      if (clients.size() >= kMaxClients) {
+        FileDescriptor busy(fd);
+        const std::string reply = response(503, "Service Unavailable", kPlainText, "too many clients\n", true);
+        ssize_t ignored = ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+        (void)ignored;
         continue;
       }
-      try {
-        serve(client.get());
-      } catch (...) {
-        // Out of memory while answering: drop this client, keep serving.
-      }
+      clients.push_back(std::make_unique<Client>(fd));
     }
   }
 
-  void serve(int client) const {
-    const Clock::time_point deadline = Clock::now() + kClientTimeout;
-    std::string head;
+  // Advances one client as far as its socket allows without blocking.
+  void step(Client& c) {
+    try {
+      if (c.phase == Phase::kReading) read_head(c);
+      if (c.phase == Phase::kWriting) write_reply(c);
+      if (c.phase == Phase::kDraining) drain(c);
+    } catch (...) {
+      close(c);  // out of memory while answering: drop this client, keep serving
+    }
+  }
+
+  void read_head(Client& c) {
     char buffer[4096];
     for (;;) {
-      const bool complete =
-          head.find("\r\n\r\n") != std::string::npos || head.find("\n\n") != std::string::npos;
-      if (head.size() > kMaxRequestHead) {
-        const std::string reply = response(431, "Request Header Fields Too Large", kPlainText,
-                                           "request head too large\n", true);
-        if (send_all(client, reply, deadline)) drain(client);
-        return;
-      }
-      if (complete) break;
-      if (wait_for(client, POLLIN, deadline) != Ready::kYes) return;
-      const ssize_t n = ::recv(client, buffer, sizeof buffer, 0);
-      if (n == 0) return;
+      const ssize_t n = ::recv(c.fd.get(), buffer, sizeof buffer, 0);
+      if (n == 0) return close(c);
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) close(c);
         return;
       }
-      head.append(buffer, static_cast<std::size_t>(n));
+      c.head.append(buffer, static_cast<std::size_t>(n));
+      const std::size_t end = std::min(c.head.find("\r\n\r\n"), c.head.find("\n\n"));
+      if (end != std::string::npos && end <= kMaxRequestHead) {
+        std::string reply;
+        try {
+          reply = answer(registry_, c.head);
+        } catch (const std::exception& e) {
+          reply = response(500, "Internal Server Error", kPlainText,
+                           std::string("internal error rendering metrics, please report: ") + e.what() + "\n", true);
+        }
+        return start_reply(c, std::move(reply));
+      }
+      if (c.head.size() > kMaxRequestHead) {
+        return start_reply(c, response(431, "Request Header Fields Too Large", kPlainText, "request head too large\n",
+                                       true));
+      }
     }
-    std::string reply;
-    try {
-      reply = answer(registry_, head);
-    } catch (const std::exception& e) {
-      reply = response(
-          500, "Internal Server Error", kPlainText,
-          std::string("internal error rendering metrics, please report: ") + e.what() + "\n", true);
-    }
-    if (send_all(client, reply, deadline)) drain(client);
   }
 
-  bool send_all(int client, const std::string& data, Clock::time_point deadline) const {
-    std::size_t sent = 0;
-    while (sent < data.size()) {
-      const ssize_t n = ::send(client, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+  void start_reply(Client& c, std::string reply) {
+    c.head.clear();
+    c.head.shrink_to_fit();
+    c.reply = std::move(reply);
+    c.phase = Phase::kWriting;
+    c.deadline = Clock::now() + kClientTimeout;
+  }
+
+  void write_reply(Client& c) {
+    while (c.sent < c.reply.size()) {
+      const ssize_t n = ::send(c.fd.get(), c.reply.data() + c.sent, c.reply.size() - c.sent, MSG_NOSIGNAL);
       if (n > 0) {
-        sent += static_cast<std::size_t>(n);
+        c.sent += static_cast<std::size_t>(n);
       } else if (n < 0 && errno == EINTR) {
         continue;
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (wait_for(client, POLLOUT, deadline) != Ready::kYes) return false;
+        return;
       } else {
-        return false;
+        return close(c);
       }
     }
-    return true;
+    // Half-close, then read until the client closes too (or briefly times
+    // out): closing with unread input makes the kernel send a reset, which
+    // can destroy the answer before the client has read it.
+    ::shutdown(c.fd.get(), SHUT_WR);
+    c.phase = Phase::kDraining;
+    c.deadline = Clock::now() + kDrainTimeout;
   }
 
-  // Half-closes, then reads until the client closes too (or briefly times out).
-  void drain(int client) const {
-    ::shutdown(client, SHUT_WR);
-    const Clock::time_point deadline = Clock::now() + kDrainTimeout;
+  void drain(Client& c) {
     char buffer[4096];
-    while (wait_for(client, POLLIN, deadline) == Ready::kYes) {
-      const ssize_t n = ::recv(client, buffer, sizeof buffer, 0);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    for (;;) {
+      const ssize_t n = ::recv(c.fd.get(), buffer, sizeof buffer, 0);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      return close(c);
     }
   }
+
+  static void close(Client& c) { c.fd = FileDescriptor(-1); }
 
   const Registry& registry_;
   FileDescriptor listener_;
@@ -288,7 +329,7 @@ HttpExposer::HttpExposer(Registry& registry, const std::string& bind_address, in
   const int on = 1;
   ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   if (::bind(listener.get(), address, address_length) != 0) fail("bind", errno);
-  if (::listen(listener.get(), 16) != 0) fail("listen", errno);
+  if (::listen(listener.get(), 128) != 0) fail("listen", errno);
   FileDescriptor wake(::eventfd(0, EFD_CLOEXEC));
   if (wake.get() < 0) fail("eventfd", errno);
   server_ = std::make_unique<Server>(registry, std::move(listener), std::move(wake));

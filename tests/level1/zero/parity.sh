@@ -2,7 +2,8 @@
 # zero (ZeRO-1) against plain data parallel and against one process:
 # dp=2 + zero vs dp=2 (50-step losses and first-step gradients within 1e-6),
 # and dp=2, tp=2 x dp=2 and pp=2 x dp=2 with zero vs one process
-# (PARITY.md: first-step loss and every gradient 1e-5, 50-step losses 1e-4).
+# (PARITY.md: first-step loss and every gradient 1e-5, 50-step losses 1e-4);
+# zero with recompute bitwise equal to zero without.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -18,6 +19,7 @@ run dp2 2
 run dp2z 2 "${zero[@]}"
 run tp2dp2z 4 "${zero[@]}" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 run pp2dp2z 4 "${zero[@]}" --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+run dp2zrc 2 "${zero[@]}" --set features.recompute.enabled=true
 echo "== dp=2 + zero against dp=2"
 "$BIN/hp-compare" "$WORK/dp2" "$WORK/dp2z" --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --grad-rtol 1e-6 \
   --phase "zero's reduce-scatter or sharded update" || fail "dp2 + zero vs dp2"
@@ -26,6 +28,9 @@ for r in dp2z tp2dp2z pp2dp2z; do
   "$BIN/hp-compare" "$WORK/ref" "$WORK/$r" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 \
     --phase "zero's reduce-scatter or sharded update" || fail "$r vs one process"
 done
+echo "== dp=2 + zero with recompute against without"
+"$BIN/hp-compare" "$WORK/dp2z" "$WORK/dp2zrc" --exact --grads-step 1 --grad-rtol 0 --phase "recompute under zero" \
+  || fail "zero + recompute"
 # Each replica holds half of the optimizer state.
 python3 - "$WORK/dp2" "$WORK/dp2z" <<'PY' || fail "state bytes"
 import json, sys

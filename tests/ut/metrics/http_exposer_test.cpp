@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "framework/metrics/exposition.h"
 #include "framework/metrics/registry.h"
@@ -230,4 +232,66 @@ TEST(HttpExposer, RefusesBadAddressAndPort) {
 }
 
 }  // namespace
+
+// Many clients at once: 20 idle connections, one trickling a byte a second,
+// one sending 1 MB of garbage, one holding a 2 MB header line open; every
+// scrape beside them still answers within 100 ms, and the misbehaving ones
+// get a 4xx or a closed connection.
+TEST(HttpExposer, MisbehavingClientsNeverDelayAScrape) {
+  Registry r;
+  r.gauge("hp_test_value", "A value.").set(7);
+  const int port = free_port();
+  HttpExposer exposer(r, "127.0.0.1", port);
+  std::vector<std::unique_ptr<Socket>> idle;
+  for (int i = 0; i < 20; ++i) {
+    idle.push_back(std::make_unique<Socket>());
+    ASSERT_EQ(connect_to(*idle.back(), port), 0);
+  }
+  std::atomic<bool> stop{false};
+  std::string garbage_status, header_status;
+  std::thread trickle([&] {
+    Socket s;
+    if (connect_to(s, port) != 0) return;
+    const std::string request = "GET /metrics HTTP/1.1\r\n";
+    for (std::size_t i = 0; i < request.size() && !stop; ++i) {
+      if (::send(s.fd(), &request[i], 1, MSG_NOSIGNAL) != 1) return;  // closed by the server: fine
+      for (int t = 0; t < 10 && !stop; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto flood = [&](const std::string& payload, std::string& status) {
+    Socket s;
+    timeval timeout{10, 0};
+    ::setsockopt(s.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    if (connect_to(s, port) != 0) return;
+    std::size_t sent = 0;
+    while (sent < payload.size()) {
+      const ssize_t n = ::send(s.fd(), payload.data() + sent, payload.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;  // the server answered and stopped reading
+      sent += static_cast<std::size_t>(n);
+    }
+    char buffer[64] = {0};
+    const ssize_t n = ::recv(s.fd(), buffer, sizeof buffer - 1, 0);
+    status = n > 12 ? std::string(buffer, 12) : "closed";
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // held open
+  };
+  std::thread garbage(flood, std::string(1 << 20, 'x'), std::ref(garbage_status));
+  std::thread header(flood, "GET /metrics HTTP/1.1\r\nX-Long: " + std::string(2 << 20, 'y'), std::ref(header_status));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Response resp = http_get(port, "/metrics");
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(resp.status, 200);
+    EXPECT_NE(resp.body.find("hp_test_value 7"), std::string::npos);
+    EXPECT_LT(ms, 100.0) << "scrape " << i << " took " << ms << " ms";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop = true;
+  trickle.join();
+  garbage.join();
+  header.join();
+  EXPECT_EQ(garbage_status, "HTTP/1.1 431") << "1 MB without a request head";
+  EXPECT_EQ(header_status, "HTTP/1.1 431") << "a 2 MB header line";
+}
+
 }  // namespace hp::metrics
