@@ -114,11 +114,13 @@ json manifest_to_json(const Manifest& m) {
     }
     tensors[name] = {{"global_shape", t.global_shape}, {"dtype", *dtype}, {"shards", shards}};
   }
-  return {{"format_version", m.format_version},
-          {"step", m.step},
-          {"layout", m.layout},
-          {"config_hash", m.config_hash},
-          {"tensors", tensors}};
+  json out = {{"format_version", m.format_version},
+              {"step", m.step},
+              {"layout", m.layout},
+              {"config_hash", m.config_hash},
+              {"tensors", tensors}};
+  if (!m.state_xxh64.empty()) out["state_xxh64"] = m.state_xxh64;
+  return out;
 }
 
 Manifest manifest_from_json(const json& j, const std::string& source) {
@@ -136,6 +138,12 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
   m.format_version = static_cast<int>(version);
   m.step = p.integer(j, "step", "");
   m.config_hash = p.string(j, "config_hash", "");
+  if (j.contains("state_xxh64")) {
+    m.state_xxh64 = p.string(j, "state_xxh64", "");
+    if (m.state_xxh64.size() != 16 || m.state_xxh64.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      p.fail("state_xxh64", "is not 16 lowercase hex digits");
+    }
+  }
   const auto& layout = p.field(j, "layout", "");
   if (!layout.is_object()) {
     p.fail("layout", "is not an object");

@@ -50,6 +50,9 @@ struct Manifest {
   std::int64_t step = 0;
   Layout layout;
   std::string config_hash;
+  /// xxh64 of state.json (step, RNG, data position, counters), so the run
+  /// state is protected like the tensors; "" in manifests written before it.
+  std::string state_xxh64;
   std::map<std::string, TensorRecord> tensors;
 };
 

@@ -100,10 +100,31 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
   }
   const std::string state_path = (fs::path(impl_->dir) / "state.json").string();
   const std::string text = detail::read_text_file(state_path);
+  // The run state is protected like the tensors: its checksum is in the
+  // manifest, and its step must be the manifest's.
+  if (!impl_->manifest.state_xxh64.empty()) {
+    const std::string got = format_xxh64(XXH64(text.data(), text.size(), 0));
+    if (got != impl_->manifest.state_xxh64) {
+      throw CheckpointError("bad state file " + state_path + ": its checksum is " + got + " but the manifest says " +
+                            impl_->manifest.state_xxh64 +
+                            ": the run state was changed or damaged; resume from another step");
+    }
+  }
   try {
     impl_->state = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError("bad state file " + state_path + ": not valid JSON (" + e.what() + ")");
+    // The parser quotes what it read last, which can be kilobytes of RNG
+    // state: keep the message to one short line.
+    std::string why = e.what();
+    if (why.size() > 160) why = why.substr(0, 160) + "...";
+    throw CheckpointError("bad state file " + state_path + ": not valid JSON (" + why + ")");
+  }
+  const auto step_it = impl_->state.is_object() ? impl_->state.find("step") : impl_->state.end();
+  if (step_it != impl_->state.end() &&
+      (!step_it->is_number_integer() || step_it->get<std::int64_t>() != impl_->manifest.step)) {
+    throw CheckpointError("bad state file " + state_path + ": it says step " + step_it->dump().substr(0, 40) +
+                          " but the manifest says step " + std::to_string(impl_->manifest.step) +
+                          "; resume from another step");
   }
 }
 

@@ -1,5 +1,7 @@
 #include "checkpoint/writer.h"
 
+#include <xxhash.h>
+
 #include <ATen/ATen.h>
 #include <fcntl.h>
 
@@ -339,6 +341,7 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(what + "the state is not valid UTF-8 JSON (" + e.what() + ")");
   }
+  manifest.state_xxh64 = format_xxh64(XXH64(state_text.data(), state_text.size(), 0));
   detail::write_file_durable((staging / "manifest.json").string(),
                              manifest_to_json(manifest).dump(2));
   detail::write_file_durable((staging / "state.json").string(), state_text);

@@ -216,6 +216,40 @@ TEST(Checkpoint, FlippedByteIsAChecksumMismatch) {
   EXPECT_NO_THROW(r.read_full("a"));
 }
 
+// The run state is protected like the tensors: an edited step (30 -> 3) or a
+// damaged state.json is refused with one short line, not silently resumed.
+TEST(Checkpoint, EditedOrDamagedStateIsRefusedInOneLine) {
+  TempDir dir;
+  json state = {{"step", 30}, {"rng", std::string(5000, 'a')}};
+  save_whole(dir.path(), 30, {{"w", sample({4}, at::kFloat)}}, state);
+  const auto step = CheckpointReader::latest(dir.path());
+  const std::string file = step + "/state.json";
+  const std::string good = read_bytes(file);
+  EXPECT_NO_THROW(CheckpointReader{step});
+  std::string edited = good;
+  edited.replace(edited.find("30"), 2, " 3");
+  write_bytes(file, edited);
+  auto msg = error_of([&] { CheckpointReader r(step); });
+  EXPECT_HAS(msg, "bad state file " + file + ": its checksum is ");
+  EXPECT_HAS(msg, "the run state was changed or damaged; resume from another step");
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  write_bytes(file, good.substr(0, good.size() / 2));
+  msg = error_of([&] { CheckpointReader r(step); });
+  EXPECT_HAS(msg, "the run state was changed or damaged");
+  EXPECT_LT(msg.size(), 400u) << "no blob in the message";
+  // A manifest written before the checksum existed: the step still has to agree.
+  json m = json::parse(read_bytes(step + "/manifest.json"));
+  m.erase("state_xxh64");
+  write_bytes(step + "/manifest.json", m.dump());
+  write_bytes(file, edited);
+  msg = error_of([&] { CheckpointReader r(step); });
+  EXPECT_HAS(msg, "bad state file " + file + ": it says step 3 but the manifest says step 30; resume from another step");
+  write_bytes(file, good.substr(0, good.size() / 2));
+  msg = error_of([&] { CheckpointReader r(step); });
+  EXPECT_HAS(msg, "bad state file " + file + ": not valid JSON");
+  EXPECT_LT(msg.size(), 400u) << "the parser's quote of kilobytes of RNG state is cut";
+}
+
 TEST(Checkpoint, TruncatedShardFile) {
   TempDir dir;
   save_whole(dir.path(), 2, {{"w", sample({16, 16}, at::kFloat)}}, json::object());
@@ -370,7 +404,7 @@ TEST(Checkpoint, KeepDeletesAllButTheNewestSteps) {
   TempDir dir;
   for (std::int64_t step = 1; step <= 5; ++step) {
     save_whole(dir.path(), step * 10, {{"w", torch::full({2}, static_cast<double>(step))}},
-               {{"step", step}}, 2);
+               {{"step", step * 10}}, 2);
   }
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.path())) {
