@@ -17,6 +17,7 @@ PACKAGES=(
   prometheus
   fortunes
   curl python3
+  procps
 )
 
 missing=()

@@ -270,13 +270,16 @@ std::string to_json(const Heartbeat& h) { return heartbeat_json(h).dump(); }
 
 Heartbeat heartbeat_from_json(const std::string& text) { return heartbeat_from(nlohmann::json::parse(text)); }
 
-std::string record_json(const Recorder& r, const std::string& reason) {
+Entry entry_from_json(const std::string& text) { return entry_from(nlohmann::json::parse(text)); }
+
+std::string record_json(const Recorder& r, const std::string& reason, double heartbeat_seconds) {
   nlohmann::json j;
   j["rank"] = r.rank();
   j["reason"] = reason;
   j["written"] = now_seconds();
   j["capacity"] = r.capacity();
   j["recorded"] = r.total_recorded();
+  j["heartbeat_seconds"] = heartbeat_seconds;
   j["heartbeat"] = heartbeat_json(r.heartbeat());
   j["entries"] = nlohmann::json::array();
   for (const auto& e : r.entries()) j["entries"].push_back(entry_json(e));
@@ -309,7 +312,7 @@ std::string Watchdog::dump(const std::string& reason) const {
   const std::string path = o_.dir + "/rank" + std::to_string(rec_->rank()) + ".json";
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
-  write_atomically(path, record_json(*rec_, reason));
+  write_atomically(path, record_json(*rec_, reason, o_.heartbeat_seconds));
   return std::filesystem::exists(path, ec) ? path : "";
 }
 

@@ -115,7 +115,10 @@ class Recorder {
 /// JSON text of a heartbeat / a whole record (heartbeat + entries), and back.
 std::string to_json(const Heartbeat& h);
 Heartbeat heartbeat_from_json(const std::string& text);
-std::string record_json(const Recorder& r, const std::string& reason);
+/// One entry of a record's "entries" list, as JSON text.
+Entry entry_from_json(const std::string& text);
+/// `heartbeat_seconds` is stored so a reader judges staleness by the run's own beat.
+std::string record_json(const Recorder& r, const std::string& reason, double heartbeat_seconds);
 
 /// Seconds since the epoch, wall clock (comparable across processes).
 double now_seconds();

@@ -67,7 +67,7 @@ class Head : public hp::Block {
 class Loss : public hp::LossBlock {
  public:
   explicit Loss(hp::BuildContext& ctx) {
-    ce_ = register_module("ce", ctx.layers().make_loss({"loss.cross_entropy", "loss"}, ctx));
+    ce_ = register_module("ce", ctx.layers().make_loss({"loss.cross_entropy", "loss", 0, kVocab}, ctx));
   }
   hp::LossOutput forward(const hp::Activations& out, const hp::Activations& targets) override {
     return ce_->forward(out["logits"], targets["labels"]);

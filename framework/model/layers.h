@@ -6,7 +6,8 @@
 // Kinds: linear.column, linear.row, embedding.vocab, embedding.position
 // (adds learned positions to [batch, seq, hidden]; in = max positions),
 // attention.heads, mlp, moe (mixture of experts, framework/model/moe.h),
-// layer_norm, dropout (probability LayerSpec::dropout), loss.cross_entropy.
+// layer_norm, dropout (probability LayerSpec::dropout), loss.cross_entropy
+// (out = the vocabulary size: a feature that splits the logits needs it).
 #include <torch/nn/module.h>
 
 #include <cstdint>

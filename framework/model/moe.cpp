@@ -199,10 +199,12 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidde
       bias_.add_(at::sign(mean - counts).to(bias_.scalar_type()) * o_.bias_update_rate);
     }
     if (sc.metrics) {
+      counts = counts.contiguous();
+      const double* c = counts.data_ptr<double>();
       for (std::int64_t e = 0; e < o_.num_experts; ++e) {
         sc.metrics->gauge("hp_moe_tokens_per_expert", "Token assignments an expert kept in the last step, global batch.",
                           {{"layer", name_}, {"expert", std::to_string(e)}})
-            .set(counts[e].item<double>());
+            .set(c[e]);
       }
       sc.metrics->gauge("hp_moe_load_imbalance", "Max over mean of the tokens per expert in the last step.",
                         {{"layer", name_}})
@@ -251,8 +253,9 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (aux_loss_collecting() && !aux_loss_replaying()) {
     // Counted once per forward of a step (not again when recompute replays it).
     at::Tensor kept_e = r.experts.masked_select(r.kept);
-    at::Tensor counts = at::bincount(kept_e, {}, o_.num_experts).to(at::kDouble);
-    for (std::int64_t e = 0; e < o_.num_experts; ++e) stats_.tokens_per_expert[static_cast<std::size_t>(e)] += counts[e].item<double>();
+    at::Tensor counts = at::bincount(kept_e, {}, o_.num_experts).to(at::kDouble).contiguous();
+    const double* c = counts.data_ptr<double>();
+    for (std::int64_t e = 0; e < o_.num_experts; ++e) stats_.tokens_per_expert[static_cast<std::size_t>(e)] += c[e];
     stats_.selected += static_cast<double>(r.kept.numel());
     stats_.dropped += static_cast<double>(r.kept.numel() - kept_e.numel());
   }

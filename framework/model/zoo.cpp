@@ -117,8 +117,8 @@ class HeadBlock : public Block {
 
 class CrossEntropyBlock : public LossBlock {
  public:
-  explicit CrossEntropyBlock(BuildContext& ctx) {
-    loss_ = register_module("ce", ctx.layers().make_loss(LayerSpec{"loss.cross_entropy", "loss"}, ctx));
+  CrossEntropyBlock(BuildContext& ctx, std::int64_t vocab) {
+    loss_ = register_module("ce", ctx.layers().make_loss(LayerSpec{"loss.cross_entropy", "loss", 0, vocab}, ctx));
   }
   LossOutput forward(const Activations& out, const Activations& targets) override {
     return loss_->forward(out["logits"], targets["labels"]);
@@ -163,7 +163,7 @@ ModelDescription describe_decoder(const Config& config, bool attention) {
   }
   desc.blocks.push_back({"head", estimate(d, attention, "head"),
                          [d](BuildContext& ctx) { return std::make_shared<HeadBlock>(d, ctx); }});
-  desc.loss = [](BuildContext& ctx) { return std::make_shared<CrossEntropyBlock>(ctx); };
+  desc.loss = [vocab = d.vocab](BuildContext& ctx) { return std::make_shared<CrossEntropyBlock>(ctx, vocab); };
   desc.loss_cost = {0, 4.0 * static_cast<double>(d.vocab)};  // max, exp, sum and log over the vocabulary
   if (d.moe) desc.aux_losses = {"load_balance", "router_z"};
   return desc;

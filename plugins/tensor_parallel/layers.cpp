@@ -263,8 +263,12 @@ void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o)
   }
   r.offer("moe", owner, [](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<TensorParallelMoe>(s, ctx); });
   r.replace_loss("loss.cross_entropy", owner, [](const LayerSpec& s, BuildContext& ctx) {
-    const std::int64_t vocab = s.out > 0 ? s.out : ctx.config().get_int("model.vocab_size");
-    return std::make_shared<VocabParallelCrossEntropy>(vocab, ctx);
+    if (s.out <= 0) {
+      throw std::invalid_argument("model error: loss.cross_entropy '" + s.name +
+                                  "' under tensor parallel needs the vocabulary size as LayerSpec::out (the logits "
+                                  "are split over it)");
+    }
+    return std::make_shared<VocabParallelCrossEntropy>(s.out, ctx);
   });
 }
 

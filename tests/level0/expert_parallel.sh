@@ -34,4 +34,8 @@ grep -qF "features.expert_parallel.enabled = true: model 'gpt' has no experts to
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set features.expert_parallel.size=4 --set model.moe.num_experts=8 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "ep 4 over dp 2: expected exit 2, got $rc"
 grep -qF "distributed = ep=4 dp=2: the expert-parallel size must divide the data-parallel size (claimed by expert_parallel) (legal: an expert-parallel size dividing 2)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set model.moe.num_experts=4 --set features.tensor_parallel.enabled=true \
+      --set features.tensor_parallel.sequence_parallel=true 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "sequence parallel with experts: expected exit 2, got $rc"
+grep -qF "features.tensor_parallel.sequence_parallel = true: a mixture-of-experts model routes and balances per whole sequence, which a sequence split does not see (not supported yet) (legal: false for a model with experts)" <<<"$out" || fail "$out"
 echo PASS

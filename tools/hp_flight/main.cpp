@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       const int rank = j.at("rank").get<int>();
       beats[rank] = flight::heartbeat_from_json(j.at("heartbeat").dump());
       newest = std::max(newest, j.value("written", 0.0));
+      heartbeat_seconds = j.value("heartbeat_seconds", heartbeat_seconds);
       records[rank] = std::move(j);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "hp-flight: %s is not a flight record: %s\n", e.path().c_str(), ex.what());
@@ -59,19 +60,11 @@ int main(int argc, char** argv) {
       std::printf("rank %d, last %zu of %llu operations:\n", rank, n - from,
                   static_cast<unsigned long long>(j.value("recorded", std::uint64_t{0})));
       for (std::size_t i = from; i < n; ++i) {
-        const auto& e = entries[i];
-        std::printf("  %-6s %-14s #%-6llu %10llu bytes  %-7s %.3f s  %s\n", e.value("group", std::string()).c_str(),
-                    e.value("op", std::string()).c_str(),
-                    static_cast<unsigned long long>(e.value("seq", std::uint64_t{0})),
-                    static_cast<unsigned long long>(e.value("bytes", std::uint64_t{0})),
-                    e.value("state", std::string()).c_str(),
-                    e.value("end", 0.0) > 0 ? e.value("end", 0.0) - e.value("start", 0.0) : newest - e.value("start", 0.0),
-                    e.contains("action") ? flight::describe([&] {
-                      flight::Heartbeat h = flight::heartbeat_from_json(
-                          nlohmann::json{{"rank", rank}, {"action", e.at("action")}}.dump());
-                      return h.action;
-                    }()).c_str()
-                                         : "");
+        const flight::Entry e = flight::entry_from_json(entries[i].dump());
+        const double secs = (e.end > 0 ? e.end : newest) - e.start;
+        std::printf("  %-6s %-14s #%-6llu %10llu bytes  %-7s %.3f s  %s\n", e.group.c_str(), e.op.c_str(),
+                    static_cast<unsigned long long>(e.seq), static_cast<unsigned long long>(e.bytes),
+                    flight::to_string(e.state), secs, flight::describe(e.action).c_str());
       }
     }
   }

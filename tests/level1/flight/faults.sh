@@ -29,4 +29,10 @@ echo "mismatch: ${line#*\] }"
 grep -qE "collective mismatch on group 'dp' #[0-9]+: rank [01] calls (all_reduce|broadcast) \(4096 bytes\), rank [01] calls (all_reduce|broadcast) \(4096 bytes\)" <<<"$line" \
   || fail "the mismatch is not named: $out"
 grep -q "all_reduce" <<<"$line" && grep -q "broadcast" <<<"$line" || fail "both calls must be named: $line"
+grep -qE "rank [01]: aborting on a stall \(distributed.on_stall: abort\); flight record written to $WORK/mismatch/flight/rank[01].json" <<<"$out" \
+  || fail "the abort does not say where the record is: $out"
+mkdir -p "$WORK/empty"
+out=$("$BIN/hp-flight" "$WORK/empty" 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "hp-flight on an empty directory: expected exit 2, got $rc"
+grep -qF "hp-flight: no flight records (rank<R>.json) in $WORK/empty" <<<"$out" || fail "$out"
 echo PASS

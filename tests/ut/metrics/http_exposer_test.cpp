@@ -294,4 +294,23 @@ TEST(HttpExposer, MisbehavingClientsNeverDelayAScrape) {
   EXPECT_EQ(header_status, "HTTP/1.1 431") << "a 2 MB header line";
 }
 
+
+// Past 64 clients at once, a new one is told so (503) rather than queued.
+TEST(HttpExposer, TooManyClientsAreAnswered503) {
+  Registry r;
+  const int port = free_port();
+  HttpExposer exposer(r, "127.0.0.1", port);
+  std::vector<std::unique_ptr<Socket>> held;
+  for (int i = 0; i < 64; ++i) {
+    held.push_back(std::make_unique<Socket>());
+    ASSERT_EQ(connect_to(*held.back(), port), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all accepted
+  const Response resp = http_get(port, "/metrics");
+  EXPECT_EQ(resp.status, 503);
+  EXPECT_EQ(resp.body, "too many clients\n");
+  held.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(http_get(port, "/metrics").status, 200) << "served again once they left";
+}
 }  // namespace hp::metrics

@@ -223,4 +223,24 @@ TEST(FeatureRuntime, SecondOwnerOfEachCollaboratorIsRefusedNamingBoth) {
   expect_refused([&] { rt.set_optimizer("other", opt); }, "optimizer");
   expect_refused([&] { rt.set_grad_reducer("other", red); }, "gradient reducer");
   expect_refused([&] { rt.set_checkpoint_io("other", io); }, "checkpoint IO");
+  try {
+    rt.owner_of("scheduler");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown collaborator 'scheduler' (legal: executor, optimizer, gradient reducer, checkpoint IO)");
+  }
+  hp::FeatureRuntime fresh(setup.config, *hp::dist::DistributedContext::single());
+  try {
+    fresh.set_optimizer("zero", nullptr);
+    FAIL() << "an empty optimizer factory was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "feature 'zero' installs an empty optimizer");
+  }
+  EXPECT_FALSE(fresh.has_metrics());
+  try {
+    fresh.metrics();
+    FAIL();
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(), "this host has no metrics registry (a tool that runs no training)");
+  }
 }

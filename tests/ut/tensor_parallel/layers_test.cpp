@@ -115,7 +115,7 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
   auto targets = torch::randint(0, 66, {2, 8}, torch::make_generator<at::CPUGeneratorImpl>(12));
   hp::BuildContext dctx(config(), one(), hp::LayerRegistry::dense(), 1);
   auto dense_in = logits.clone().requires_grad_(true);
-  auto dense = hp::LayerRegistry::dense().make_loss({"loss.cross_entropy", "loss"}, dctx)->forward(dense_in, targets);
+  auto dense = hp::LayerRegistry::dense().make_loss({"loss.cross_entropy", "loss", 0, 66}, dctx)->forward(dense_in, targets);
   dense.sum.backward();
   hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
@@ -123,11 +123,28 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
     hp::BuildContext ctx(config(), d, registry, 1);
     auto [off, len] = hp::split_range(66, T, d.group("tp").rank());
     auto local = logits.narrow(-1, off, len).clone().requires_grad_(true);
-    auto out = registry.make_loss({"loss.cross_entropy", "loss"}, ctx)->forward(local, targets);
+    auto out = registry.make_loss({"loss.cross_entropy", "loss", 0, 66}, ctx)->forward(local, targets);
     EXPECT_NEAR(out.sum.item<double>(), dense.sum.item<double>(), 1e-4);
     EXPECT_EQ(out.count, dense.count);
     out.sum.backward();
     EXPECT_TRUE(torch::allclose(local.grad(), dense_in.grad().narrow(-1, off, len), 1e-5, 1e-6));
+  });
+}
+
+// The vocabulary-parallel loss needs the vocabulary size from the spec (it
+// never reads a model's options).
+TEST(TensorParallelLoss, WithoutTheVocabularySizeIsAModelError) {
+  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, 2), [&](hp::dist::DistributedContext& d) {
+    auto registry = hp::LayerRegistry::dense();
+    hp::tensor_parallel::replace_kinds(registry, "tensor_parallel");
+    hp::BuildContext ctx(config(), d, registry, 1);
+    try {
+      registry.make_loss({"loss.cross_entropy", "loss"}, ctx);
+      FAIL() << "built without a vocabulary size";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_STREQ(e.what(), "model error: loss.cross_entropy 'loss' under tensor parallel needs the vocabulary size as "
+                             "LayerSpec::out (the logits are split over it)");
+    }
   });
 }
 
