@@ -33,7 +33,9 @@ constexpr const char* kPlainText = "text/plain; charset=utf-8";
 constexpr std::size_t kMaxRequestHead = std::size_t{16} * 1024;
 // A client that has not sent its request head by then is closed.
 constexpr std::chrono::seconds kClientTimeout{5};
-// Clients served at once; one more is answered 503 and closed.
+// Clients served at once; one more is answered 503 (through the same
+// write-then-drain path, so the answer is not lost to a reset), and past
+// twice this many a new connection is closed at once.
 constexpr std::size_t kMaxClients = 64;
 // After answering, unread input is drained for at most this long: closing
 // with unread input makes the kernel send a reset, which can destroy the
@@ -141,6 +143,7 @@ class HttpExposer::Server {
     Phase phase = Phase::kReading;
     std::string head, reply;
     std::size_t sent = 0;
+    bool refused = false;  // answered 503: does not count against kMaxClients
     Clock::time_point deadline = Clock::now() + kClientTimeout;
   };
 
@@ -179,11 +182,17 @@ class HttpExposer::Server {
     for (;;) {
       const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or out of descriptors: the next poll tries again
-      if (clients.size() >= kMaxClients) {
-        FileDescriptor busy(fd);
-        const std::string reply = response(503, "Service Unavailable", kPlainText, "too many clients\n", true);
-        ssize_t ignored = ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
-        (void)ignored;
+      const auto serving = static_cast<std::size_t>(
+          std::count_if(clients.begin(), clients.end(), [](const auto& c) { return !c->refused; }));
+      if (serving >= kMaxClients) {
+        if (clients.size() >= 2 * kMaxClients) {
+          FileDescriptor dropped(fd);
+          continue;
+        }
+        auto busy = std::make_unique<Client>(fd);
+        busy->refused = true;
+        start_reply(*busy, response(503, "Service Unavailable", kPlainText, "too many clients\n", true));
+        clients.push_back(std::move(busy));
         continue;
       }
       clients.push_back(std::make_unique<Client>(fd));
