@@ -234,8 +234,10 @@ void CheckpointWriter::finish_rank() {
   Manifest part;
   part.step = step_;
   part.tensors = shards_;
-  detail::write_file_durable((fs::path(staging_) / part_file_name(rank_)).string(),
-                             manifest_to_json(part).dump(2));
+  // Renamed into place: a committer that waits for the parts to appear
+  // (background saves) never reads a half-written one.
+  detail::replace_file_atomically((fs::path(staging_) / part_file_name(rank_)).string(),
+                                  manifest_to_json(part).dump(2));
   finished_ = true;
 }
 
