@@ -113,6 +113,9 @@ json manifest_to_json(const Manifest& m) {
                                     ", which safetensors cannot store");
     }
     tensors[name] = {{"global_shape", t.global_shape}, {"dtype", *dtype}, {"shards", shards}};
+    if (t.split_dim >= 0 || !t.split_groups.empty()) {
+      tensors[name]["split"] = {{"dim", t.split_dim}, {"groups", t.split_groups}};
+    }
   }
   json out = {{"format_version", m.format_version},
               {"step", m.step},
@@ -166,6 +169,28 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
                                  supported_safetensors_dtypes() + ")");
     }
     t.dtype = *dtype;
+    if (tj.contains("split")) {
+      const auto& split = tj.at("split");
+      const auto dim = p.integer(split, "dim", path + "split.");
+      const auto& groups = p.field(split, "groups", path + "split.");
+      if (!groups.is_array()) {
+        p.fail(path + "split.groups", "is not an array of group names: " + groups.dump());
+      }
+      for (const auto& g : groups) {
+        if (!g.is_string()) {
+          p.fail(path + "split.groups", "is not an array of group names: " + groups.dump());
+        }
+        t.split_groups.push_back(g.get<std::string>());
+      }
+      const auto problem =
+          dim < -1 || dim > 64 ? "dim " + std::to_string(dim) + " is not a dimension"
+                               : split_problem(static_cast<int>(dim), t.split_groups,
+                                               t.global_shape.size());
+      if (!problem.empty()) {
+        p.fail(path + "split", "is invalid: " + problem);
+      }
+      t.split_dim = static_cast<int>(dim);
+    }
     const auto& shards = p.field(tj, "shards", path);
     if (!shards.is_array() || shards.empty()) {
       p.fail(path + "shards", "is not a non-empty array");
@@ -229,6 +254,24 @@ Manifest load_manifest(const std::string& path) {
     throw CheckpointError("bad manifest " + path + ": not valid JSON (" + e.what() + ")");
   }
   return manifest_from_json(j, path);
+}
+
+std::string split_problem(int split_dim, const std::vector<std::string>& split_groups,
+                          std::size_t ndim) {
+  if (split_dim < -1 || split_dim >= static_cast<std::int64_t>(ndim)) {
+    return "split dim " + std::to_string(split_dim) + " is outside [-1, " + std::to_string(ndim) +
+           ") for a tensor of " + std::to_string(ndim) + " dimensions";
+  }
+  if ((split_dim == -1) != split_groups.empty()) {
+    return split_dim == -1 ? "split dim -1 (whole) but split groups are given"
+                           : "split dim " + std::to_string(split_dim) + " but no split groups";
+  }
+  for (const auto& g : split_groups) {
+    if (g.empty()) {
+      return "a split group name is empty";
+    }
+  }
+  return "";
 }
 
 std::string tiling_problem(const TensorRecord& t) {

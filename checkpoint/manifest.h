@@ -7,8 +7,12 @@
 //    "tensors": {"<name>": {"global_shape": [8, 4], "dtype": "F32",
 //       "shards": [{"file": "model-rank00000.safetensors",
 //                   "offsets": [0, 0], "lengths": [4, 4],
-//                   "byte_range": [123, 187], "xxh64": "0123456789abcdef"}]}}}
+//                   "byte_range": [123, 187], "xxh64": "0123456789abcdef"}],
+//       "split": {"dim": 0, "groups": ["tp"]}}}}
 //
+// "split" says how the run that wrote the checkpoint split the tensor over
+// its ranks (absent: unknown, or whole). The shards need not follow it: a
+// gathered writer stores a split tensor whole.
 // dtype names are those of safetensors; file names are relative to the step
 // directory; byte ranges are absolute within the file.
 #include <c10/core/ScalarType.h>
@@ -40,6 +44,13 @@ struct TensorRecord {
   std::vector<std::int64_t> global_shape;
   at::ScalarType dtype = at::kFloat;
   std::vector<ShardRecord> shards;
+  /// The dimension the run split this tensor along, -1 when it held it whole
+  /// (or the writer did not say).
+  int split_dim = -1;
+  /// The mesh groups it was split over, outermost first: {"tp"}, {"ep"},
+  /// {"tp", "dp"} for a ZeRO slice of a tensor-parallel parameter. Empty
+  /// exactly when split_dim is -1.
+  std::vector<std::string> split_groups;
 };
 
 struct Manifest {
@@ -67,6 +78,12 @@ Manifest load_manifest(const std::string& path);
 /// Why the shards of `tensor` do not tile its global shape exactly (a gap or
 /// an overlap), or "" when they do.
 std::string tiling_problem(const TensorRecord& tensor);
+
+/// Why split_dim / split_groups of a tensor of `ndim` dimensions are not
+/// valid (dim outside [-1, ndim), groups empty exactly when dim is not -1,
+/// no empty group name), or "" when they are.
+std::string split_problem(int split_dim, const std::vector<std::string>& split_groups,
+                          std::size_t ndim);
 
 /// 16 lowercase hex digits.
 std::string format_xxh64(std::uint64_t hash);

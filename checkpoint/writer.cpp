@@ -58,6 +58,18 @@ std::int64_t committed_step(const std::string& name) {
 
 std::string fs_reason(const std::error_code& ec) { return ec.message(); }
 
+/// "split along dim 0 over tp+dp", "whole (no split)".
+std::string describe_split(int dim, const std::vector<std::string>& groups) {
+  if (dim < 0 && groups.empty()) {
+    return "whole (no split)";
+  }
+  std::string joined;
+  for (const auto& g : groups) {
+    joined += (joined.empty() ? "" : "+") + g;
+  }
+  return "split along dim " + std::to_string(dim) + " over " + (joined.empty() ? "nothing" : joined);
+}
+
 void rename_or_throw(const fs::path& from, const fs::path& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0) {
     throw CheckpointError("cannot rename " + from.string() + " to " + to.string() + ": " +
@@ -200,7 +212,17 @@ void CheckpointWriter::write_file(const std::string& file_name,
                             format_shape(t.offsets) + " does not fit inside global shape " +
                             format_shape(t.global_shape));
     }
+    const auto split = split_problem(t.split_dim, t.split_groups, ndim);
+    if (!split.empty()) {
+      throw CheckpointError(what + split);
+    }
     const auto it = shards_.find(t.name);
+    if (it != shards_.end() &&
+        (it->second.split_dim != t.split_dim || it->second.split_groups != t.split_groups)) {
+      throw CheckpointError(what + "rank " + std::to_string(rank_) + " already wrote it with " +
+                            describe_split(it->second.split_dim, it->second.split_groups) +
+                            ", now " + describe_split(t.split_dim, t.split_groups));
+    }
     if (it != shards_.end() &&
         (it->second.global_shape != t.global_shape || it->second.dtype != t.local.scalar_type())) {
       throw CheckpointError(
@@ -218,6 +240,8 @@ void CheckpointWriter::write_file(const std::string& file_name,
     auto& record = shards_[t.name];
     record.global_shape = t.global_shape;
     record.dtype = t.local.scalar_type();
+    record.split_dim = t.split_dim;
+    record.split_groups = t.split_groups;
     record.shards.push_back(ShardRecord{file_name, t.offsets, t.local.sizes().vec(),
                                         written[i].begin, written[i].end,
                                         format_xxh64(written[i].xxh64)});
@@ -300,7 +324,16 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
       if (inserted) {
         merged.global_shape = record.global_shape;
         merged.dtype = record.dtype;
+        merged.split_dim = record.split_dim;
+        merged.split_groups = record.split_groups;
         tensor_rank[tensor] = rank;
+      } else if (merged.split_dim != record.split_dim ||
+                 merged.split_groups != record.split_groups) {
+        throw CheckpointInternalError(
+            what + "tensor '" + tensor + "' is " + describe_split(merged.split_dim, merged.split_groups) +
+            " on rank " + std::to_string(tensor_rank[tensor]) + " but " +
+            describe_split(record.split_dim, record.split_groups) + " on rank " +
+            std::to_string(rank) + "; every writer must record the same split");
       } else if (merged.global_shape != record.global_shape || merged.dtype != record.dtype) {
         throw CheckpointInternalError(
             what + "tensor '" + tensor + "' has global shape " + format_shape(merged.global_shape) +

@@ -34,11 +34,18 @@ namespace hp::ckpt {
 /// A tensor as one rank holds it: `local` is the box of the global tensor
 /// starting at `offsets` (one per dimension). A whole tensor has zero offsets
 /// and `local.sizes() == global_shape`.
+///
+/// `split_dim` / `split_groups` record how the run splits the tensor (its
+/// ShardSpec), whether or not this write stores a slice: -1 / {} for a whole
+/// tensor; e.g. 0 / {"tp", "dp"} for a ZeRO slice of a tensor-parallel
+/// parameter (outermost group first). They land in the manifest's "split".
 struct ShardedTensor {
   std::string name;
   at::Tensor local;
   std::vector<std::int64_t> global_shape;
   std::vector<std::int64_t> offsets;
+  int split_dim = -1;
+  std::vector<std::string> split_groups;
 };
 
 /// Writes one rank's part of step `step` under `root_dir`.
@@ -63,7 +70,8 @@ class CheckpointWriter {
 
   /// Rank 0, after every rank's finish_rank (a barrier): merges the ranks'
   /// parts into manifest.json, checking that every tensor's shards tile its
-  /// global shape exactly (else CheckpointInternalError naming the tensor),
+  /// global shape exactly and that the parts agree on its global shape, dtype
+  /// and split (else CheckpointInternalError naming the tensor),
   /// writes state.json, renames step_X.tmp to step_X (atomically exchanging
   /// it with an existing step_X) and then points `latest` at it. Everything is
   /// fsynced, files and directories. `keep` > 0 then deletes all but the

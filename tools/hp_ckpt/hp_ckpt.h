@@ -1,0 +1,57 @@
+#pragma once
+// hp-ckpt's subcommands and the few helpers they share. Every subcommand
+// reports a failure by throwing: UsageError (exit 2) for a mistake on the
+// command line, anything else (exit 1) for a bad or unusable checkpoint.
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+
+namespace hp::ckpt_tool {
+
+/// A mistake on the command line (exit code 2).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The step directory `dir` names: `dir` itself when it holds manifest.json,
+/// else the step `dir/latest` points at. Throws (naming both) otherwise.
+std::string resolve_step_dir(const std::string& dir);
+
+/// True for optimizer state: a tensor every shard of which lives in an
+/// optim-* file (as the trainer's checkpoint IOs write it).
+bool is_optimizer_state(const ckpt::TensorRecord& tensor);
+
+/// Bytes of the whole tensor.
+std::uint64_t tensor_bytes(const ckpt::TensorRecord& tensor);
+
+/// `text` as one line of at most a few hundred characters (newlines folded,
+/// the rest cut), so no message carries a blob.
+std::string one_line(std::string text);
+
+/// "tp+dp"
+std::string join(const std::vector<std::string>& parts, const std::string& sep);
+
+/// "dp=2 ep=1 pp=1 tp=2"
+std::string format_layout(const ckpt::Layout& layout);
+
+/// Fails with UsageError when `path` exists and is not an empty directory.
+void require_fresh_output(const std::string& path, const std::string& what);
+
+struct TargetLayout {
+  int pp = 1, dp = 1, tp = 1, ep = 1;
+  ckpt::Layout as_layout() const { return {{"pp", pp}, {"dp", dp}, {"tp", tp}, {"ep", ep}}; }
+};
+
+int run_inspect(const std::string& dir, bool json);
+int run_verify(const std::string& dir);
+int run_convert(const std::string& dir, const std::string& out, const TargetLayout& target);
+int run_consolidate(const std::string& dir, const std::string& out);
+int run_per_rank(const std::string& dir, const std::string& out, const TargetLayout& target);
+int run_import(const std::string& file, const std::string& root);
+
+}  // namespace hp::ckpt_tool

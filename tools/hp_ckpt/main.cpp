@@ -1,0 +1,124 @@
+// hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.
+// Exit codes: 0 success, 1 a bad or unusable checkpoint (one line naming the
+// file and the tensor), 2 a usage error.
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "checkpoint/error.h"
+#include "tools/hp_ckpt/hp_ckpt.h"
+
+namespace {
+
+constexpr const char* kConvertHelp = R"(Re-shard DIR offline into OUT.
+
+Default: OUT is a checkpoint root; it receives a committed step (same step
+number, state.json copied, the target layout recorded) of the layout
+--tp/--dp/--ep/--pp (each 1 when not given). A tensor split over groups
+(manifest "split", outermost first) is cut into the product of those groups'
+target sizes, equal ranges along its split dimension; a tensor with no split
+recorded stays whole. Each piece is written once by one of the target ranks
+holding it (model-rankNNNNN / optim-rankNNNNN files).
+
+--consolidate: OUT is a new directory with model.safetensors (every model
+tensor whole, by global name; optimizer state, i.e. tensors stored in optim-*
+files, is left out) and config.json (step, layout, config hash, state step).
+
+--per-rank: OUT is a new directory with rank_NNNNN/model.safetensors per
+target rank, holding only that rank's slices of the model tensors (its
+__metadata__ hp_slices gives each slice's global shape and offsets), and
+config.json listing every rank's coordinates. Ranks are numbered as the
+trainer's mesh: rank = (pp * dp_size + dp) * tp_size + tp (tp fastest, then
+dp, then pp); the expert-parallel index is dp % ep_size and the
+expert-data-parallel index dp / ep_size. --pp must be 1 (stages hold blocks
+chosen by the trainer, not recorded in a checkpoint).)";
+
+constexpr const char* kImportHelp = R"(Import full weights into a new checkpoint root.
+
+FILE is a safetensors file of whole tensors by global name (as the model
+names its parameters). ROOT receives step_00000000 (one shard per tensor, all
+in model-rank00000.safetensors, no split recorded), with `latest` pointing at
+it. Its state.json holds only {"step": 0, "imported_from": FILE}: no RNG, data
+position or optimizer state, and the checkpoint holds no optimizer tensors, so
+a run resuming from it starts a fresh optimizer and seeds its RNG from the
+config. Layout recorded: pp=1 dp=1 tp=1 ep=1; config hash empty. ROOT must
+not already hold checkpoints.)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace tool = hp::ckpt_tool;
+  CLI::App app{"hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.\n"
+               "DIR is a step directory (holding manifest.json) or a checkpoint root (its "
+               "`latest` step is used).\nExit codes: 0 success, 1 bad or unusable checkpoint, "
+               "2 usage error."};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Help for every subcommand");
+
+  std::string dir, out, file;
+  bool json = false, consolidate = false, per_rank = false;
+  tool::TargetLayout target;
+
+  auto* inspect = app.add_subcommand(
+      "inspect", "Step, layout, config hash, and per tensor: global shape, dtype, bytes, split "
+                 "(dim and groups; '-' when whole or not recorded) and shard count");
+  inspect->add_option("dir", dir, "Step directory or checkpoint root")->required();
+  inspect->add_flag("--json", json, "Machine-readable output");
+
+  auto* verify = app.add_subcommand(
+      "verify", "Every shard's checksum, header and byte range, every tensor's tiling, and "
+                "state.json against the manifest; exit 0 with one OK line, or 1 with the first "
+                "bad file and tensor");
+  verify->add_option("dir", dir, "Step directory or checkpoint root")->required();
+
+  auto* convert = app.add_subcommand("convert", kConvertHelp);
+  convert->add_option("dir", dir, "Step directory or checkpoint root")->required();
+  convert->add_option("--to", out, "Output (see above)")->required();
+  auto* tp = convert->add_option("--tp", target.tp, "Target tensor-parallel size");
+  auto* dp = convert->add_option("--dp", target.dp, "Target data-parallel size");
+  auto* ep = convert->add_option("--ep", target.ep, "Target expert-parallel size (divides --dp)");
+  auto* pp = convert->add_option("--pp", target.pp, "Target pipeline-parallel size");
+  auto* cons = convert->add_flag("--consolidate", consolidate,
+                                 "One plain safetensors file of the full model weights");
+  auto* per = convert->add_flag("--per-rank", per_rank,
+                                "One directory per target rank with only its model slices");
+  cons->excludes(per);
+  for (auto* o : {tp, dp, ep, pp}) cons->excludes(o);
+
+  auto* import = app.add_subcommand("import", kImportHelp);
+  import->add_option("file", file, "safetensors file of full weights by global name")->required();
+  import->add_option("--to", out, "New checkpoint root")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  const std::string command = app.get_subcommands().front()->get_name();
+  try {
+    if (*inspect) return tool::run_inspect(dir, json);
+    if (*verify) return tool::run_verify(dir);
+    if (*import) return tool::run_import(file, out);
+    if (consolidate) return tool::run_consolidate(dir, out);
+    if (per_rank) return tool::run_per_rank(dir, out, target);
+    return tool::run_convert(dir, out, target);
+  } catch (const tool::UsageError& e) {
+    std::fprintf(stderr, "hp-ckpt %s: %s\n", command.c_str(), tool::one_line(e.what()).c_str());
+    return 2;
+  } catch (const hp::ckpt::CheckpointError& e) {
+    std::fprintf(stderr, "hp-ckpt %s: %s\n", command.c_str(), tool::one_line(e.what()).c_str());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "hp-ckpt %s: %s\n", command.c_str(),
+                 tool::one_line(e.what_without_backtrace()).c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-ckpt %s: %s\n", command.c_str(), tool::one_line(e.what()).c_str());
+    return 1;
+  }
+}
