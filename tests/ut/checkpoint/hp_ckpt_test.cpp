@@ -1,0 +1,436 @@
+// hp-ckpt run as a real subprocess: inspect, verify on a good directory and
+// on every kind of damage, convert (re-cut, merge, refusals), consolidate,
+// per-rank and import. Every failure must be one line naming the file (and
+// the tensor where one is involved).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "tests/ut/checkpoint/test_util.h"
+
+namespace hp::ckpt::test {
+namespace {
+
+using nlohmann::json;
+
+struct ToolRun {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+ToolRun hp_ckpt(const std::vector<std::string>& args) {
+  TempDir io;
+  std::string cmd = quote(HP_CKPT_BIN);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " >" + quote(io / "out") + " 2>" + quote(io / "err");
+  const int status = std::system(cmd.c_str());
+  ToolRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_bytes(io / "out");
+  r.err = read_bytes(io / "err");
+  return r;
+}
+
+std::string file_of(const char* kind, int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-rank%05d.safetensors", kind, rank);
+  return buf;
+}
+
+/// A committed step 30 of a tp=2 x dp=2 run (4 ranks, tp fastest): a weight
+/// split over tp along dim 0, an embedding split over tp along dim 1, a whole
+/// bias, and Adam-like state: a ZeRO slice over tp+dp and a whole one.
+struct Sharded {
+  TempDir dir;
+  at::Tensor w = sample({8, 4}, at::kFloat, 1);
+  at::Tensor b = sample({6}, at::kFloat, 2);
+  at::Tensor embed = sample({4, 12}, at::kBFloat16, 3);
+  at::Tensor m_w = sample({8, 4}, at::kFloat, 4);
+  at::Tensor m_b = sample({6}, at::kFloat, 5);
+  json state = {{"step", 30}, {"rng", "00ff"}, {"data", {{"step", 30}}}};
+
+  Sharded() {
+    const std::string root = dir.path();
+    CheckpointWriter::prepare(root, 30);
+    for (int r = 0; r < 4; ++r) {
+      const int tp = r % 2, dp = r / 2;
+      CheckpointWriter writer(root, 30, r);
+      std::vector<ShardedTensor> model, optim;
+      if (dp == 0) {
+        model.push_back({"blocks.0.w", w.narrow(0, 4 * tp, 4).clone(), {8, 4}, {4 * tp, 0}, 0, {"tp"}});
+      } else {
+        model.push_back({"embed", embed.narrow(1, 6 * tp, 6).clone(), {4, 12}, {0, 6 * tp}, 1, {"tp"}});
+      }
+      if (r == 0) model.push_back({"blocks.0.b", b, {6}, {0}});
+      if (r == 3) optim.push_back({"exp_avg/blocks.0.b", m_b, {6}, {0}});
+      const int piece = tp * 2 + dp;
+      optim.push_back({"exp_avg/blocks.0.w", m_w.narrow(0, 2 * piece, 2).clone(), {8, 4},
+                       {2 * piece, 0}, 0, {"tp", "dp"}});
+      writer.write_file(file_of("model", r), model);
+      writer.write_file(file_of("optim", r), optim);
+      writer.finish_rank();
+    }
+    CheckpointWriter::commit(root, 30, state, {{"pp", 1}, {"dp", 2}, {"tp", 2}, {"ep", 1}}, "cfg-42");
+  }
+  std::string step_dir() const { return dir / "step_00000030"; }
+  std::string file(const std::string& name) const { return step_dir() + "/" + name; }
+  std::map<std::string, at::Tensor> all() const {
+    return {{"blocks.0.w", w}, {"blocks.0.b", b}, {"embed", embed},
+            {"exp_avg/blocks.0.w", m_w}, {"exp_avg/blocks.0.b", m_b}};
+  }
+  void edit_manifest(const std::function<void(json&)>& edit) const {
+    json m = json::parse(read_bytes(file("manifest.json")));
+    edit(m);
+    write_bytes(file("manifest.json"), m.dump(2));
+  }
+};
+
+/// verify fails with exit 1 and one line naming `file` (and `tensor` if given).
+void expect_verify_fails(const Sharded& ckpt, const std::string& file, const std::string& tensor,
+                         const std::string& problem) {
+  const ToolRun r = hp_ckpt({"verify", ckpt.dir.path()});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("hp-ckpt verify: FAILED: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(ckpt.file(file)), std::string::npos) << r.err;
+  if (!tensor.empty()) EXPECT_NE(r.err.find("tensor '" + tensor + "'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(problem), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+}  // namespace
+
+TEST(HpCkptInspect, TextNamesStepLayoutAndEveryTensorsSplit) {
+  Sharded ckpt;
+  const ToolRun r = hp_ckpt({"inspect", ckpt.dir.path()});  // the root: its latest step
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint   " + ckpt.step_dir()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step         30 (format version 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layout       dp=2 ep=1 pp=1 tp=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("config hash  cfg-42"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tensor              kind       global shape  dtype  bytes  split             shards"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("blocks.0.w          model      [8, 4]        F32      128  dim 0 over tp          2"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("embed               model      [4, 12]       BF16      96  dim 1 over tp          2"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("exp_avg/blocks.0.b  optimizer  [6]           F32       24  -                      1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("exp_avg/blocks.0.w  optimizer  [8, 4]        F32      128  dim 0 over tp+dp       4"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("total        5 tensors (3 model, 2 optimizer state), 400 bytes in 10 shards, 8 files"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(HpCkptInspect, JsonIsMachineReadable) {
+  Sharded ckpt;
+  const ToolRun r = hp_ckpt({"inspect", ckpt.step_dir(), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["step"], 30);
+  EXPECT_EQ(j["layout"], json({{"dp", 2}, {"ep", 1}, {"pp", 1}, {"tp", 2}}));
+  EXPECT_EQ(j["config_hash"], "cfg-42");
+  EXPECT_EQ(j["totals"], json({{"tensors", 5}, {"model_tensors", 3}, {"optimizer_tensors", 2},
+                               {"bytes", 400}, {"shards", 10}, {"files", 8}}));
+  const auto& t = j["tensors"];
+  const auto it = std::find_if(t.begin(), t.end(), [](const json& e) { return e["name"] == "exp_avg/blocks.0.w"; });
+  ASSERT_NE(it, t.end());
+  EXPECT_EQ((*it)["split"], json({{"dim", 0}, {"groups", {"tp", "dp"}}}));
+  EXPECT_EQ((*it)["kind"], "optimizer");
+  EXPECT_EQ((*it)["shards"], 4);
+  EXPECT_EQ((*it)["global_shape"], json({8, 4}));
+  EXPECT_EQ((*it)["dtype"], "F32");
+  EXPECT_EQ((*it)["bytes"], 128);
+  EXPECT_TRUE(t[0]["split"].is_null());  // blocks.0.b
+}
+
+TEST(HpCkptVerify, GoodDirectoryIsOneOkLine) {
+  Sharded ckpt;
+  const ToolRun r = hp_ckpt({"verify", ckpt.dir.path()});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "OK " + ckpt.step_dir() +
+                       ": step 30, 5 tensors tile, 10 shards in 8 files (400 bytes) match their "
+                       "checksums, state.json matches its checksum\n");
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST(HpCkptVerify, FlippedByteNamesFileAndTensor) {
+  Sharded ckpt;
+  const auto path = ckpt.file(file_of("model", 1));
+  flip_byte(path, fs::file_size(path) - 3);
+  expect_verify_fails(ckpt, file_of("model", 1), "blocks.0.w", "checksum mismatch");
+}
+
+TEST(HpCkptVerify, TruncatedFile) {
+  Sharded ckpt;
+  const auto path = ckpt.file(file_of("optim", 2));
+  const auto bytes = read_bytes(path);
+  write_bytes(path, bytes.substr(0, bytes.size() - 5));
+  expect_verify_fails(ckpt, file_of("optim", 2), "exp_avg/blocks.0.w", "truncated");
+}
+
+TEST(HpCkptVerify, MissingShardFile) {
+  Sharded ckpt;
+  fs::remove(ckpt.file(file_of("optim", 2)));
+  expect_verify_fails(ckpt, file_of("optim", 2), "exp_avg/blocks.0.w", "the shard file is missing");
+}
+
+TEST(HpCkptVerify, HeaderLyingAboutSizes) {
+  Sharded ckpt;
+  // Same header length, same data, but the header now claims a [2, 4] tensor.
+  const auto path = ckpt.file(file_of("model", 1));
+  std::string bytes = read_bytes(path);
+  std::uint64_t len = 0;
+  std::memcpy(&len, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, len));
+  auto& e = header["blocks.0.w"];
+  e["shape"] = {2, 4};
+  e["data_offsets"][1] = e["data_offsets"][0].get<std::uint64_t>() + 32;
+  std::string text = header.dump();
+  ASSERT_LE(text.size(), len);
+  text.append(len - text.size(), ' ');
+  bytes.replace(8, len, text);
+  write_bytes(path, bytes);
+  expect_verify_fails(ckpt, file_of("model", 1), "blocks.0.w", "the file's header says F32 [2, 4]");
+}
+
+TEST(HpCkptVerify, HeaderClaimingMoreThanTheFile) {
+  Sharded ckpt;
+  const auto path = ckpt.file(file_of("model", 0));
+  std::string bytes = read_bytes(path);
+  const std::uint64_t huge = 1ull << 40;
+  std::memcpy(bytes.data(), &huge, 8);
+  write_bytes(path, bytes);
+  expect_verify_fails(ckpt, file_of("model", 0), "", "bad header length");
+}
+
+TEST(HpCkptVerify, EditedStateJson) {
+  Sharded ckpt;
+  std::string text = read_bytes(ckpt.file("state.json"));
+  const auto at = text.find("\"step\": 30");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 10, "\"step\": 3");
+  write_bytes(ckpt.file("state.json"), text);
+  expect_verify_fails(ckpt, "state.json", "", "checksum mismatch");
+}
+
+TEST(HpCkptVerify, NewerFormatVersion) {
+  Sharded ckpt;
+  ckpt.edit_manifest([](json& m) { m["format_version"] = m["format_version"].get<int>() + 1; });
+  expect_verify_fails(ckpt, "manifest.json", "", "unknown checkpoint format version 2");
+  // inspect and convert refuse it the same way, in one line.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"inspect", ckpt.dir.path()}, {"convert", ckpt.dir.path(), "--to", ckpt.dir / "out"}}) {
+    const ToolRun r = hp_ckpt(args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(ckpt.file("manifest.json")), std::string::npos) << r.err;
+  }
+}
+
+TEST(HpCkptVerify, TilingGapAndOverlapAreRefused) {
+  {
+    Sharded ckpt;
+    ckpt.edit_manifest([](json& m) { m["tensors"]["blocks.0.w"]["shards"].erase(1); });
+    expect_verify_fails(ckpt, "manifest.json", "blocks.0.w", "leaving a gap");
+    const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", ckpt.dir / "out"});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("the shards of tensor 'blocks.0.w' do not tile"), std::string::npos) << r.err;
+  }
+  {
+    Sharded ckpt;
+    ckpt.edit_manifest([](json& m) { m["tensors"]["blocks.0.w"]["shards"][1]["offsets"] = {2, 0}; });
+    expect_verify_fails(ckpt, "manifest.json", "blocks.0.w", "overlap");
+  }
+}
+
+TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
+  Sharded ckpt;
+  TempDir out;
+  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "4", "--dp", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("converted step 30 from layout dp=2 ep=1 pp=1 tp=2 to dp=2 ep=1 pp=1 tp=4"),
+            std::string::npos)
+      << r.out;
+  const CheckpointReader reader(CheckpointReader::latest(out.path()));
+  EXPECT_EQ(reader.step(), 30);
+  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 2}, {"tp", 4}, {"ep", 1}}));
+  EXPECT_EQ(reader.config_hash(), "cfg-42");
+  EXPECT_EQ(reader.state(), ckpt.state);
+  for (const auto& [name, full] : ckpt.all()) {
+    EXPECT_TRUE(bitwise_equal(reader.read_full(name), full)) << name;
+  }
+  const auto& t = reader.manifest().tensors;
+  ASSERT_EQ(t.at("blocks.0.w").shards.size(), 4u);
+  for (const auto& s : t.at("blocks.0.w").shards) EXPECT_EQ(s.lengths, (std::vector<std::int64_t>{2, 4}));
+  EXPECT_EQ(t.at("embed").shards.size(), 4u);
+  EXPECT_EQ(t.at("exp_avg/blocks.0.w").shards.size(), 8u);
+  EXPECT_EQ(t.at("exp_avg/blocks.0.w").split_groups, (std::vector<std::string>{"tp", "dp"}));
+  EXPECT_EQ(t.at("blocks.0.b").shards.size(), 1u);
+  EXPECT_EQ(t.at("blocks.0.b").split_dim, -1);
+  // Optimizer state stays in optim-* files; replicas (dp=1: ranks 4-7) share the writing.
+  for (const auto& s : t.at("exp_avg/blocks.0.w").shards) EXPECT_EQ(s.file.rfind("optim-rank", 0), 0u);
+  bool replica_wrote = false;
+  for (int rank = 4; rank < 8; ++rank) {
+    replica_wrote |= fs::exists(fs::path(reader.dir()) / file_of("model", rank));
+  }
+  EXPECT_TRUE(replica_wrote);
+  EXPECT_EQ(hp_ckpt({"verify", out.path()}).code, 0);
+}
+
+TEST(HpCkptConvert, MergeToOneRank) {
+  Sharded ckpt;
+  TempDir out;
+  const ToolRun r = hp_ckpt({"convert", ckpt.step_dir(), "--to", out.path()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const CheckpointReader reader(CheckpointReader::latest(out.path()));
+  for (const auto& [name, record] : reader.manifest().tensors) {
+    ASSERT_EQ(record.shards.size(), 1u) << name;
+    EXPECT_EQ(record.shards[0].lengths, record.global_shape) << name;
+    EXPECT_TRUE(bitwise_equal(reader.read_full(name), ckpt.all().at(name))) << name;
+  }
+  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}}));
+}
+
+TEST(HpCkptConvert, SizeNotDivisibleIsOneLineNamingTensorSizeAndN) {
+  Sharded ckpt;
+  TempDir out;
+  ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "3"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err,
+            "hp-ckpt convert: cannot cut tensor 'blocks.0.w' for the target layout: its size 8 along "
+            "dim 0 (split over tp) is not divisible by tp=3; choose sizes that divide 8\n");
+  r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "2", "--dp", "3"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tensor 'exp_avg/blocks.0.w' for the target layout: its size 8 along dim 0 "
+                       "(split over tp+dp) is not divisible by tp=2 x dp=3 = 6"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out / "latest"));
+}
+
+TEST(HpCkptConvert, UsageErrorsExit2) {
+  Sharded ckpt;
+  TempDir out;
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"convert", ckpt.dir.path()},
+      {"convert", ckpt.dir.path(), "--to", out.path(), "--consolidate", "--tp", "2"},
+      {"convert", ckpt.dir.path(), "--to", out.path(), "--consolidate", "--per-rank"},
+      {"convert", ckpt.dir.path(), "--to", out.path(), "--dp", "2", "--ep", "3"},
+      {"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "0"},
+      {"convert", ckpt.dir.path(), "--to", out.path(), "--per-rank", "--pp", "2"},
+      {"convert", ckpt.dir.path(), "--to", ckpt.dir.path()},  // step 30 is already there
+      {"verify", ckpt.dir / "no-such-dir"},
+      {"inspect", ckpt.dir.path(), "--bogus"},
+  };
+  for (const auto& args : cases) {
+    const ToolRun r = hp_ckpt(args);
+    EXPECT_EQ(r.code, 2) << (args.empty() ? "" : args[0]) << ": " << r.err;
+    EXPECT_FALSE(r.err.empty());
+  }
+  EXPECT_NE(hp_ckpt(cases[4]).err.find("--ep must divide --dp"), std::string::npos);
+  EXPECT_NE(hp_ckpt(cases[6]).err.find("--per-rank with --pp 2: pipeline stages hold blocks"),
+            std::string::npos);
+  EXPECT_EQ(hp_ckpt({"--help"}).code, 0);
+}
+
+TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {
+  Sharded ckpt;
+  TempDir out;
+  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out / "full", "--consolidate"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const SafetensorsReader file(out / "full/model.safetensors");
+  EXPECT_EQ(file.names().size(), 3u);  // no optimizer state
+  for (const auto& name : {"blocks.0.w", "blocks.0.b", "embed"}) {
+    EXPECT_TRUE(bitwise_equal(file.read(name), ckpt.all().at(name))) << name;
+  }
+  const json config = json::parse(read_bytes(out / "full/config.json"));
+  EXPECT_EQ(config["step"], 30);
+  EXPECT_EQ(config["state_step"], 30);
+  EXPECT_EQ(config["config_hash"], "cfg-42");
+  EXPECT_EQ(config["layout"]["tp"], 2);
+  // A second consolidate into the same, non-empty, directory is refused.
+  EXPECT_EQ(hp_ckpt({"convert", ckpt.dir.path(), "--to", out / "full", "--consolidate"}).code, 2);
+}
+
+TEST(HpCkptConvert, PerRankHoldsOnlyThatRanksSlices) {
+  Sharded ckpt;
+  TempDir out;
+  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out / "ranks", "--per-rank", "--tp",
+                         "2", "--dp", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    char sub[64];
+    std::snprintf(sub, sizeof sub, "ranks/rank_%05d/model.safetensors", rank);
+    const SafetensorsReader file(out / sub);
+    const int tp = rank % 2;  // rank = dp * tp_size + tp
+    EXPECT_EQ(file.names().size(), 3u);
+    EXPECT_TRUE(bitwise_equal(file.read("blocks.0.w"), ckpt.w.narrow(0, 4 * tp, 4))) << rank;
+    EXPECT_TRUE(bitwise_equal(file.read("embed"), ckpt.embed.narrow(1, 6 * tp, 6))) << rank;
+    EXPECT_TRUE(bitwise_equal(file.read("blocks.0.b"), ckpt.b)) << rank;
+    const json slices = json::parse(file.metadata().at("hp_slices"));
+    EXPECT_EQ(slices["embed"]["offsets"], json({0, 6 * tp}));
+    EXPECT_EQ(file.metadata().at("hp_rank"), std::to_string(rank));
+  }
+  const json config = json::parse(read_bytes(out / "ranks/config.json"));
+  EXPECT_EQ(config["ranks"][3], json({{"rank", 3}, {"dir", "rank_00003"}, {"pp", 0}, {"dp", 1},
+                                      {"tp", 1}, {"ep", 0}, {"edp", 1}}));
+}
+
+TEST(HpCkptImport, FullWeightsBecomeACommittedStepZero) {
+  TempDir dir;
+  const auto w = sample({5, 3}, at::kFloat, 11);
+  const auto ids = sample({7}, at::kLong, 12);
+  write_safetensors(dir / "weights.safetensors", {{"blocks.0.w", w}, {"ids", ids}});
+  const ToolRun r = hp_ckpt({"import", dir / "weights.safetensors", "--to", dir / "root"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const CheckpointReader reader(CheckpointReader::latest(dir / "root"));
+  EXPECT_EQ(reader.dir(), dir / "root/step_00000000");
+  EXPECT_EQ(reader.step(), 0);
+  EXPECT_EQ(reader.state()["step"], 0);
+  EXPECT_FALSE(reader.state().contains("rng"));
+  EXPECT_FALSE(reader.state().contains("scheduler"));
+  EXPECT_TRUE(bitwise_equal(reader.read_full("blocks.0.w"), w));
+  EXPECT_TRUE(bitwise_equal(reader.read_full("ids"), ids));
+  EXPECT_EQ(reader.manifest().tensors.at("blocks.0.w").shards.size(), 1u);
+  EXPECT_EQ(hp_ckpt({"verify", dir / "root"}).code, 0);
+  // Not into a root that already holds checkpoints.
+  const ToolRun again = hp_ckpt({"import", dir / "weights.safetensors", "--to", dir / "root"});
+  EXPECT_EQ(again.code, 2);
+  EXPECT_NE(again.err.find("already holds checkpoints"), std::string::npos) << again.err;
+}
+
+TEST(HpCkptImport, DamagedFileIsOneLineNamingIt) {
+  TempDir dir;
+  write_safetensors(dir / "weights.safetensors", {{"w", sample({64}, at::kFloat)}});
+  const auto bytes = read_bytes(dir / "weights.safetensors");
+  write_bytes(dir / "weights.safetensors", bytes.substr(0, bytes.size() - 9));
+  const ToolRun r = hp_ckpt({"import", dir / "weights.safetensors", "--to", dir / "root"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(dir / "weights.safetensors"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tensor 'w'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "root/latest"));
+}
+
+}  // namespace hp::ckpt::test
