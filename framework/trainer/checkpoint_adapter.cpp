@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -79,6 +80,78 @@ at::Tensor gather_full(dist::DistributedContext& d, const ShardSpec& spec, const
   return out;
 }
 
+std::vector<std::string> rng_states_by_rank(dist::DistributedContext& d) {
+  // Pipeline stages draw different streams: a resume on the same layout
+  // gives each rank its own back.
+  std::vector<at::Tensor> rngs{at::detail::getDefaultCPUGenerator().get_state()};
+  auto& world = d.group("world");
+  if (world.size() > 1) rngs = world.all_gather_list(rngs[0].contiguous());
+  std::vector<std::string> out;
+  for (const auto& r : rngs) out.push_back(hex_of(r));
+  return out;
+}
+
+nlohmann::json run_state_json(const SavedState& state, const std::vector<std::string>& rngs_by_rank,
+                              const Config& config, const dist::DistributedContext& d) {
+  nlohmann::json s;
+  s["step"] = state.step;
+  s["rng"] = state.rng_hex;
+  s["rng_by_rank"] = rngs_by_rank;
+  s["rng_layout"] = d.mesh().shape();
+  s["data"] = {{"step", state.step},
+               {"samples_consumed", state.step * config.get_int("training.global_batch_size")}};
+  s["scheduler"] = {{"optimizer_steps", state.optimizer_steps}};
+  s["metrics"] = {{"tokens_total", state.tokens_total}, {"samples_total", state.samples_total}};
+  return s;
+}
+
+std::string model_config_hash(const Config& config) {
+  std::string model_yaml;
+  for (const auto& path : config.schema().paths_under("model.")) {
+    model_yaml += path + "=" + to_string(config.value(path)) + ";";
+  }
+  return std::to_string(std::hash<std::string>{}(model_yaml));
+}
+
+SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamEntry>& params,
+                           const std::vector<ParamEntry>& optimizer_state, const dist::DistributedContext& d) {
+  ckpt::CheckpointReader reader(step_dir);
+  auto restore = [&](const std::vector<ParamEntry>& entries, const char* what) {
+    for (const auto& e : entries) {
+      if (!reader.has(e.spec.name)) {
+        throw ckpt::CheckpointError("checkpoint " + step_dir + " has no " + what + " tensor '" + e.spec.name +
+                                    "' (was it written with another model or optimizer?)");
+      }
+      reader.check(e.spec.name, e.spec.global_shape, e.tensor.scalar_type());
+      at::Tensor local = reader.read(e.spec.name, e.spec.offsets(), e.spec.local_shape());
+      c10::NoGradGuard no_grad;
+      const_cast<at::Tensor&>(e.tensor).copy_(local);
+    }
+  };
+  restore(params, "model");
+  // Imported weights carry no optimizer state: the optimizer starts fresh.
+  const bool any_optimizer = std::any_of(optimizer_state.begin(), optimizer_state.end(),
+                                         [&](const ParamEntry& e) { return reader.has(e.spec.name); });
+  if (any_optimizer) restore(optimizer_state, "optimizer");
+  const auto& s = reader.state();
+  SavedState out;
+  out.step = s.at("step").get<std::int64_t>();
+  out.rng_hex = s.value("rng", std::string());
+  // Same layout: this rank's own generator state; otherwise rank 0's.
+  const int rank = d.rank();
+  if (s.contains("rng_by_rank") && s.contains("rng_layout") &&
+      s.at("rng_layout").get<std::string>() == d.mesh().shape() &&
+      rank < static_cast<int>(s.at("rng_by_rank").size())) {
+    out.rng_hex = s.at("rng_by_rank").at(static_cast<std::size_t>(rank)).get<std::string>();
+  }
+  if (s.contains("scheduler")) out.optimizer_steps = s.at("scheduler").at("optimizer_steps").get<std::int64_t>();
+  if (s.contains("metrics")) {
+    out.tokens_total = s.at("metrics").at("tokens_total").get<double>();
+    out.samples_total = s.at("metrics").at("samples_total").get<double>();
+  }
+  return out;
+}
+
 CheckpointOptions CheckpointOptions::from(const Config& c) {
   CheckpointOptions o;
   o.root = c.get_string("checkpoint.dir");
@@ -128,10 +201,7 @@ class GatheredCheckpointIO : public CheckpointIO {
     };
     // Every rank takes part in the gathers; only the leaders keep the result.
     auto model = full(params);
-    // Each rank's generator (pipeline stages draw different streams): rank 0
-    // keeps them all, and a resume on the same layout gives each its own back.
-    std::vector<at::Tensor> rngs{at::detail::getDefaultCPUGenerator().get_state()};
-    if (world.size() > 1) rngs = world.all_gather_list(rngs[0].contiguous());
+    const auto rngs = rng_states_by_rank(dist_);
     auto optim = full(optimizer_state);
     if (mesh.is_leader(rank)) {
       ckpt::CheckpointWriter w(o_.root, step, rank);
@@ -141,59 +211,15 @@ class GatheredCheckpointIO : public CheckpointIO {
     }
     world.barrier();
     if (rank == 0) {
-      nlohmann::json s;
-      s["step"] = state.step;
-      s["rng"] = state.rng_hex;
-      s["rng_by_rank"] = nlohmann::json::array();
-      for (const auto& r : rngs) s["rng_by_rank"].push_back(hex_of(r));
-      s["rng_layout"] = mesh.shape();
-      s["data"] = {{"step", state.step},
-                   {"samples_consumed", state.step * config_.get_int("training.global_batch_size")}};
-      s["scheduler"] = {{"optimizer_steps", state.optimizer_steps}};
-      s["metrics"] = {{"tokens_total", state.tokens_total}, {"samples_total", state.samples_total}};
-      std::string model_yaml;
-      for (const auto& path : config_.schema().paths_under("model.")) {
-        model_yaml += path + "=" + to_string(config_.value(path)) + ";";
-      }
-      ckpt::CheckpointWriter::commit(o_.root, step, s, mesh.sizes(),
-                                     std::to_string(std::hash<std::string>{}(model_yaml)), o_.keep,
-                                     mesh.leaders());
+      ckpt::CheckpointWriter::commit(o_.root, step, run_state_json(state, rngs, config_, dist_), mesh.sizes(),
+                                     model_config_hash(config_), o_.keep, mesh.leaders());
     }
     world.barrier();
   }
 
   SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
                   const std::vector<ParamEntry>& optimizer_state) override {
-    ckpt::CheckpointReader reader(step_dir);
-    auto restore = [&](const std::vector<ParamEntry>& entries, const char* what) {
-      for (const auto& e : entries) {
-        if (!reader.has(e.spec.name)) {
-          throw ckpt::CheckpointError("checkpoint " + step_dir + " has no " + what + " tensor '" + e.spec.name +
-                                      "' (was it written with another model or optimizer?)");
-        }
-        reader.check(e.spec.name, e.spec.global_shape, e.tensor.scalar_type());
-        at::Tensor local = reader.read(e.spec.name, e.spec.offsets(), e.spec.local_shape());
-        c10::NoGradGuard no_grad;
-        const_cast<at::Tensor&>(e.tensor).copy_(local);
-      }
-    };
-    restore(params, "model");
-    restore(optimizer_state, "optimizer");
-    const auto& s = reader.state();
-    SavedState out;
-    out.step = s.at("step").get<std::int64_t>();
-    out.rng_hex = s.at("rng").get<std::string>();
-    // Same layout: this rank's own generator state; otherwise rank 0's.
-    const int rank = dist_.rank();
-    if (s.contains("rng_by_rank") && s.contains("rng_layout") &&
-        s.at("rng_layout").get<std::string>() == dist_.mesh().shape() &&
-        rank < static_cast<int>(s.at("rng_by_rank").size())) {
-      out.rng_hex = s.at("rng_by_rank").at(static_cast<std::size_t>(rank)).get<std::string>();
-    }
-    out.optimizer_steps = s.at("scheduler").at("optimizer_steps").get<std::int64_t>();
-    out.tokens_total = s.at("metrics").at("tokens_total").get<double>();
-    out.samples_total = s.at("metrics").at("samples_total").get<double>();
-    return out;
+    return load_checkpoint(step_dir, params, optimizer_state, dist_);
   }
 
  private:

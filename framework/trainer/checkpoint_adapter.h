@@ -9,6 +9,7 @@
 // under any other.
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct CheckpointOptions {
 
 struct SavedState {
   std::int64_t step = 0;
-  std::string rng_hex;  ///< CPU generator state
+  std::string rng_hex;  ///< CPU generator state; "" when the checkpoint has none (imported weights)
   std::int64_t optimizer_steps = 0;
   double tokens_total = 0, samples_total = 0;
 };
@@ -48,6 +49,10 @@ class CheckpointIO {
   /// place) and returns the saved state. Errors name the file and tensor.
   virtual SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
                           const std::vector<ParamEntry>& optimizer_state) = 0;
+  /// Waits until a save still in progress (one written in the background)
+  /// is committed, and throws its failure. The trainer calls it at the end
+  /// of a run; an IO that saves synchronously has nothing to wait for.
+  virtual void flush() {}
 };
 
 /// Gathered tensors written by each partition's leader rank.
@@ -58,6 +63,26 @@ std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOption
 /// of the spec's split groups, innermost first. Collective over those
 /// groups; returns `t` itself when the entry is whole.
 at::Tensor gather_full(dist::DistributedContext& dist, const ShardSpec& spec, const at::Tensor& t);
+
+// The parts every checkpoint IO shares, so all write the same run state and
+// all read through the same any-to-any path.
+
+/// Each rank's CPU generator state, as hex, in rank order (collective over
+/// the world).
+std::vector<std::string> rng_states_by_rank(dist::DistributedContext& dist);
+/// state.json: step, RNG (this and every rank's), data position, scheduler
+/// and metrics counters.
+nlohmann::json run_state_json(const SavedState& state, const std::vector<std::string>& rngs_by_rank,
+                              const Config& config, const dist::DistributedContext& dist);
+/// A hash of the model options, recorded in the manifest.
+std::string model_config_hash(const Config& config);
+/// Reads this rank's slice of every entry by its ShardSpec from `step_dir`
+/// (whatever layout wrote it: each read takes only the byte ranges it
+/// needs) and returns the run state. A checkpoint without any optimizer
+/// tensor (imported weights, `hp-ckpt import`) leaves the optimizer state
+/// as it is; one with some but not all is refused by tensor name.
+SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamEntry>& params,
+                           const std::vector<ParamEntry>& optimizer_state, const dist::DistributedContext& dist);
 
 /// CPU generator state as hex text, and back.
 std::string rng_state_hex();

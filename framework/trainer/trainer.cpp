@@ -238,7 +238,7 @@ void TrainingRun::resume() {
   SavedState s = checkpoint_->load(dir, model_tensors(), optimizer_->state());
   start_ = s.step;
   optimizer_->set_steps_taken(s.optimizer_steps);
-  set_rng_state_hex(s.rng_hex);
+  if (!s.rng_hex.empty()) set_rng_state_hex(s.rng_hex);
   tokens_total_ = s.tokens_total;
   samples_total_ = s.samples_total;
   const double secs = seconds_since(t0);
@@ -402,6 +402,8 @@ FitResult TrainingRun::fit() {
       timed_tokens += static_cast<double>(train_.global_batch * train_.seq_len);
     }
   }
+  // A save still being written in the background commits before the run ends.
+  checkpoint_->flush();
   result.last_step = train_.max_steps;
   result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
   // Every rank says what it holds, so sharding is visible per rank.

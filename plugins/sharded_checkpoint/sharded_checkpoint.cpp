@@ -1,0 +1,302 @@
+// The `sharded_checkpoint` feature: every rank writes the slices it holds,
+// with no gather; a slice held by several replicas (data-parallel or
+// expert-data-parallel copies) is written by one of them, the replicas
+// sharing the bytes (write_plan.h). The manifest records each slice's
+// global offsets and file, and the commit refuses a step whose slices do not
+// tile every tensor. With `async: true` the slices are copied in memory at
+// the step boundary and written by a background thread while training goes
+// on; rank 0's thread commits once every rank's part is on disk, and
+// `latest` moves only then. Loading is the framework's any-to-any reader
+// (each rank reads only the byte ranges of its own slices), so a sharded
+// checkpoint loads under any layout and a gathered one loads here.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "backends/dist/context.h"
+#include "backends/dist/group.h"
+#include "checkpoint/checkpoint.h"
+#include "framework/config/config.h"
+#include "framework/logging/logging.h"
+#include "framework/metrics/metrics.h"
+#include "framework/plugin/feature_runtime.h"
+#include "framework/plugin/plugin_export.h"
+#include "framework/trainer/checkpoint_adapter.h"
+#include "plugins/sharded_checkpoint/background_job.h"
+#include "plugins/sharded_checkpoint/write_plan.h"
+
+namespace hp::sharded_checkpoint {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* kAsync = "features.sharded_checkpoint.async";
+
+std::string rank_name(const char* pattern, int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, pattern, rank);
+  return buf;
+}
+
+std::string box_text(const std::vector<std::int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+/// Every member's text, in member order (texts may differ in length).
+std::vector<std::string> all_gather_text(dist::Group& g, const std::string& text) {
+  if (g.size() == 1) return {text};
+  at::Tensor len = at::full({1}, static_cast<std::int64_t>(text.size()), at::kLong);
+  auto lens = g.all_gather_list(len);
+  std::int64_t longest = 0;
+  for (const auto& l : lens) longest = std::max(longest, l.item<std::int64_t>());
+  at::Tensor mine = at::zeros({std::max<std::int64_t>(longest, 1)}, at::kByte);
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  auto all = g.all_gather_list(mine);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    out.emplace_back(static_cast<const char*>(all[i].data_ptr()), static_cast<std::size_t>(lens[i].item<std::int64_t>()));
+  }
+  return out;
+}
+
+/// One slice this rank holds.
+struct Held {
+  bool optimizer = false;
+  const ParamEntry* entry = nullptr;
+};
+
+/// Waits until every rank's manifest part is in `staging` (a rank that
+/// failed leaves a failed-rank file instead, and its reason is thrown).
+void wait_for_parts(const std::string& staging, int world, std::chrono::milliseconds timeout, std::int64_t step) {
+  const auto deadline = Clock::now() + timeout;
+  for (int r = 0; r < world;) {
+    const fs::path failed = fs::path(staging) / rank_name("failed-rank%05d.txt", r);
+    std::error_code ec;
+    if (fs::exists(failed, ec)) {
+      std::ifstream in(failed);
+      std::string why;
+      std::getline(in, why);
+      throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: " + why);
+    }
+    if (fs::exists(fs::path(staging) / rank_name("shards-rank%05d.json", r), ec)) {
+      ++r;
+      continue;
+    }
+    if (Clock::now() > deadline) {
+      throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: rank " +
+                               std::to_string(r) + " did not finish writing its part into " + staging + " within " +
+                               std::to_string(timeout.count() / 1000) + " s (is it alive? is the file system shared?)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+struct Shared {
+  BackgroundJob job;
+  metrics::Gauge* write_seconds = nullptr;
+  metrics::Gauge* written_bytes = nullptr;
+};
+
+class ShardedCheckpointIO : public CheckpointIO {
+ public:
+  ShardedCheckpointIO(CheckpointOptions o, const Config& config, dist::DistributedContext& dist,
+                      std::shared_ptr<Shared> shared)
+      : o_(std::move(o)), config_(config), dist_(dist), async_(config.get_bool(kAsync)), shared_(std::move(shared)) {}
+
+  ~ShardedCheckpointIO() override {
+    try {
+      shared_->job.wait();
+    } catch (const std::exception& e) {
+      log::logger()->error("{}", e.what());
+    }
+  }
+
+  void save(std::int64_t step, const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state,
+            const SavedState& state) override {
+    shared_->job.wait();  // one save at a time; a failed one stops the run here
+    const int rank = dist_.rank();
+    auto& world = dist_.group("world");
+    const auto mine = plan(params, optimizer_state);
+    const auto rngs = rng_states_by_rank(dist_);
+    if (rank == 0) ckpt::CheckpointWriter::prepare(o_.root, step);
+    world.barrier();
+
+    // The slices this rank writes: copied now when written in the background,
+    // so training may change the parameters meanwhile.
+    auto model = std::make_shared<std::vector<ckpt::ShardedTensor>>();
+    auto optim = std::make_shared<std::vector<ckpt::ShardedTensor>>();
+    std::uint64_t bytes = 0;
+    for (const auto& h : mine) {
+      const auto& e = *h.entry;
+      at::Tensor t = e.tensor.detach();
+      t = async_ ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
+      bytes += static_cast<std::uint64_t>(t.numel() * t.element_size());
+      (h.optimizer ? optim : model)->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets()});
+    }
+    nlohmann::json run_state;
+    if (rank == 0) run_state = run_state_json(state, rngs, config_, dist_);
+    const int world_size = world.size();
+    const auto timeout = world.timeout();
+    auto layout = dist_.mesh().sizes();
+    const std::string hash = model_config_hash(config_);
+    auto shared = shared_;
+    const auto root = o_.root;
+    const int keep = o_.keep;
+
+    auto write = [=] {
+      const auto t0 = Clock::now();
+      ckpt::CheckpointWriter w(root, step, rank);
+      std::string file = "(none)";
+      try {
+        const char* inject = std::getenv("HP_FAULT_INJECT");
+        if (inject != nullptr && std::string(inject) == "checkpoint:async_write_error" && async_) {
+          file = rank_name("model-rank%05d.safetensors", rank);
+          throw std::runtime_error("injected write failure (HP_FAULT_INJECT=checkpoint:async_write_error)");
+        }
+        if (!model->empty()) {
+          file = rank_name("model-rank%05d.safetensors", rank);
+          w.write_file(file, *model);
+        }
+        if (!optim->empty()) {
+          file = rank_name("optim-rank%05d.safetensors", rank);
+          w.write_file(file, *optim);
+        }
+        file = rank_name("shards-rank%05d.json", rank);
+        w.finish_rank();
+      } catch (const std::exception& e) {
+        std::string why = "rank " + std::to_string(rank) + ": checkpoint step " + std::to_string(step) +
+                          ": writing " + file + " in " + w.staging_dir() + " failed: " + e.what();
+        why = why.substr(0, why.find('\n'));
+        std::ofstream(fs::path(w.staging_dir()) / rank_name("failed-rank%05d.txt", rank)) << why << "\n";
+        throw std::runtime_error(why);
+      }
+      if (shared->written_bytes) shared->written_bytes->set(static_cast<double>(bytes));
+      if (shared->write_seconds) {
+        shared->write_seconds->set(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    };
+    auto commit = [=] {
+      ckpt::CheckpointWriter::commit(root, step, run_state, layout, hash, keep, all_ranks(world_size));
+    };
+
+    if (!async_) {
+      write();
+      world.barrier();
+      if (rank == 0) commit();
+      world.barrier();
+      return;
+    }
+    shared_->job.start([=] {
+      write();
+      if (rank != 0) return;
+      wait_for_parts((fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(), world_size,
+                     timeout, step);
+      commit();
+      log::logger()->info("checkpoint step {} committed in the background", step);
+    });
+  }
+
+  SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
+                  const std::vector<ParamEntry>& optimizer_state) override {
+    shared_->job.wait();
+    return load_checkpoint(step_dir, params, optimizer_state, dist_);
+  }
+
+  void flush() override { shared_->job.wait(); }
+
+ private:
+  static std::vector<int> all_ranks(int n) {
+    std::vector<int> out(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
+    return out;
+  }
+
+  /// The slices this rank writes: the same every save (shapes do not change),
+  /// so the lists are exchanged once.
+  std::vector<Held> plan(const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state) {
+    std::vector<Held> held;
+    std::vector<SliceDesc> desc;
+    auto add = [&](const std::vector<ParamEntry>& entries, bool optimizer) {
+      for (const auto& e : entries) {
+        held.push_back({optimizer, &e});
+        const auto bytes = static_cast<std::uint64_t>(e.tensor.numel() * e.tensor.element_size());
+        desc.push_back({std::string(optimizer ? "optim:" : "model:") + e.spec.name + "@" + box_text(e.spec.offsets()) +
+                            "/" + box_text(e.spec.local_shape()),
+                        bytes});
+      }
+    };
+    add(params, false);
+    add(optimizer_state, true);
+    const std::string mine = encode_slices(desc);
+    if (mine != planned_for_) {
+      std::vector<std::vector<SliceDesc>> by_rank;
+      for (const auto& text : all_gather_text(dist_.group("world"), mine)) by_rank.push_back(decode_slices(text));
+      plan_ = plan_writers(by_rank)[static_cast<std::size_t>(dist_.rank())];
+      planned_for_ = mine;
+      const auto bytes = bytes_per_rank(by_rank, plan_writers(by_rank));
+      if (dist_.rank() == 0) {
+        std::string per_rank;
+        for (std::size_t r = 0; r < bytes.size(); ++r) {
+          per_rank += (r ? ", " : "") + std::to_string(r) + ": " + std::to_string(bytes[r] / 1024) + " KiB";
+        }
+        log::logger()->info("sharded checkpoint: bytes written per rank {}{}", per_rank,
+                            async_ ? " (in the background)" : "");
+      }
+    }
+    std::vector<Held> out;
+    for (auto i : plan_) out.push_back(held.at(i));
+    return out;
+  }
+
+  CheckpointOptions o_;
+  const Config& config_;
+  dist::DistributedContext& dist_;
+  bool async_;
+  std::shared_ptr<Shared> shared_;
+  std::string planned_for_;
+  std::vector<std::size_t> plan_;
+};
+
+class ShardedCheckpointFeature : public Feature {
+ public:
+  void declare_options(Schema& s, const std::string& prefix) const override {
+    s.add_bool(prefix + "async", false)
+        .describe("Write checkpoints in the background: the slices are copied in memory at the step boundary and "
+                  "written while training goes on; the next save and the end of the run wait for it, and `latest` "
+                  "moves only after the commit. A failed background write stops the run at the next step.");
+  }
+
+  void install(FeatureRuntime& rt) override {
+    auto shared = std::make_shared<Shared>();
+    if (rt.has_metrics()) {
+      shared->write_seconds = &rt.metrics().gauge("hp_checkpoint_write_seconds",
+                                                  "Seconds this rank spent writing its slices of the last checkpoint.");
+      shared->written_bytes =
+          &rt.metrics().gauge("hp_checkpoint_written_bytes", "Bytes this rank wrote for the last checkpoint.");
+    }
+    rt.set_checkpoint_io("sharded_checkpoint",
+                         [shared](const CheckpointOptions& o, const Config& c, dist::DistributedContext& d) {
+                           return std::make_unique<ShardedCheckpointIO>(o, c, d, shared);
+                         });
+    // A background write that failed stops the run at the next step boundary.
+    rt.add_hook(StepEvent::kStepEnd, "sharded_checkpoint", [shared](StepContext&) {
+      const std::string why = shared->job.failure();
+      if (!why.empty()) shared->job.wait();  // throws it
+    });
+  }
+};
+
+}  // namespace
+}  // namespace hp::sharded_checkpoint
+
+HP_FEATURE_PLUGIN(hp::sharded_checkpoint::ShardedCheckpointFeature)
