@@ -13,15 +13,17 @@
 
 namespace {
 
-constexpr const char* kConvertHelp = R"(Re-shard DIR offline into OUT.
-
+constexpr const char* kConvertHelp = R"(
 Default: OUT is a checkpoint root; it receives a committed step (same step
 number, state.json copied, the target layout recorded) of the layout
 --tp/--dp/--ep/--pp (each 1 when not given). A tensor split over groups
 (manifest "split", outermost first) is cut into the product of those groups'
 target sizes, equal ranges along its split dimension; a tensor with no split
 recorded stays whole. Each piece is written once by one of the target ranks
-holding it (model-rankNNNNN / optim-rankNNNNN files).
+holding it (model-rankNNNNN / optim-rankNNNNN files). --pp only sets the
+layout recorded and the number of writers: pipeline stages hold whole blocks,
+chosen by the trainer (a checkpoint does not record which), and any layout
+loads any other.
 
 --consolidate: OUT is a new directory with model.safetensors (every model
 tensor whole, by global name; optimizer state, i.e. tensors stored in optim-*
@@ -36,8 +38,7 @@ dp, then pp); the expert-parallel index is dp % ep_size and the
 expert-data-parallel index dp / ep_size. --pp must be 1 (stages hold blocks
 chosen by the trainer, not recorded in a checkpoint).)";
 
-constexpr const char* kImportHelp = R"(Import full weights into a new checkpoint root.
-
+constexpr const char* kImportHelp = R"(
 FILE is a safetensors file of whole tensors by global name (as the model
 names its parameters). ROOT receives step_00000000 (one shard per tensor, all
 in model-rank00000.safetensors, no split recorded), with `latest` pointing at
@@ -74,7 +75,10 @@ int main(int argc, char** argv) {
                 "bad file and tensor");
   verify->add_option("dir", dir, "Step directory or checkpoint root")->required();
 
-  auto* convert = app.add_subcommand("convert", kConvertHelp);
+  auto* convert = app.add_subcommand(
+      "convert", "Re-shard offline into a checkpoint of another layout, or write the model weights "
+                 "as one safetensors file (--consolidate) or one per rank (--per-rank)");
+  convert->footer(kConvertHelp);
   convert->add_option("dir", dir, "Step directory or checkpoint root")->required();
   convert->add_option("--to", out, "Output (see above)")->required();
   auto* tp = convert->add_option("--tp", target.tp, "Target tensor-parallel size");
@@ -88,7 +92,10 @@ int main(int argc, char** argv) {
   cons->excludes(per);
   for (auto* o : {tp, dp, ep, pp}) cons->excludes(o);
 
-  auto* import = app.add_subcommand("import", kImportHelp);
+  auto* import = app.add_subcommand(
+      "import", "Full weights by global name (one safetensors file) into a new checkpoint root "
+                "as a committed step 0");
+  import->footer(kImportHelp);
   import->add_option("file", file, "safetensors file of full weights by global name")->required();
   import->add_option("--to", out, "New checkpoint root")->required();
 

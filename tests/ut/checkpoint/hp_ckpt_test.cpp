@@ -354,6 +354,24 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
   EXPECT_EQ(hp_ckpt({"--help"}).code, 0);
 }
 
+TEST(HpCkptConvert, UnknownSplitGroupIsNamed) {
+  Sharded ckpt;
+  ckpt.edit_manifest([](json& m) { m["tensors"]["embed"]["split"]["groups"] = {"cp"}; });
+  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", ckpt.dir / "out", "--tp", "2"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "hp-ckpt convert: cannot cut tensor 'embed': it is split over group 'cp', which "
+                   "hp-ckpt does not know (it knows tp, dp, ep, edp, pp)\n");
+}
+
+TEST(HpCkptHelp, SaysWhatImportAndPerRankWrite) {
+  const ToolRun import = hp_ckpt({"import", "--help"});
+  EXPECT_EQ(import.code, 0);
+  EXPECT_NE(import.out.find("no RNG, data\nposition or optimizer state"), std::string::npos) << import.out;
+  const ToolRun convert = hp_ckpt({"convert", "--help"});
+  EXPECT_EQ(convert.code, 0);
+  EXPECT_NE(convert.out.find("rank = (pp * dp_size + dp) * tp_size + tp"), std::string::npos) << convert.out;
+}
+
 TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {
   Sharded ckpt;
   TempDir out;
