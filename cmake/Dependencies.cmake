@@ -55,6 +55,13 @@ find_path(HP_XXHASH_INCLUDE xxhash.h)
 find_library(HP_XXHASH_LIB xxhash)
 hp_require(HP_XXHASH_LIB "xxhash" libxxhash-dev)
 
+# The metrics registry, types and text format (framework/metrics) are
+# prometheus-cpp's core library; only its pull Exposer is left unused:
+find_package(prometheus-cpp QUIET CONFIG)
+if(prometheus-cpp_FOUND AND NOT TARGET prometheus-cpp::core)
+  set(prometheus-cpp_FOUND FALSE)
+endif()
+hp_require(prometheus-cpp_FOUND "prometheus-cpp (target prometheus-cpp::core)" prometheus-cpp-dev)
 # /metrics is served by framework/metrics/http_exposer.cpp on plain sockets:
 # Debian's civetweb 1.15 starts its threads with a fixed 100 KiB stack, which
 # glibc refuses in a process that has loaded LibTorch + OpenBLAS (their

@@ -13,8 +13,10 @@ PACKAGES=(
   nlohmann-json3-dev
   libcli11-dev
   libxxhash-dev
+  prometheus-cpp-dev
   libopenblas0-openmp
   prometheus
+  chromium
   fortunes
   curl python3
   procps

@@ -1,20 +1,15 @@
 #include "framework/metrics/metric_types.h"
 
-#include <algorithm>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
-#include <utility>
 
 namespace hp::metrics {
 namespace {
-
-// std::atomic<double>::fetch_add only exists from C++20.
-void atomic_add(std::atomic<double>& target, double amount) {
-  double current = target.load(std::memory_order_relaxed);
-  while (!target.compare_exchange_weak(current, current + amount, std::memory_order_relaxed)) {
-  }
-}
 
 void check_bucket_args(const char* what, double start, double step, int count) {
   if (count < 1) {
@@ -47,39 +42,34 @@ void Counter::inc(double amount) {
             << ") was called; use a gauge for a value that can go down";
     throw std::invalid_argument(message.str());
   }
-  atomic_add(value_, amount);
+  counter_.Increment(amount);
 }
 
-void Gauge::inc(double amount) { atomic_add(value_, amount); }
+double Counter::value() const { return counter_.Value(); }
 
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)), bucket_counts_(bounds_.size() + 1, 0) {}
+void Gauge::set(double value) { gauge_.Set(value); }
+void Gauge::inc(double amount) { gauge_.Increment(amount); }
+double Gauge::value() const { return gauge_.Value(); }
 
 void Histogram::observe(double value) {
-  // The first bound >= value. NaN is below no bound, so it goes to +Inf
-  // (lower_bound alone would put it in the first bucket).
-  const auto bucket =
-      std::isnan(value)
-          ? bounds_.size()
-          : static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) -
-                                     bounds_.begin());
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++bucket_counts_[bucket];
-  sum_ += value;
-  ++count_;
+  if (std::isnan(value)) {
+    // prometheus-cpp's Observe would count NaN in the first bucket, as if it
+    // were below every bound; it is below none, so only +Inf counts it.
+    std::vector<double> increments(bounds_.size() + 1, 0.0);
+    increments.back() = 1;
+    histogram_.ObserveMultiple(increments, value);
+    return;
+  }
+  histogram_.Observe(value);
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
+  const prometheus::ClientMetric::Histogram collected = histogram_.Collect().histogram;
   Snapshot snap;
-  snap.cumulative_counts.reserve(bucket_counts_.size());
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::uint64_t running = 0;
-  for (std::uint64_t c : bucket_counts_) {
-    running += c;
-    snap.cumulative_counts.push_back(running);
-  }
-  snap.sum = sum_;
-  snap.count = count_;
+  snap.cumulative_counts.reserve(collected.bucket.size());
+  for (const auto& bucket : collected.bucket) snap.cumulative_counts.push_back(bucket.cumulative_count);
+  snap.sum = collected.sample_sum;
+  snap.count = collected.sample_count;
   return snap;
 }
 

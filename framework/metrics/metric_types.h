@@ -1,13 +1,18 @@
 #pragma once
-// The three metric kinds the trainer reports. Children are created only by a
-// Registry, which owns them; callers keep the returned reference and update
-// it from any thread (updates are lock-free except Histogram::observe).
-#include <atomic>
+// The three metric kinds the trainer reports, as thin handles on
+// prometheus-cpp's Counter, Gauge and Histogram (the library owns the values
+// and makes every update thread-safe). Handles are created only by a
+// Registry, which owns them; callers keep the returned reference.
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+}  // namespace prometheus
 
 namespace hp::metrics {
 
@@ -23,35 +28,36 @@ const char* to_string(MetricType type);
 class Counter {
  public:
   /// Adds `amount`; throws std::invalid_argument naming the counter when
-  /// `amount` is negative or NaN (a value that goes down is a Gauge).
+  /// `amount` is negative or NaN (prometheus-cpp would drop it silently; a
+  /// value that goes down is a Gauge).
   void inc(double amount = 1);
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  double value() const;
 
  private:
   friend class Registry;
-  explicit Counter(const std::string& name) : name_(name) {}
+  Counter(const std::string& name, prometheus::Counter& counter) : name_(name), counter_(counter) {}
   Counter(const Counter&) = delete;
   Counter& operator=(const Counter&) = delete;
 
   const std::string& name_;  // the family's name, which outlives every child
-  std::atomic<double> value_{0};
+  prometheus::Counter& counter_;
 };
 
 /// A value that goes up and down (loss, learning rate, memory in use).
 class Gauge {
  public:
-  void set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void set(double value);
   void inc(double amount = 1);
   void dec(double amount = 1) { inc(-amount); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  double value() const;
 
  private:
   friend class Registry;
-  Gauge() = default;
+  explicit Gauge(prometheus::Gauge& gauge) : gauge_(gauge) {}
   Gauge(const Gauge&) = delete;
   Gauge& operator=(const Gauge&) = delete;
 
-  std::atomic<double> value_{0};
+  prometheus::Gauge& gauge_;
 };
 
 /// Counts observations into buckets fixed at creation (upper bounds, each
@@ -74,17 +80,13 @@ class Histogram {
 
  private:
   friend class Registry;
-  explicit Histogram(std::vector<double> bounds);
+  Histogram(const std::vector<double>& bounds, prometheus::Histogram& histogram)
+      : bounds_(bounds), histogram_(histogram) {}
   Histogram(const Histogram&) = delete;
   Histogram& operator=(const Histogram&) = delete;
 
-  const std::vector<double> bounds_;
-  // One mutex rather than per-bucket atomics so a scrape never sees a count
-  // that disagrees with the buckets or the sum.
-  mutable std::mutex mutex_;
-  std::vector<std::uint64_t> bucket_counts_;  // not cumulative; last is +Inf
-  double sum_ = 0;
-  std::uint64_t count_ = 0;
+  const std::vector<double>& bounds_;  // the family's, which outlive every child
+  prometheus::Histogram& histogram_;
 };
 
 /// `count` bounds `start, start*factor, ...`; start > 0, factor > 1, count >= 1.

@@ -1,5 +1,13 @@
 #include "framework/metrics/registry.h"
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -16,7 +24,11 @@ struct Registry::Family {
   MetricType type;
   std::vector<double> bounds;
   std::vector<std::string> label_names;  // fixed by the first child
-  // Only the map matching `type` is used.
+  // The library's family and our handles on its children; only the pair
+  // matching `type` is used.
+  prometheus::Family<prometheus::Counter>* library_counters = nullptr;
+  prometheus::Family<prometheus::Gauge>* library_gauges = nullptr;
+  prometheus::Family<prometheus::Histogram>* library_histograms = nullptr;
   std::map<Labels, std::unique_ptr<Counter>> counters;
   std::map<Labels, std::unique_ptr<Gauge>> gauges;
   std::map<Labels, std::unique_ptr<Histogram>> histograms;
@@ -89,9 +101,26 @@ std::vector<double> checked_bounds(const std::string& name, std::vector<double> 
   return bounds;
 }
 
+// HELP lines escape backslash and newline; prometheus-cpp 1.0.1 writes the
+// help as given, so a newline would end the line early.
+std::string escaped_help(const std::string& help) {
+  std::string out;
+  out.reserve(help.size());
+  for (char c : help) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-Registry::Registry() = default;
+Registry::Registry() : library_(std::make_unique<prometheus::Registry>()) {}
 Registry::~Registry() = default;
 
 Registry::Family& Registry::find_or_add_family(const std::string& name, const std::string& help,
@@ -121,6 +150,21 @@ Registry::Family& Registry::find_or_add_family(const std::string& name, const st
     family->type = type;
     family->bounds = bounds;
     family->label_names = names_of(labels);
+    const std::string library_help = escaped_help(help);
+    switch (type) {
+      case MetricType::kCounter:
+        family->library_counters =
+            &prometheus::BuildCounter().Name(name).Help(library_help).Register(*library_);
+        break;
+      case MetricType::kGauge:
+        family->library_gauges =
+            &prometheus::BuildGauge().Name(name).Help(library_help).Register(*library_);
+        break;
+      case MetricType::kHistogram:
+        family->library_histograms =
+            &prometheus::BuildHistogram().Name(name).Help(library_help).Register(*library_);
+        break;
+    }
     it = families_.emplace(name, std::move(family)).first;
   }
   Family& family = *it->second;
@@ -170,13 +214,15 @@ T& child(std::map<Labels, std::unique_ptr<T>>& children, const std::string& metr
 Counter& Registry::counter(const std::string& name, const std::string& help, const Labels& labels) {
   std::lock_guard<std::mutex> lock(mutex_);
   Family& family = find_or_add_family(name, help, MetricType::kCounter, {}, labels);
-  return child(family.counters, name, labels, [&] { return new Counter(family.name); });
+  return child(family.counters, name, labels,
+               [&] { return new Counter(family.name, family.library_counters->Add(labels)); });
 }
 
 Gauge& Registry::gauge(const std::string& name, const std::string& help, const Labels& labels) {
   std::lock_guard<std::mutex> lock(mutex_);
   Family& family = find_or_add_family(name, help, MetricType::kGauge, {}, labels);
-  return child(family.gauges, name, labels, [] { return new Gauge(); });
+  return child(family.gauges, name, labels,
+               [&] { return new Gauge(family.library_gauges->Add(labels)); });
 }
 
 Histogram& Registry::histogram(const std::string& name, const std::string& help,
@@ -184,7 +230,9 @@ Histogram& Registry::histogram(const std::string& name, const std::string& help,
   const std::vector<double> bounds = checked_bounds(name, buckets);
   std::lock_guard<std::mutex> lock(mutex_);
   Family& family = find_or_add_family(name, help, MetricType::kHistogram, bounds, labels);
-  return child(family.histograms, name, labels, [&] { return new Histogram(family.bounds); });
+  return child(family.histograms, name, labels, [&] {
+    return new Histogram(family.bounds, family.library_histograms->Add(labels, family.bounds));
+  });
 }
 
 void Registry::set_common_labels(const Labels& labels) {
@@ -222,41 +270,23 @@ Labels Registry::common_labels() const {
   return common_labels_;
 }
 
-std::vector<FamilySnapshot> Registry::collect() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<FamilySnapshot> out;
-  out.reserve(families_.size());
-  for (const auto& entry : families_) {
-    const Family& family = *entry.second;
-    FamilySnapshot snap;
-    snap.name = family.name;
-    snap.help = family.help;
-    snap.type = family.type;
-    snap.bounds = family.bounds;
-    for (const auto& [labels, counter] : family.counters) {
-      SeriesSnapshot series;
-      series.labels = labels;
-      series.value = counter->value();
-      snap.series.push_back(std::move(series));
+std::vector<prometheus::MetricFamily> Registry::collect() const {
+  const Labels common = common_labels();
+  std::vector<prometheus::MetricFamily> families = library_->Collect();
+  // The library collects families by type and series in hash order; a
+  // stable order makes the exposition diffable and testable.
+  std::sort(families.begin(), families.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<prometheus::ClientMetric::Label> prefix;
+  for (const auto& [name, value] : common) prefix.push_back({name, value});
+  for (prometheus::MetricFamily& family : families) {
+    std::sort(family.metric.begin(), family.metric.end(),
+              [](const auto& a, const auto& b) { return a.label < b.label; });
+    for (prometheus::ClientMetric& series : family.metric) {
+      series.label.insert(series.label.begin(), prefix.begin(), prefix.end());
     }
-    for (const auto& [labels, gauge] : family.gauges) {
-      SeriesSnapshot series;
-      series.labels = labels;
-      series.value = gauge->value();
-      snap.series.push_back(std::move(series));
-    }
-    for (const auto& [labels, histogram] : family.histograms) {
-      Histogram::Snapshot values = histogram->snapshot();
-      SeriesSnapshot series;
-      series.labels = labels;
-      series.cumulative_counts = std::move(values.cumulative_counts);
-      series.sum = values.sum;
-      series.count = values.count;
-      snap.series.push_back(std::move(series));
-    }
-    out.push_back(std::move(snap));
   }
-  return out;
+  return families;
 }
 
 }  // namespace hp::metrics

@@ -1,9 +1,11 @@
 #pragma once
 // The metrics registry: one per process, owned by the host and lent to
-// plugins by reference. It holds metric families (a name, its help text and
-// type) and, in each, one child per label set. The trainer updates children
-// while the HTTP thread renders them, so every member is thread-safe.
-#include <cstdint>
+// plugins by reference. The values, families and label sets live in a
+// prometheus-cpp registry; this class adds the project's rules on top (names
+// and labels checked by naming.h, one type, help, bucket list and label
+// set per name, labels every series carries) and hands out handles that stay
+// valid as long as the registry. Every member is thread-safe: the trainer
+// updates children while the HTTP thread renders them.
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,25 +14,12 @@
 
 #include "framework/metrics/metric_types.h"
 
+namespace prometheus {
+class Registry;
+struct MetricFamily;
+}  // namespace prometheus
+
 namespace hp::metrics {
-
-/// One child's values at the moment of collect().
-struct SeriesSnapshot {
-  Labels labels;     ///< the child's own labels, without the common labels
-  double value = 0;  ///< counter and gauge
-  std::vector<std::uint64_t> cumulative_counts;  ///< histogram: one per bound, then +Inf
-  double sum = 0;                                ///< histogram
-  std::uint64_t count = 0;                       ///< histogram
-};
-
-/// One family at the moment of collect(); series are in label order.
-struct FamilySnapshot {
-  std::string name;
-  std::string help;
-  MetricType type = MetricType::kGauge;
-  std::vector<double> bounds;  ///< histogram: finite upper bounds, without +Inf
-  std::vector<SeriesSnapshot> series;
-};
 
 /// Owns every metric. `counter()`, `gauge()` and `histogram()` create the
 /// family and the child for `labels` on first use and return the same
@@ -61,14 +50,18 @@ class Registry {
   void set_common_labels(const Labels& labels);
   Labels common_labels() const;
 
-  /// Every family in name order, each read consistently.
-  std::vector<FamilySnapshot> collect() const;
+  /// Every family as prometheus-cpp collects it, in name order, each
+  /// series in label order and carrying the common labels first; help
+  /// texts are escaped as the text format needs them. Include
+  /// <prometheus/metric_family.h> to read the result.
+  std::vector<prometheus::MetricFamily> collect() const;
 
  private:
   struct Family;
   Family& find_or_add_family(const std::string& name, const std::string& help, MetricType type,
                              const std::vector<double>& bounds, const Labels& labels);
 
+  std::unique_ptr<prometheus::Registry> library_;
   mutable std::mutex mutex_;
   bool common_labels_set_ = false;
   Labels common_labels_;

@@ -117,8 +117,36 @@ void TrainingMetrics::on_checkpoint(const char* what, double seconds) {
       .set(seconds);
 }
 
+namespace {
+
+// "pipeline_idle_fraction_stage1" -> {"pipeline_idle_fraction", "1"}; a name
+// without a stage suffix -> {name, ""}.
+std::pair<std::string, std::string> split_stage(const std::string& name) {
+  const std::string tag = "_stage";
+  const auto at = name.rfind(tag);
+  if (at == std::string::npos || at == 0 || at + tag.size() == name.size()) return {name, ""};
+  const std::string index = name.substr(at + tag.size());
+  if (index.find_first_not_of("0123456789") != std::string::npos) return {name, ""};
+  return {name.substr(0, at), index};
+}
+
+}  // namespace
+
 void TrainingMetrics::on_figures(const std::map<std::string, double>& figures) {
+  // A figure reported for every stage (`<name>_stage<k>` in the figures and
+  // metrics.jsonl) is one series per stage, `hp_<name>{stage="k"}`. The
+  // rank's own copy under the bare name is then left out: its value is one
+  // of those series, and a metric takes one set of label names.
   for (const auto& [name, value] : figures) {
+    const auto [base, stage] = split_stage(name);
+    if (stage.empty()) continue;
+    staged_figures_.insert(base);
+    registry_->gauge("hp_" + base, "Step figure '" + base + "' reported by the step executor, per pipeline stage.",
+                     {{"stage", stage}})
+        .set(value);
+  }
+  for (const auto& [name, value] : figures) {
+    if (!split_stage(name).second.empty() || staged_figures_.count(name) != 0) continue;
     registry_->gauge("hp_" + name, "Step figure '" + name + "' reported by the step executor.").set(value);
   }
 }

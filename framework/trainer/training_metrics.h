@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 namespace hp {
@@ -38,9 +39,10 @@ class TrainingMetrics {
   std::string url() const;
 
   void on_step(const StepFigures& f, dist::DistributedContext* dist);
-  /// Appends the JSON line for a logged step (only on the writing rank).
-  /// Executor figures of the step as gauges hp_<name>.
+  /// Executor figures of the step as gauges hp_<name>; per-stage figures
+  /// (`<name>_stage<k>`) as hp_<name>{stage="k"}.
   void on_figures(const std::map<std::string, double>& figures);
+  /// Appends the JSON line for a logged step (only on the writing rank).
   void log_step(const StepFigures& f, const std::map<std::string, double>& extra = {});
   void on_checkpoint(const char* what, double seconds);
   void on_eval(std::int64_t step, double loss);
@@ -53,6 +55,7 @@ class TrainingMetrics {
   metrics::Gauge *step_, *loss_, *lr_, *grad_norm_, *tps_, *rss_, *peak_rss_, *eval_loss_;
   metrics::Counter *tokens_, *samples_;
   metrics::Histogram* step_time_;
+  std::set<std::string> staged_figures_;  // figure names exported with a stage label
   std::map<std::string, std::pair<double, double>> comm_seen_;  // group/op -> bytes, seconds
   double step_comm_bytes_ = 0;
   double step_comm_seconds_ = 0;  // seconds waited on communication in the last step, all groups

@@ -3,6 +3,7 @@
 #include "framework/metrics/naming.h"
 
 #include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
 
 #include <stdexcept>
 #include <string>

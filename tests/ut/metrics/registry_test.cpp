@@ -2,6 +2,7 @@
 #include "framework/metrics/registry.h"
 
 #include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
 
 #include <atomic>
 #include <cmath>
@@ -33,10 +34,12 @@ TEST(Registry, SameLabelsSameChild) {
   EXPECT_EQ(c.value(), 0);
   const auto families = registry.collect();
   ASSERT_EQ(families.size(), 1u);
-  EXPECT_EQ(families[0].type, MetricType::kCounter);
-  ASSERT_EQ(families[0].series.size(), 2u);
-  EXPECT_EQ(families[0].series[0].labels.at("split"), "eval");
-  EXPECT_EQ(families[0].series[1].value, 6);
+  EXPECT_EQ(families[0].type, prometheus::MetricType::Counter);
+  ASSERT_EQ(families[0].metric.size(), 2u);
+  ASSERT_EQ(families[0].metric[0].label.size(), 1u);
+  EXPECT_EQ(families[0].metric[0].label[0].name, "split");
+  EXPECT_EQ(families[0].metric[0].label[0].value, "eval");
+  EXPECT_EQ(families[0].metric[1].counter.value, 6);
 }
 
 TEST(Registry, GaugeGoesBothWays) {
