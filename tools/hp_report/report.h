@@ -1,0 +1,73 @@
+#pragma once
+// hp-report: one self-contained HTML page about a run, built from the run
+// directory's metrics.jsonl and config.yaml. The charts are inline SVG
+// written here (no script, no network); every plotted point is an SVG circle
+// carrying its metrics.jsonl key, step and exact value as data attributes.
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hp::report {
+
+/// One line of metrics.jsonl: its step and every other numeric field
+/// (`time` left out). JSON null (how the trainer writes NaN and infinities)
+/// is an empty optional.
+struct Row {
+  std::int64_t step = 0;
+  std::map<std::string, std::optional<double>> values;
+};
+
+/// Reads metrics.jsonl. Blank lines are skipped; so is a last line without
+/// its newline that does not parse (the trainer may be writing it). Any
+/// other line that is not a JSON object with an integer `step` throws
+/// std::runtime_error naming `origin` and the line number. Non-numeric
+/// fields are ignored.
+std::vector<Row> parse_metrics(std::istream& in, const std::string& origin);
+
+/// One line of a chart: the metrics.jsonl key it plots, its legend label
+/// and its points (step, value) in file order.
+struct Series {
+  std::string key;
+  std::string label;
+  std::vector<std::pair<std::int64_t, double>> points;
+};
+
+struct Chart {
+  std::string id;     ///< HTML id, e.g. "chart-loss"
+  std::string title;  ///< "Loss"
+  std::string unit;   ///< y-axis unit: "", "bytes", "seconds", "tokens/s"
+  std::vector<Series> series;
+};
+
+/// The charts for `rows`, in page order: loss and eval loss, tokens/s, MFU,
+/// learning rate, gradient norm, step time, communication seconds and
+/// bytes per group and operation, memory, pipeline idle and in-flight per
+/// stage, MoE figures and per-expert load, then one chart per remaining
+/// numeric key. A chart or series without any value is left out; null
+/// values are not plotted.
+std::vector<Chart> plan_charts(const std::vector<Row>& rows);
+
+/// Everything the page shows.
+struct ReportInput {
+  std::string run_dir;
+  std::vector<Row> rows;
+  std::optional<std::string> config_yaml;  ///< config.yaml as written by the trainer
+};
+
+/// The whole page.
+std::string render_report(const ReportInput& input);
+
+/// One chart as an inline <svg> element.
+std::string render_chart_svg(const Chart& chart);
+
+/// `text` safe inside HTML text and double- or single-quoted attributes.
+std::string html_escape(const std::string& text);
+
+/// The shortest decimal that reads back as exactly `value` ("0.1", "5e-05",
+/// "13293576").
+std::string exact_number(double value);
+
+}  // namespace hp::report
