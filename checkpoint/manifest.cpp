@@ -183,9 +183,9 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
         t.split_groups.push_back(g.get<std::string>());
       }
       const auto problem =
-          dim < -1 || dim > 64 ? "dim " + std::to_string(dim) + " is not a dimension"
-                               : split_problem(static_cast<int>(dim), t.split_groups,
-                                               t.global_shape.size());
+          dim < -1 || dim > 64
+              ? "dim " + std::to_string(dim) + " is not a dimension"
+              : split_problem(static_cast<int>(dim), t.split_groups, t.global_shape.size());
       if (!problem.empty()) {
         p.fail(path + "split", "is invalid: " + problem);
       }

@@ -67,7 +67,8 @@ std::string describe_split(int dim, const std::vector<std::string>& groups) {
   for (const auto& g : groups) {
     joined += (joined.empty() ? "" : "+") + g;
   }
-  return "split along dim " + std::to_string(dim) + " over " + (joined.empty() ? "nothing" : joined);
+  return "split along dim " + std::to_string(dim) + " over " +
+         (joined.empty() ? "nothing" : joined);
 }
 
 void rename_or_throw(const fs::path& from, const fs::path& to) {
@@ -329,11 +330,12 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
         tensor_rank[tensor] = rank;
       } else if (merged.split_dim != record.split_dim ||
                  merged.split_groups != record.split_groups) {
-        throw CheckpointInternalError(
-            what + "tensor '" + tensor + "' is " + describe_split(merged.split_dim, merged.split_groups) +
-            " on rank " + std::to_string(tensor_rank[tensor]) + " but " +
-            describe_split(record.split_dim, record.split_groups) + " on rank " +
-            std::to_string(rank) + "; every writer must record the same split");
+        throw CheckpointInternalError(what + "tensor '" + tensor + "' is " +
+                                      describe_split(merged.split_dim, merged.split_groups) +
+                                      " on rank " + std::to_string(tensor_rank[tensor]) + " but " +
+                                      describe_split(record.split_dim, record.split_groups) +
+                                      " on rank " + std::to_string(rank) +
+                                      "; every writer must record the same split");
       } else if (merged.global_shape != record.global_shape || merged.dtype != record.dtype) {
         throw CheckpointInternalError(
             what + "tensor '" + tensor + "' has global shape " + format_shape(merged.global_shape) +

@@ -16,13 +16,15 @@ std::string resolve_step_dir(const std::string& dir) {
     return dir;
   }
   if (!fs::is_directory(dir, ec)) {
-    throw UsageError(dir + " is not a directory: give a checkpoint step directory (holding "
-                           "manifest.json) or a checkpoint root (holding 'latest')");
+    throw UsageError(dir +
+                     " is not a directory: give a checkpoint step directory (holding "
+                     "manifest.json) or a checkpoint root (holding 'latest')");
   }
   const std::string step_dir = ckpt::CheckpointReader::latest(dir);
   if (step_dir.empty()) {
-    throw ckpt::CheckpointError(dir + " holds neither manifest.json (a step directory) nor "
-                                      "'latest' (a checkpoint root): nothing to read");
+    throw ckpt::CheckpointError(dir +
+                                " holds neither manifest.json (a step directory) nor "
+                                "'latest' (a checkpoint root): nothing to read");
   }
   if (!fs::is_regular_file(fs::path(step_dir) / "manifest.json", ec)) {
     throw ckpt::CheckpointError((fs::path(step_dir) / "manifest.json").string() +

@@ -51,7 +51,8 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
       int writer = -1;
       for (int r = 0; r < world; ++r) {
         if (piece_index(record, mesh, r) == k &&
-            (writer < 0 || bytes[static_cast<std::size_t>(r)] < bytes[static_cast<std::size_t>(writer)])) {
+            (writer < 0 ||
+             bytes[static_cast<std::size_t>(r)] < bytes[static_cast<std::size_t>(writer)])) {
           writer = r;
         }
       }
@@ -68,8 +69,11 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
     ckpt::CheckpointWriter w(out, reader.step(), r);
     std::vector<ckpt::ShardedTensor> model, optim;
     for (const auto& p : by_writer[static_cast<std::size_t>(r)]) {
-      ckpt::ShardedTensor t{p.name, reader.read(p.name, p.offsets, p.lengths),
-                            p.record->global_shape, p.offsets, p.record->split_dim,
+      ckpt::ShardedTensor t{p.name,
+                            reader.read(p.name, p.offsets, p.lengths),
+                            p.record->global_shape,
+                            p.offsets,
+                            p.record->split_dim,
                             p.record->split_groups};
       (is_optimizer_state(*p.record) ? optim : model).push_back(std::move(t));
     }
@@ -80,11 +84,12 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
   }
   ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), target.as_layout(),
                                  reader.config_hash(), 0, writers);
-  std::printf("converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
-              "ranks into %s\n",
-              static_cast<long long>(reader.step()), format_layout(reader.layout()).c_str(),
-              format_layout(target.as_layout()).c_str(), manifest.tensors.size(), pieces, world,
-              final_dir.string().c_str());
+  std::printf(
+      "converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
+      "ranks into %s\n",
+      static_cast<long long>(reader.step()), format_layout(reader.layout()).c_str(),
+      format_layout(target.as_layout()).c_str(), manifest.tensors.size(), pieces, world,
+      final_dir.string().c_str());
   return 0;
 }
 

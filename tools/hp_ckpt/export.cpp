@@ -116,8 +116,13 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
                              {"hp_rank", std::to_string(r)},
                              {"hp_coords", describe_rank(mesh, r)},
                              {"hp_slices", slices.dump()}});
-    ranks.push_back({{"rank", r}, {"dir", sub}, {"pp", c.pp}, {"dp", c.dp}, {"tp", c.tp},
-                     {"ep", c.ep}, {"edp", c.edp}});
+    ranks.push_back({{"rank", r},
+                     {"dir", sub},
+                     {"pp", c.pp},
+                     {"dp", c.dp},
+                     {"tp", c.tp},
+                     {"ep", c.ep},
+                     {"edp", c.edp}});
   }
   json config = source_config(reader);
   config["format"] = "hyperparallel per-rank model weights";
@@ -126,10 +131,11 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
       "rank = (pp * dp_size + dp) * tp_size + tp; ep = dp % ep_size; edp = dp / ep_size";
   config["ranks"] = ranks;
   write_json(fs::path(out) / "config.json", config);
-  std::printf("wrote step %lld for layout %s: %d rank directories of %zu model tensors each under "
-              "%s\n",
-              static_cast<long long>(reader.step()), format_layout(target.as_layout()).c_str(),
-              mesh.world_size(), model.size(), out.c_str());
+  std::printf(
+      "wrote step %lld for layout %s: %d rank directories of %zu model tensors each under "
+      "%s\n",
+      static_cast<long long>(reader.step()), format_layout(target.as_layout()).c_str(),
+      mesh.world_size(), model.size(), out.c_str());
   return 0;
 }
 

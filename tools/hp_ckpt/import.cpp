@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 int run_import(const std::string& file, const std::string& root) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) {
-    throw UsageError(file + " is not a file: give a safetensors file of full weights by global name");
+    throw UsageError(file +
+                     " is not a file: give a safetensors file of full weights by global name");
   }
   if (fs::exists(fs::path(root) / "latest", ec) ||
       fs::exists(fs::path(root) / ckpt::CheckpointWriter::step_dir_name(0), ec)) {
@@ -42,8 +43,8 @@ int run_import(const std::string& file, const std::string& root) {
   w.write_file("model-rank00000.safetensors", tensors);
   w.finish_rank();
   const nlohmann::json state = {{"step", 0}, {"imported_from", fs::absolute(file).string()}};
-  ckpt::CheckpointWriter::commit(root, 0, state, {{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}},
-                                 "", 0, {0});
+  ckpt::CheckpointWriter::commit(root, 0, state, {{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}}, "",
+                                 0, {0});
   std::printf("imported %zu tensors (%llu bytes) from %s as step 0 in %s\n", tensors.size(),
               static_cast<unsigned long long>(bytes), file.c_str(),
               (fs::path(root) / ckpt::CheckpointWriter::step_dir_name(0)).string().c_str());

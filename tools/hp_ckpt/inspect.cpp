@@ -112,10 +112,11 @@ int run_inspect(const std::string& dir, bool as_json) {
     }
     std::printf("%s\n", line.c_str());
   }
-  std::printf("total        %zu tensors (%zu model, %zu optimizer state), %llu bytes in %zu shards, "
-              "%zu files\n",
-              m.tensors.size(), m.tensors.size() - optimizer, optimizer,
-              static_cast<unsigned long long>(total_bytes), shards, files.size());
+  std::printf(
+      "total        %zu tensors (%zu model, %zu optimizer state), %llu bytes in %zu shards, "
+      "%zu files\n",
+      m.tensors.size(), m.tensors.size() - optimizer, optimizer,
+      static_cast<unsigned long long>(total_bytes), shards, files.size());
   return 0;
 }
 

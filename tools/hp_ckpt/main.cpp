@@ -1,9 +1,9 @@
 // hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.
 // Exit codes: 0 success, 1 a bad or unusable checkpoint (one line naming the
 // file and the tensor), 2 a usage error.
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -52,10 +52,11 @@ not already hold checkpoints.)";
 
 int main(int argc, char** argv) {
   namespace tool = hp::ckpt_tool;
-  CLI::App app{"hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.\n"
-               "DIR is a step directory (holding manifest.json) or a checkpoint root (its "
-               "`latest` step is used).\nExit codes: 0 success, 1 bad or unusable checkpoint, "
-               "2 usage error."};
+  CLI::App app{
+      "hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.\n"
+      "DIR is a step directory (holding manifest.json) or a checkpoint root (its "
+      "`latest` step is used).\nExit codes: 0 success, 1 bad or unusable checkpoint, "
+      "2 usage error."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
 
@@ -64,20 +65,23 @@ int main(int argc, char** argv) {
   tool::TargetLayout target;
 
   auto* inspect = app.add_subcommand(
-      "inspect", "Step, layout, config hash, and per tensor: global shape, dtype, bytes, split "
-                 "(dim and groups; '-' when whole or not recorded) and shard count");
+      "inspect",
+      "Step, layout, config hash, and per tensor: global shape, dtype, bytes, split "
+      "(dim and groups; '-' when whole or not recorded) and shard count");
   inspect->add_option("dir", dir, "Step directory or checkpoint root")->required();
   inspect->add_flag("--json", json, "Machine-readable output");
 
   auto* verify = app.add_subcommand(
-      "verify", "Every shard's checksum, header and byte range, every tensor's tiling, and "
-                "state.json against the manifest; exit 0 with one OK line, or 1 with the first "
-                "bad file and tensor");
+      "verify",
+      "Every shard's checksum, header and byte range, every tensor's tiling, and "
+      "state.json against the manifest; exit 0 with one OK line, or 1 with the first "
+      "bad file and tensor");
   verify->add_option("dir", dir, "Step directory or checkpoint root")->required();
 
   auto* convert = app.add_subcommand(
-      "convert", "Re-shard offline into a checkpoint of another layout, or write the model weights "
-                 "as one safetensors file (--consolidate) or one per rank (--per-rank)");
+      "convert",
+      "Re-shard offline into a checkpoint of another layout, or write the model weights "
+      "as one safetensors file (--consolidate) or one per rank (--per-rank)");
   convert->footer(kConvertHelp);
   convert->add_option("dir", dir, "Step directory or checkpoint root")->required();
   convert->add_option("--to", out, "Output (see above)")->required();
@@ -93,8 +97,9 @@ int main(int argc, char** argv) {
   for (auto* o : {tp, dp, ep, pp}) cons->excludes(o);
 
   auto* import = app.add_subcommand(
-      "import", "Full weights by global name (one safetensors file) into a new checkpoint root "
-                "as a committed step 0");
+      "import",
+      "Full weights by global name (one safetensors file) into a new checkpoint root "
+      "as a committed step 0");
   import->footer(kImportHelp);
   import->add_option("file", file, "safetensors file of full weights by global name")->required();
   import->add_option("--to", out, "New checkpoint root")->required();

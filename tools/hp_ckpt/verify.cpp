@@ -102,8 +102,9 @@ void verify_file(const fs::path& step_dir, const std::string& file,
                 std::to_string(reader->file_size()) + " bytes): the file is truncated");
     }
     if (!reader->has(ref.tensor)) {
-      throw Bad(where + "the file's header has no entry for it, but the manifest lists a shard "
-                        "of it here");
+      throw Bad(where +
+                "the file's header has no entry for it, but the manifest lists a shard "
+                "of it here");
     }
     const auto& e = reader->entry(ref.tensor);
     if (e.dtype != ref.record->dtype || e.shape != s.lengths || e.begin != s.byte_begin ||
@@ -129,8 +130,9 @@ void verify_file(const fs::path& step_dir, const std::string& file,
   counts.files += 1;
 }
 
-/// "" when state.json matches the manifest, else the problem.
-std::string verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& checksummed) {
+/// state.json against the manifest: its checksum (when the manifest has
+/// one) and its step.
+void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& checksummed) {
   const std::string path = (step_dir / "state.json").string();
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
@@ -160,7 +162,6 @@ std::string verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool
     throw Bad(path + ": it says step " + state["step"].dump().substr(0, 40) +
               " but the manifest says step " + std::to_string(m.step));
   }
-  return "";
 }
 
 }  // namespace
@@ -175,8 +176,9 @@ int run_verify(const std::string& dir) {
     for (const auto& [name, t] : m.tensors) {
       const auto problem = ckpt::tiling_problem(t);
       if (!problem.empty()) {
-        throw Bad(manifest_path + ": tensor '" + name + "': its shards do not tile its global shape " +
-                  shape_text(t.global_shape) + ": " + problem);
+        throw Bad(manifest_path + ": tensor '" + name +
+                  "': its shards do not tile its global shape " + shape_text(t.global_shape) +
+                  ": " + problem);
       }
       for (const auto& s : t.shards) by_file[s.file].push_back({name, &t, &s});
     }
@@ -185,11 +187,12 @@ int run_verify(const std::string& dir) {
     for (const auto& [file, shards] : by_file) verify_file(root, file, shards, counts);
     bool checksummed = false;
     verify_state(root, m, checksummed);
-    std::printf("OK %s: step %lld, %zu tensors tile, %zu shards in %zu files (%llu bytes) match "
-                "their checksums, state.json %s\n",
-                step_dir.c_str(), static_cast<long long>(m.step), counts.tensors, counts.shards,
-                counts.files, static_cast<unsigned long long>(counts.bytes),
-                checksummed ? "matches its checksum" : "has no checksum in this older manifest");
+    std::printf(
+        "OK %s: step %lld, %zu tensors tile, %zu shards in %zu files (%llu bytes) match "
+        "their checksums, state.json %s\n",
+        step_dir.c_str(), static_cast<long long>(m.step), counts.tensors, counts.shards,
+        counts.files, static_cast<unsigned long long>(counts.bytes),
+        checksummed ? "matches its checksum" : "has no checksum in this older manifest");
     return 0;
   } catch (const Bad& e) {
     std::fprintf(stderr, "hp-ckpt verify: FAILED: %s\n", one_line(e.what()).c_str());

@@ -70,26 +70,36 @@ struct Sharded {
       CheckpointWriter writer(root, 30, r);
       std::vector<ShardedTensor> model, optim;
       if (dp == 0) {
-        model.push_back({"blocks.0.w", w.narrow(0, 4 * tp, 4).clone(), {8, 4}, {4 * tp, 0}, 0, {"tp"}});
+        model.push_back(
+            {"blocks.0.w", w.narrow(0, 4 * tp, 4).clone(), {8, 4}, {4 * tp, 0}, 0, {"tp"}});
       } else {
-        model.push_back({"embed", embed.narrow(1, 6 * tp, 6).clone(), {4, 12}, {0, 6 * tp}, 1, {"tp"}});
+        model.push_back(
+            {"embed", embed.narrow(1, 6 * tp, 6).clone(), {4, 12}, {0, 6 * tp}, 1, {"tp"}});
       }
       if (r == 0) model.push_back({"blocks.0.b", b, {6}, {0}});
       if (r == 3) optim.push_back({"exp_avg/blocks.0.b", m_b, {6}, {0}});
       const int piece = tp * 2 + dp;
-      optim.push_back({"exp_avg/blocks.0.w", m_w.narrow(0, 2 * piece, 2).clone(), {8, 4},
-                       {2 * piece, 0}, 0, {"tp", "dp"}});
+      optim.push_back({"exp_avg/blocks.0.w",
+                       m_w.narrow(0, 2 * piece, 2).clone(),
+                       {8, 4},
+                       {2 * piece, 0},
+                       0,
+                       {"tp", "dp"}});
       writer.write_file(file_of("model", r), model);
       writer.write_file(file_of("optim", r), optim);
       writer.finish_rank();
     }
-    CheckpointWriter::commit(root, 30, state, {{"pp", 1}, {"dp", 2}, {"tp", 2}, {"ep", 1}}, "cfg-42");
+    CheckpointWriter::commit(root, 30, state, {{"pp", 1}, {"dp", 2}, {"tp", 2}, {"ep", 1}},
+                             "cfg-42");
   }
   std::string step_dir() const { return dir / "step_00000030"; }
   std::string file(const std::string& name) const { return step_dir() + "/" + name; }
   std::map<std::string, at::Tensor> all() const {
-    return {{"blocks.0.w", w}, {"blocks.0.b", b}, {"embed", embed},
-            {"exp_avg/blocks.0.w", m_w}, {"exp_avg/blocks.0.b", m_b}};
+    return {{"blocks.0.w", w},
+            {"blocks.0.b", b},
+            {"embed", embed},
+            {"exp_avg/blocks.0.w", m_w},
+            {"exp_avg/blocks.0.b", m_b}};
   }
   void edit_manifest(const std::function<void(json&)>& edit) const {
     json m = json::parse(read_bytes(file("manifest.json")));
@@ -121,23 +131,35 @@ TEST(HpCkptInspect, TextNamesStepLayoutAndEveryTensorsSplit) {
   EXPECT_NE(r.out.find("step         30 (format version 1)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("layout       dp=2 ep=1 pp=1 tp=2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("config hash  cfg-42"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("tensor              kind       global shape  dtype  bytes  split             shards"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "tensor              kind       global shape  dtype  bytes  split             shards"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("blocks.0.w          model      [8, 4]        F32      128  dim 0 over tp          2"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "blocks.0.w          model      [8, 4]        F32      128  dim 0 over tp          2"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("embed               model      [4, 12]       BF16      96  dim 1 over tp          2"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "embed               model      [4, 12]       BF16      96  dim 1 over tp          2"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("exp_avg/blocks.0.b  optimizer  [6]           F32       24  -                      1"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "exp_avg/blocks.0.b  optimizer  [6]           F32       24  -                      1"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("exp_avg/blocks.0.w  optimizer  [8, 4]        F32      128  dim 0 over tp+dp       4"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "exp_avg/blocks.0.w  optimizer  [8, 4]        F32      128  dim 0 over tp+dp       4"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("total        5 tensors (3 model, 2 optimizer state), 400 bytes in 10 shards, 8 files"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "total        5 tensors (3 model, 2 optimizer state), 400 bytes in 10 shards, 8 files"),
+      std::string::npos)
       << r.out;
 }
 
@@ -149,10 +171,15 @@ TEST(HpCkptInspect, JsonIsMachineReadable) {
   EXPECT_EQ(j["step"], 30);
   EXPECT_EQ(j["layout"], json({{"dp", 2}, {"ep", 1}, {"pp", 1}, {"tp", 2}}));
   EXPECT_EQ(j["config_hash"], "cfg-42");
-  EXPECT_EQ(j["totals"], json({{"tensors", 5}, {"model_tensors", 3}, {"optimizer_tensors", 2},
-                               {"bytes", 400}, {"shards", 10}, {"files", 8}}));
+  EXPECT_EQ(j["totals"], json({{"tensors", 5},
+                               {"model_tensors", 3},
+                               {"optimizer_tensors", 2},
+                               {"bytes", 400},
+                               {"shards", 10},
+                               {"files", 8}}));
   const auto& t = j["tensors"];
-  const auto it = std::find_if(t.begin(), t.end(), [](const json& e) { return e["name"] == "exp_avg/blocks.0.w"; });
+  const auto it = std::find_if(t.begin(), t.end(),
+                               [](const json& e) { return e["name"] == "exp_avg/blocks.0.w"; });
   ASSERT_NE(it, t.end());
   EXPECT_EQ((*it)["split"], json({{"dim", 0}, {"groups", {"tp", "dp"}}}));
   EXPECT_EQ((*it)["kind"], "optimizer");
@@ -254,11 +281,14 @@ TEST(HpCkptVerify, TilingGapAndOverlapAreRefused) {
     expect_verify_fails(ckpt, "manifest.json", "blocks.0.w", "leaving a gap");
     const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", ckpt.dir / "out"});
     EXPECT_EQ(r.code, 1);
-    EXPECT_NE(r.err.find("the shards of tensor 'blocks.0.w' do not tile"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the shards of tensor 'blocks.0.w' do not tile"), std::string::npos)
+        << r.err;
   }
   {
     Sharded ckpt;
-    ckpt.edit_manifest([](json& m) { m["tensors"]["blocks.0.w"]["shards"][1]["offsets"] = {2, 0}; });
+    ckpt.edit_manifest([](json& m) {
+      m["tensors"]["blocks.0.w"]["shards"][1]["offsets"] = {2, 0};
+    });
     expect_verify_fails(ckpt, "manifest.json", "blocks.0.w", "overlap");
   }
 }
@@ -266,7 +296,8 @@ TEST(HpCkptVerify, TilingGapAndOverlapAreRefused) {
 TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
   Sharded ckpt;
   TempDir out;
-  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "4", "--dp", "2"});
+  const ToolRun r =
+      hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "4", "--dp", "2"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("converted step 30 from layout dp=2 ep=1 pp=1 tp=2 to dp=2 ep=1 pp=1 tp=4"),
             std::string::npos)
@@ -281,14 +312,16 @@ TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
   }
   const auto& t = reader.manifest().tensors;
   ASSERT_EQ(t.at("blocks.0.w").shards.size(), 4u);
-  for (const auto& s : t.at("blocks.0.w").shards) EXPECT_EQ(s.lengths, (std::vector<std::int64_t>{2, 4}));
+  for (const auto& s : t.at("blocks.0.w").shards)
+    EXPECT_EQ(s.lengths, (std::vector<std::int64_t>{2, 4}));
   EXPECT_EQ(t.at("embed").shards.size(), 4u);
   EXPECT_EQ(t.at("exp_avg/blocks.0.w").shards.size(), 8u);
   EXPECT_EQ(t.at("exp_avg/blocks.0.w").split_groups, (std::vector<std::string>{"tp", "dp"}));
   EXPECT_EQ(t.at("blocks.0.b").shards.size(), 1u);
   EXPECT_EQ(t.at("blocks.0.b").split_dim, -1);
   // Optimizer state stays in optim-* files; replicas (dp=1: ranks 4-7) share the writing.
-  for (const auto& s : t.at("exp_avg/blocks.0.w").shards) EXPECT_EQ(s.file.rfind("optim-rank", 0), 0u);
+  for (const auto& s : t.at("exp_avg/blocks.0.w").shards)
+    EXPECT_EQ(s.file.rfind("optim-rank", 0), 0u);
   bool replica_wrote = false;
   for (int rank = 4; rank < 8; ++rank) {
     replica_wrote |= fs::exists(fs::path(reader.dir()) / file_of("model", rank));
@@ -316,9 +349,10 @@ TEST(HpCkptConvert, SizeNotDivisibleIsOneLineNamingTensorSizeAndN) {
   TempDir out;
   ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "3"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.err,
-            "hp-ckpt convert: cannot cut tensor 'blocks.0.w' for the target layout: its size 8 along "
-            "dim 0 (split over tp) is not divisible by tp=3; choose sizes that divide 8\n");
+  EXPECT_EQ(
+      r.err,
+      "hp-ckpt convert: cannot cut tensor 'blocks.0.w' for the target layout: its size 8 along "
+      "dim 0 (split over tp) is not divisible by tp=3; choose sizes that divide 8\n");
   r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "2", "--dp", "3"});
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("tensor 'exp_avg/blocks.0.w' for the target layout: its size 8 along dim 0 "
@@ -359,17 +393,20 @@ TEST(HpCkptConvert, UnknownSplitGroupIsNamed) {
   ckpt.edit_manifest([](json& m) { m["tensors"]["embed"]["split"]["groups"] = {"cp"}; });
   const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", ckpt.dir / "out", "--tp", "2"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.err, "hp-ckpt convert: cannot cut tensor 'embed': it is split over group 'cp', which "
-                   "hp-ckpt does not know (it knows tp, dp, ep, edp, pp)\n");
+  EXPECT_EQ(r.err,
+            "hp-ckpt convert: cannot cut tensor 'embed': it is split over group 'cp', which "
+            "hp-ckpt does not know (it knows tp, dp, ep, edp, pp)\n");
 }
 
 TEST(HpCkptHelp, SaysWhatImportAndPerRankWrite) {
   const ToolRun import = hp_ckpt({"import", "--help"});
   EXPECT_EQ(import.code, 0);
-  EXPECT_NE(import.out.find("no RNG, data\nposition or optimizer state"), std::string::npos) << import.out;
+  EXPECT_NE(import.out.find("no RNG, data\nposition or optimizer state"), std::string::npos)
+      << import.out;
   const ToolRun convert = hp_ckpt({"convert", "--help"});
   EXPECT_EQ(convert.code, 0);
-  EXPECT_NE(convert.out.find("rank = (pp * dp_size + dp) * tp_size + tp"), std::string::npos) << convert.out;
+  EXPECT_NE(convert.out.find("rank = (pp * dp_size + dp) * tp_size + tp"), std::string::npos)
+      << convert.out;
 }
 
 TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {
@@ -394,8 +431,8 @@ TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {
 TEST(HpCkptConvert, PerRankHoldsOnlyThatRanksSlices) {
   Sharded ckpt;
   TempDir out;
-  const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out / "ranks", "--per-rank", "--tp",
-                         "2", "--dp", "2"});
+  const ToolRun r = hp_ckpt(
+      {"convert", ckpt.dir.path(), "--to", out / "ranks", "--per-rank", "--tp", "2", "--dp", "2"});
   ASSERT_EQ(r.code, 0) << r.err;
   for (int rank = 0; rank < 4; ++rank) {
     char sub[64];
@@ -411,8 +448,13 @@ TEST(HpCkptConvert, PerRankHoldsOnlyThatRanksSlices) {
     EXPECT_EQ(file.metadata().at("hp_rank"), std::to_string(rank));
   }
   const json config = json::parse(read_bytes(out / "ranks/config.json"));
-  EXPECT_EQ(config["ranks"][3], json({{"rank", 3}, {"dir", "rank_00003"}, {"pp", 0}, {"dp", 1},
-                                      {"tp", 1}, {"ep", 0}, {"edp", 1}}));
+  EXPECT_EQ(config["ranks"][3], json({{"rank", 3},
+                                      {"dir", "rank_00003"},
+                                      {"pp", 0},
+                                      {"dp", 1},
+                                      {"tp", 1},
+                                      {"ep", 0},
+                                      {"edp", 1}}));
 }
 
 TEST(HpCkptImport, FullWeightsBecomeACommittedStepZero) {

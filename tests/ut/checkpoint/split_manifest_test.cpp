@@ -79,8 +79,9 @@ TEST(ManifestSplit, WriterRecordsSplitInTheCommittedManifest) {
   CheckpointWriter::prepare(dir.path(), 1);
   for (int r = 0; r < 2; ++r) {
     CheckpointWriter writer(dir.path(), 1, r);
-    writer.write_file(rank_file(r), {{"w", w.narrow(0, 4 * r, 4).clone(), {8, 4}, {4 * r, 0}, 0, {"tp"}},
-                                     {"b" + std::to_string(r), w[0].clone(), {4}, {0}}});
+    writer.write_file(rank_file(r),
+                      {{"w", w.narrow(0, 4 * r, 4).clone(), {8, 4}, {4 * r, 0}, 0, {"tp"}},
+                       {"b" + std::to_string(r), w[0].clone(), {4}, {0}}});
     writer.finish_rank();
   }
   CheckpointWriter::commit(dir.path(), 1, json{{"step", 1}}, {{"tp", 2}}, "h");
@@ -96,14 +97,18 @@ TEST(ManifestSplit, WriterRefusesAnInvalidOrChangedSplit) {
   CheckpointWriter::prepare(dir.path(), 1);
   CheckpointWriter writer(dir.path(), 1, 0);
   const auto t = sample({4}, at::kFloat);
-  EXPECT_NE(error_of([&] { writer.write_file("a.safetensors", {{"w", t, {4}, {0}, 1, {"tp"}}}); })
+  EXPECT_NE(error_of([&] {
+              writer.write_file("a.safetensors", {{"w", t, {4}, {0}, 1, {"tp"}}});
+            })
                 .find("cannot write tensor 'w' to " + dir.path() +
                       "/step_00000001.tmp/a.safetensors: split dim 1 is outside [-1, 1)"),
             std::string::npos);
   writer.write_file("a.safetensors", {{"w", t, {4}, {0}, 0, {"tp"}}});
-  EXPECT_NE(error_of([&] { writer.write_file("b.safetensors", {{"w", t, {4}, {0}, 0, {"ep"}}}); })
-                .find("already wrote it with split along dim 0 over tp, now split along dim 0 over ep"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] {
+        writer.write_file("b.safetensors", {{"w", t, {4}, {0}, 0, {"ep"}}});
+      }).find("already wrote it with split along dim 0 over tp, now split along dim 0 over ep"),
+      std::string::npos);
 }
 
 TEST(ManifestSplit, CommitRefusesWritersThatDisagreeNamingTheTensor) {
@@ -113,12 +118,14 @@ TEST(ManifestSplit, CommitRefusesWritersThatDisagreeNamingTheTensor) {
   const std::vector<std::vector<std::string>> groups = {{"tp"}, {"tp", "dp"}};
   for (int r = 0; r < 2; ++r) {
     CheckpointWriter writer(dir.path(), 2, r);
-    writer.write_file(rank_file(r),
-                      {{"layers.0.w", w.narrow(0, 4 * r, 4).clone(), {8, 4}, {4 * r, 0}, 0, groups[r]}});
+    writer.write_file(
+        rank_file(r),
+        {{"layers.0.w", w.narrow(0, 4 * r, 4).clone(), {8, 4}, {4 * r, 0}, 0, groups[r]}});
     writer.finish_rank();
   }
-  const auto msg =
-      error_of([&] { CheckpointWriter::commit(dir.path(), 2, json{{"step", 2}}, {{"tp", 2}}, "h"); });
+  const auto msg = error_of([&] {
+    CheckpointWriter::commit(dir.path(), 2, json{{"step", 2}}, {{"tp", 2}}, "h");
+  });
   EXPECT_NE(msg.find("internal error"), std::string::npos) << msg;
   EXPECT_NE(msg.find("tensor 'layers.0.w' is split along dim 0 over tp on rank 0 but split along "
                      "dim 0 over tp+dp on rank 1"),
