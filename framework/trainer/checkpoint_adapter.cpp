@@ -195,7 +195,8 @@ class GatheredCheckpointIO : public CheckpointIO {
       for (const auto& e : entries) {
         at::Tensor t = gather_full(dist_, e.spec, e.tensor.detach());
         out.push_back({e.spec.name, t.contiguous(), e.spec.global_shape,
-                       std::vector<std::int64_t>(e.spec.global_shape.size(), 0)});
+                       std::vector<std::int64_t>(e.spec.global_shape.size(), 0), e.spec.split_dim,
+                       e.spec.split_groups()});
       }
       return out;
     };

@@ -141,7 +141,8 @@ class ShardedCheckpointIO : public CheckpointIO {
       at::Tensor t = e.tensor.detach();
       t = async_ ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
       bytes += static_cast<std::uint64_t>(t.numel() * t.element_size());
-      (h.optimizer ? optim : model)->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets()});
+      (h.optimizer ? optim : model)
+          ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.split_dim, e.spec.split_groups()});
     }
     nlohmann::json run_state;
     if (rank == 0) run_state = run_state_json(state, rngs, config_, dist_);
