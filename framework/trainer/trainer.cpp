@@ -11,6 +11,7 @@
 
 #include "backends/dist/context.h"
 #include "backends/dist/flight_recorder.h"
+#include "backends/profile/trace.h"
 #include "checkpoint/safetensors.h"
 #include "framework/data/dataset.h"
 #include "framework/logging/logging.h"
@@ -24,6 +25,8 @@
 #include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
 #include "framework/trainer/options.h"
+#include "framework/trainer/profiling.h"
+#include "framework/trainer/throughput.h"
 #include "framework/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
 
@@ -84,6 +87,7 @@ class TrainingRun {
  private:
   void setup_process();
   void setup_model();
+  void setup_throughput();
   void resume();
   StepResult step(std::int64_t step);
   void cadence(std::int64_t step, const StepResult& r, FitResult& result);
@@ -112,6 +116,8 @@ class TrainingRun {
   std::shared_ptr<dist::DistributedContext> ctx_;
   std::unique_ptr<dist::flight::Watchdog> watchdog_;
   std::unique_ptr<TrainingMetrics> metrics_;
+  std::unique_ptr<RunProfiler> profiler_;
+  std::unique_ptr<Throughput> throughput_;
   std::unique_ptr<FeatureRuntime> runtime_;
   std::shared_ptr<StepExecutor> executor_;  // may hold plugin code: after runtime
   std::shared_ptr<Dataset> data_;
@@ -182,6 +188,8 @@ void TrainingRun::setup_process() {
   }
   metrics_ = std::make_unique<TrainingMetrics>(c, env_.rank, env_.local_rank, rank0());
   if (!metrics_->url().empty()) log->info("metrics at {}", metrics_->url());
+  profiler_ = std::make_unique<RunProfiler>(c, env_.rank,
+                                            "rank " + std::to_string(env_.rank) + " " + setup_.mesh.tag(env_.rank));
   runtime_ = std::make_unique<FeatureRuntime>(c, *ctx_, &metrics_->registry());
   runtime_->install(setup_.features);
   executor_ = runtime_->executor();
@@ -217,6 +225,32 @@ void TrainingRun::setup_model() {
   reducer_ = red ? red(ro, model_.params, *ctx_) : make_bucketed_reducer(ro, model_.params, *ctx_);
   const auto& io = runtime_->checkpoint_io_factory();
   checkpoint_ = io ? io(ckpt_, c, *ctx_) : make_gathered_checkpoint_io(ckpt_, c, *ctx_);
+  setup_throughput();
+}
+
+void TrainingRun::setup_throughput() {
+  const Config& c = setup_.config;
+  double peak = c.get_float("metrics.peak_flops");
+  if (peak <= 0) {
+    // Every rank probes at once, so ranks sharing a machine measure their share.
+    dist::Group& world = ctx_->group("world");
+    world.barrier();
+    const auto t0 = Clock::now();
+    at::Tensor mine = at::full({1}, measure_matmul_flops(), at::kDouble);
+    const double secs = seconds_since(t0);
+    world.all_reduce(mine);
+    peak = mine.item<double>() / env_.world_size;
+    if (rank0()) {
+      log::logger()->info(
+          "peak {:.1f} GFLOP/s per rank for MFU: fp32 matmul probe, {:.0f} ms, {} threads per rank, mean of {} "
+          "ranks (metrics.peak_flops sets it instead)",
+          peak / 1e9, secs * 1e3, at::get_num_threads(), env_.world_size);
+    }
+  } else if (rank0()) {
+    log::logger()->info("peak {:.1f} GFLOP/s per rank for MFU (metrics.peak_flops)", peak / 1e9);
+  }
+  throughput_ = std::make_unique<Throughput>(model_info(c).train_flops_per_token, peak, env_.world_size,
+                                             &metrics_->registry());
 }
 
 StepContext TrainingRun::context(std::int64_t step, double loss, std::map<std::string, double>* figures) {
@@ -245,7 +279,7 @@ void TrainingRun::resume() {
   metrics_->on_checkpoint("load", secs);
   StepContext hc = context(start_, 0.0, nullptr);
   runtime_->run_hooks(StepEvent::kLoad, hc);
-  if (rank0()) log::logger()->info("resumed from {} at step {} ({:.2f} s)", dir, start_, secs);
+  if (rank0()) log::logger()->info("resumed from {} at step {} ({:.3f} s)", dir, start_, secs);
 }
 
 void TrainingRun::sum_globally(at::Tensor& values) {
@@ -262,6 +296,8 @@ void TrainingRun::record_failure(const std::string& reason) {
 StepResult TrainingRun::step(std::int64_t step) {
   namespace flight = dist::flight;
   const auto t0 = Clock::now();
+  profile::Span span("step", "step");
+  span.arg("step", step + 1);
   flight::set_step(step);
   flight::set_phase(flight::Phase::kForward);
   StepResult r;
@@ -284,7 +320,9 @@ StepResult TrainingRun::step(std::int64_t step) {
   StepReport report = executor_->run(model_, work);
   runtime_->run_hooks(StepEvent::kAfterBackward, hc);
   flight::set_phase(flight::Phase::kGradSync);
+  profile::Span sync("comm", "grad_sync");
   reducer_->reduce();
+  sync.end();
   if (step + 1 == train_.dump_grads_at) dump_gradients(step + 1);
   // The main loss and every declared auxiliary loss in one collective.
   std::vector<double> sums{report.loss_sum};
@@ -296,12 +334,16 @@ StepResult TrainingRun::step(std::int64_t step) {
     r.figures["aux_loss_" + desc_.aux_losses[i]] = l[static_cast<std::int64_t>(i + 1)].item<double>() / global_tokens;
   }
   for (const auto& [k, v] : report.figures) r.figures[k] = v;
+  profile::Span clip("optimizer", "grad_clip");
   r.grad_norm = reducer_->clip(optim_.grad_clip);
+  clip.end();
   r.lr = learning_rate(schedule_, step);
   hc.loss = r.loss;
   runtime_->run_hooks(StepEvent::kBeforeOptimizerStep, hc);
   flight::set_phase(flight::Phase::kOptimizer);
+  profile::Span opt("optimizer", "optimizer_step");
   optimizer_->step(r.lr);
+  opt.end();
   for (const auto& fn : model_.step_end) fn(hc);
   runtime_->run_hooks(StepEvent::kStepEnd, hc);
   flight::set_phase(flight::Phase::kIdle);
@@ -311,6 +353,7 @@ StepResult TrainingRun::step(std::int64_t step) {
 
 double TrainingRun::evaluate() {
   dist::flight::set_phase(dist::flight::Phase::kEval);
+  profile::Span span("eval", "evaluate");
   const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
   for (auto& b : model_.blocks) b->eval();
   StepWork work;
@@ -348,12 +391,20 @@ void TrainingRun::save(std::int64_t step) {
   StepContext hc = context(step - 1, 0.0, &none);
   runtime_->run_hooks(StepEvent::kSave, hc);
   dist::flight::set_phase(dist::flight::Phase::kCheckpoint);
+  profile::Span span("checkpoint", "checkpoint_save");
+  span.arg("step", step);
+  const double rss_before = reset_peak_resident_memory();
   const auto t0 = Clock::now();
   SavedState s{step, rng_state_hex(), optimizer_->steps_taken(), tokens_total_, samples_total_};
   checkpoint_->save(step, model_tensors(), optimizer_->state(), s);
   const double secs = seconds_since(t0);
+  const double rise = std::max(0.0, peak_resident_memory_since_reset() - rss_before);
   metrics_->on_checkpoint("save", secs);
-  if (rank0()) log::logger()->info("checkpoint step {} saved to {} ({:.2f} s)", step, ckpt_.root, secs);
+  if (rank0()) log::logger()->info("checkpoint step {} saved to {} ({:.3f} s)", step, ckpt_.root, secs);
+  // Every rank: what holding its part of the save cost it (gathered copies,
+  // background copies).
+  log::logger()->info("checkpoint step {}: resident memory rose {:.1f} MiB during the save on this rank", step,
+                      rise / (1024.0 * 1024.0));
 }
 
 void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& result) {
@@ -363,11 +414,15 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
   StepFigures f{step + 1, r.loss, r.lr, r.grad_norm, global_tokens / r.seconds, r.seconds, global_tokens,
                 static_cast<double>(train_.global_batch)};
   metrics_->on_step(f, ctx_.get());
+  throughput_->on_step(global_tokens, r.seconds);
+  const double model_flops = throughput_->flops_per_second(global_tokens, r.seconds);
   metrics_->on_figures(r.figures);
   result.losses.push_back(r.loss);
   const bool last = step + 1 == train_.max_steps;
   std::map<std::string, double> extra = r.figures;
   extra["optimizer_state_bytes"] = static_cast<double>(optimizer_->state_bytes());
+  extra["model_flops_per_second"] = model_flops;
+  extra["mfu"] = throughput_->mfu(model_flops);
   if (train_.eval_interval > 0 && ((step + 1) % train_.eval_interval == 0 || last)) {
     StepContext hc = context(step, r.loss, &extra);
     runtime_->run_hooks(StepEvent::kEval, hc);
@@ -380,8 +435,11 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
     metrics_->log_step(f, extra);
     if (rank0()) {
       const double eta = r.seconds * static_cast<double>(train_.max_steps - step - 1);
-      log::logger()->info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | ETA {}",
-                          step + 1, train_.max_steps, r.loss, r.lr, r.grad_norm, f.tokens_per_second, format_eta(eta));
+      log::logger()->info(
+          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | {:.2f} GFLOP/s | MFU {:.1f}% | "
+          "ETA {}",
+          step + 1, train_.max_steps, r.loss, r.lr, r.grad_norm, f.tokens_per_second, model_flops / 1e9,
+          100 * throughput_->mfu(model_flops), format_eta(eta));
     }
   }
   if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);
@@ -395,8 +453,10 @@ FitResult TrainingRun::fit() {
   result.first_step = start_;
   double timed_seconds = 0, timed_tokens = 0;
   for (std::int64_t s = start_; s < train_.max_steps; ++s) {
+    profiler_->begin_step(s + 1);
     StepResult r = step(s);
     cadence(s, r, result);
+    profiler_->end_step();
     if (s > start_) {
       timed_seconds += r.seconds;
       timed_tokens += static_cast<double>(train_.global_batch * train_.seq_len);
@@ -409,7 +469,15 @@ FitResult TrainingRun::fit() {
   // Every rank says what it holds, so sharding is visible per rank.
   log::logger()->info("this rank: optimizer state {} bytes, peak resident memory {:.1f} MiB",
                       optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0));
+  if (profiler_->enabled()) profiler_->write_rank_file();
   ctx_->group("world").barrier();
+  if (profiler_->enabled() && rank0()) {
+    std::string missing;
+    const std::string path = profiler_->merge(env_.world_size, &missing);
+    log::logger()->info("profile of steps {} written to {}", hp::to_string(setup_.config.value("run.profile.steps")),
+                        path);
+    if (!missing.empty()) log::logger()->warn("profile: no trace from {} (left out of {})", missing, path);
+  }
   return result;
 }
 

@@ -1,5 +1,6 @@
 #include "framework/trainer/training_metrics.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,12 @@
 #include "framework/metrics/metrics.h"
 
 namespace hp {
+
+namespace {
+// The peak before the last reset_peak_resident_memory(), so the process's
+// overall peak survives the resets.
+double g_peak_before_reset = 0;
+}  // namespace
 
 std::pair<double, double> resident_memory_bytes() {
   std::ifstream in("/proc/self/status");
@@ -21,7 +28,23 @@ std::pair<double, double> resident_memory_bytes() {
     if (key == "VmRSS:") rss = kb * 1024;
     if (key == "VmHWM:") hwm = kb * 1024;
   }
-  return {rss, hwm};
+  return {rss, std::max(hwm, g_peak_before_reset)};
+}
+
+double reset_peak_resident_memory() {
+  const auto [rss, peak] = resident_memory_bytes();
+  g_peak_before_reset = std::max(g_peak_before_reset, peak);
+  std::ofstream("/proc/self/clear_refs") << "5";  // Linux: VmHWM restarts from VmRSS
+  return rss;
+}
+
+double peak_resident_memory_since_reset() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  }
+  return 0;
 }
 
 TrainingMetrics::TrainingMetrics(const Config& c, int rank, int local_rank, bool writes_jsonl)

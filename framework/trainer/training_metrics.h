@@ -64,5 +64,10 @@ class TrainingMetrics {
 
 /// Resident and peak resident memory of this process in bytes (from /proc).
 std::pair<double, double> resident_memory_bytes();
+/// Restarts the kernel's peak (VmHWM) from the current resident memory, and
+/// returns that; resident_memory_bytes() still reports the overall peak.
+double reset_peak_resident_memory();
+/// The kernel's peak since the last reset.
+double peak_resident_memory_since_reset();
 
 }  // namespace hp
