@@ -31,4 +31,7 @@ check 0006-zero.md "$zr"
 printf 'data: {type: synthetic}\nmodel: {moe: {num_experts: 4}}\nfeatures: {expert_parallel: {enabled: true}}\n' > "$dir/e.yaml"
 er=$("$HP_TRAIN" "$dir/e.yaml" --nproc 2 --options-markdown | grep -E '^\| `(features.expert_parallel|model.moe)') || fail "ep options"
 check 0008-expert-parallel.md "$er"
+printf 'data: {type: synthetic}\nfeatures: {sharded_checkpoint: {enabled: true}}\n' > "$dir/s.yaml"
+sc=$("$HP_TRAIN" "$dir/s.yaml" --options-markdown | grep '^| `features.sharded_checkpoint') || fail "sharded_checkpoint options"
+check 0009-sharded-checkpoint.md "$sc"
 echo PASS
