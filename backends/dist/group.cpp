@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include "backends/dist/detail/pg_handle.h"
 #include "backends/dist/flight_recorder.h"
+#include "backends/profile/trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -65,6 +66,11 @@ template <typename Start>
 void Group::run(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind, int peer) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string short_op = op.substr(0, op.find(' '));
+  profile::Span span("comm", short_op);
+  if (span.active()) {
+    span.arg("group", name_).arg("bytes", bytes);
+    if (peer >= 0) span.arg("peer", peer);
+  }
   const std::uint64_t id = recorder_ ? recorder_->issue(name_, short_op, kind, peer, bytes) : 0;
   try {
     c10::intrusive_ptr<c10d::Work> work = start(*pg_->pg);
@@ -230,6 +236,8 @@ void PendingSend::wait() {
   if (impl_->waited) return;
   impl_->waited = true;
   Group& g = *impl_->group;
+  profile::Span span("comm", "send_wait");
+  if (span.active()) span.arg("group", g.name_).arg("peer", impl_->dst);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     impl_->work->wait(g.timeout_);

@@ -24,6 +24,12 @@ void declare_core_options(Schema& s) {
       .describe("Directory for the resolved config, metrics.jsonl and logs.");
   s.add_int("run.seed", 1234).range(0, 4294967295.0)
       .describe("Seed for weights (with each parameter's global name), data order and dropout.");
+  s.add_bool("run.profile.enabled", false)
+      .describe("Record a timeline of the steps run.profile.steps names on every rank (forward and backward of each "
+                "micro-batch and chunk, stage-message waits, collectives with group and bytes, optimizer step, "
+                "checkpoint saves, evaluation) into <run.output_dir>/trace.json (Chrome trace events, Perfetto).");
+  s.add_int_list("run.profile.steps", {3, 4}).at_least(1)
+      .describe("Steps to record when run.profile.enabled (counted from 1, as in the progress line).");
 
   // model: the type picks a registered model, which declares its own options
   s.add_enum("model.type", "gpt", models().names())
@@ -116,6 +122,9 @@ void declare_core_options(Schema& s) {
   s.add_int("metrics.prometheus.port", 9400).range(1, 65535)
       .describe("Base port; each local rank serves on port + local rank.");
   s.add_string("metrics.prometheus.bind", "127.0.0.1").describe("Address the HTTP endpoint binds to.");
+  s.add_float("metrics.peak_flops", 0.0).range(0.0, 1e21)
+      .describe("Peak FLOP/s of one rank, the denominator of MFU (model FLOP/s per rank / peak).")
+      .note("0 measures it at start-up with a short fp32 matmul probe on each rank");
   s.add_bool("metrics.jsonl", true).describe("Append one JSON object per logged step to <run.output_dir>/metrics.jsonl.");
 
   // logging
@@ -175,6 +184,20 @@ void declare_core_options(Schema& s) {
             "must be below distributed.timeout_seconds = " + to_string(c.value("distributed.timeout_seconds")) +
                 " (a stall is reported while the others still wait)",
             "less than " + to_string(c.value("distributed.timeout_seconds")));
+    }
+  });
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (!c.ok({"run.profile.enabled", "run.profile.steps", "training.max_steps"})) return;
+    if (!c.get_bool("run.profile.enabled")) return;
+    const auto max_steps = c.get_int("training.max_steps");
+    for (const auto step : c.get_int_list("run.profile.steps")) {
+      if (step > max_steps) {
+        e.add("run.profile.steps", to_string(c.value("run.profile.steps")),
+              "step " + std::to_string(step) + " is past training.max_steps = " + std::to_string(max_steps) +
+                  ", so it would never be recorded",
+              "steps 1 .. " + std::to_string(max_steps));
+        return;
+      }
     }
   });
   s.add_rule([](const Config& c, ConfigErrors& e) {

@@ -36,6 +36,11 @@ struct ModelInfo {
   /// Forward FLOPs per token of each block in model order, and of the loss.
   std::vector<double> block_flops;
   double loss_flops = 0;
+  /// Model FLOPs of one training step per token, forward and backward: the
+  /// numerator of MFU. Each model states its own (gpt: 6 N + 12 L h s, with
+  /// N the weights every token multiplies); model_info() fills a model that
+  /// states none with 3 x (the blocks' forward FLOPs + the loss's).
+  double train_flops_per_token = 0;
 
   bool uses(const std::string& kind) const { return layer_kinds.count(kind) > 0; }
   const SplitSize* size(const std::string& role) const {

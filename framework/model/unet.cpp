@@ -232,6 +232,11 @@ void register_unet(ModelRegistry& r) {
     m.split_sizes["ffn"] = {4 * H, "model.hidden", "the FFN size (4 x model.hidden)"};
     m.split_sizes["blocks"] = {3 * c.get_int("model.layers") + 4, "model.layers", "the block count"};
     m.inputs = {"field"};
+    // Per grid point: forward as the blocks declare it, backward twice that.
+    const ModelDescription desc = describe_unet(c);
+    double forward = desc.loss_cost.flops_per_token;
+    for (const auto& b : desc.blocks) forward += b.cost.flops_per_token;
+    m.train_flops_per_token = 3 * forward;
     return m;
   };
   e.describe = describe_unet;

@@ -194,6 +194,32 @@ void declare_decoder_options(Schema& s) {
   declare_moe_options(s);
 }
 
+// Training FLOPs per token the standard way (Kaplan et al., PaLM appendix B,
+// Megatron): 6 N for the weights a token multiplies (2 forward, 4 backward),
+// N = per layer the attention projections 4 h^2 and the FFN 2 h f (a MoE
+// layer: its router and the top_k + shared experts a token visits), and the
+// output head V h; the embedding lookups are not multiplications. Attention
+// adds 12 L h s: scores and values, 2 x 2 s h forward per layer, times 3,
+// counted over the full square as the convention does (the causal mask
+// halves the useful part; declared block costs count that half).
+double decoder_train_flops_per_token(const Dims& d, bool attention) {
+  const double H = static_cast<double>(d.hidden), F = static_cast<double>(d.ffn);
+  double n = static_cast<double>(d.vocab) * H;
+  for (std::int64_t i = 0; i < d.layers; ++i) {
+    if (attention) n += 4 * H * H;
+    if (d.moe_block(i)) {
+      const double Fe = static_cast<double>(d.expert_ffn);
+      n += H * static_cast<double>(d.moe->num_experts) +
+           2 * H * Fe * static_cast<double>(d.moe->top_k + d.moe->shared_experts);
+    } else {
+      n += 2 * H * F;
+    }
+  }
+  double flops = 6 * n;
+  if (attention) flops += 12.0 * static_cast<double>(d.layers) * H * static_cast<double>(d.seq);
+  return flops;
+}
+
 ModelInfo decoder_info(const Config& c, bool attention) {
   const Dims d = dims_of(c);
   ModelInfo m;
@@ -211,6 +237,7 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.split_sizes["blocks"] = {d.layers + 2, "model.layers", "the block count"};
   m.split_sizes["layers"] = {d.layers, "model.layers", "the transformer block count"};
   m.inputs = {"tokens"};
+  m.train_flops_per_token = decoder_train_flops_per_token(d, attention);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {
     m.layer_kinds.insert("moe");
@@ -266,6 +293,11 @@ ModelInfo model_info(const Config& config) {
   m.block_flops.clear();
   for (const auto& b : d.blocks) m.block_flops.push_back(b.cost.flops_per_token);
   m.loss_flops = d.loss_cost.flops_per_token;
+  if (m.train_flops_per_token <= 0) {
+    double forward = m.loss_flops;
+    for (double f : m.block_flops) forward += f;
+    m.train_flops_per_token = 3 * forward;  // backward costs about twice the forward
+  }
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "backends/dist/flight_recorder.h"
+#include "backends/profile/trace.h"
 #include "framework/model/aux_loss.h"
 
 namespace hp {
@@ -32,6 +33,8 @@ class SequentialExecutor : public StepExecutor {
     for (std::int64_t mb = 0; mb < work.micro_batches; ++mb) {
       namespace flight = dist::flight;
       flight::set_phase(work.backward ? flight::Phase::kForward : flight::Phase::kEval, static_cast<int>(mb));
+      profile::Span fwd(work.backward ? "compute" : "eval", "forward");
+      fwd.arg("mb", mb).arg("chunk", 0);
       Batch b = work.batch(mb);
       // Auxiliary losses (and the statistics behind them) belong to training
       // steps only, not to evaluation.
@@ -41,8 +44,11 @@ class SequentialExecutor : public StepExecutor {
       auto lo = model.loss->forward(out, b.targets);
       at::Tensor extra = aux ? take_aux_losses(*aux, work.loss_scale, r) : at::Tensor();
       if (work.after_forward) work.after_forward();
+      fwd.end();
       if (work.backward) {
         flight::set_phase(flight::Phase::kBackward, static_cast<int>(mb));
+        profile::Span bwd("compute", "backward");
+        bwd.arg("mb", mb).arg("chunk", 0);
         at::Tensor total = lo.sum * work.loss_scale;
         if (extra.defined()) total = total + extra;
         total.backward();

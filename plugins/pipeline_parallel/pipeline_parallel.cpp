@@ -16,6 +16,7 @@
 #include "backends/dist/flight_recorder.h"
 #include "backends/dist/group.h"
 #include "backends/dist/mesh.h"
+#include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
 #include "framework/model/aux_loss.h"
@@ -133,6 +134,10 @@ class PipelineExecutor : public StepExecutor {
                               : fwd       ? dist::flight::Phase::kForward
                                           : dist::flight::Phase::kBackward,
                               mb, c);
+      profile::Span span(!w.backward ? "eval" : "compute", fwd ? "forward" : "backward");
+      if (span.active()) {
+        span.arg("mb", mb).arg("chunk", c).arg("stage", stage_).arg("action", a.str());
+      }
       if (a.kind == Action::Kind::kForward) {
         InFlight st;
         if (c == 0) {

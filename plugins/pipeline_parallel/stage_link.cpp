@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "backends/dist/group.h"
+#include "backends/profile/trace.h"
 
 namespace hp::pipeline {
 
@@ -120,6 +121,13 @@ void StageLink::send(const Activations& a, int peer, const MessageId& id) {
 }
 
 Activations StageLink::recv(int peer, const MessageId& id) {
+  profile::Span span("pipeline", "stage_recv");
+  if (span.active()) {
+    span.arg("direction", id.dir == Direction::kForward ? "forward" : "backward")
+        .arg("boundary", id.boundary)
+        .arg("mb", id.mb)
+        .arg("peer", peer);
+  }
   Channel& ch = recv_channels_[{static_cast<int>(id.dir), id.boundary}];
   auto read_header = [&] {
     at::Tensor h = take(peer, tag(id, kHeader), static_cast<std::int64_t>(kHeaderWords * 8), id, "header");

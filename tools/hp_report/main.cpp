@@ -1,5 +1,6 @@
 // hp-report RUN_DIR: writes RUN_DIR/report.html, one page that needs no
-// network: charts of metrics.jsonl as inline SVG, the last values and the
+// network: charts of metrics.jsonl as inline SVG, the timeline of one
+// profiled step when RUN_DIR/trace.json exists, the last values and the
 // resolved config.
 #include <CLI/CLI.hpp>
 
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 int main(int argc, char** argv) {
   CLI::App app{"hp-report: write RUN_DIR/report.html, a self-contained page of a run's curves and config"};
   std::string run_dir, output;
-  app.add_option("run_dir", run_dir, "Run directory (run.output_dir): reads metrics.jsonl and config.yaml")
+  app.add_option("run_dir", run_dir, "Run directory (run.output_dir): reads metrics.jsonl, config.yaml and trace.json")
       ->required();
   app.add_option("-o,--output", output, "Where to write the page (default RUN_DIR/report.html)");
   CLI11_PARSE(app, argc, argv);
@@ -43,6 +44,14 @@ int main(int argc, char** argv) {
     std::ostringstream text;
     text << config.rdbuf();
     input.config_yaml = text.str();
+  }
+  std::ifstream trace(fs::path(run_dir) / "trace.json");
+  if (trace) {
+    try {
+      input.timeline = hp::report::parse_trace(trace, (fs::path(run_dir) / "trace.json").string());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hp-report: %s; the page is written without a timeline\n", e.what());
+    }
   }
   if (output.empty()) output = (fs::path(run_dir) / "report.html").string();
   const std::string page = hp::report::render_report(input);

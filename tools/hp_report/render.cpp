@@ -96,6 +96,7 @@ svg text{font:11px system-ui,sans-serif;fill:#444}
 svg .grid{stroke:#e4e4e4}svg .axis{stroke:#888}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}
 td.num{text-align:right;font-family:ui-monospace,monospace}
+figure.wide{overflow-x:auto;max-width:100%}svg rect.span{stroke:#fff;stroke-width:0.5}
 pre{background:#f6f6f6;border:1px solid #ddd;padding:12px;overflow:auto;max-height:600px}
 )";
 
@@ -215,6 +216,7 @@ std::string render_report(const ReportInput& input) {
   if (!charts.empty()) {
     out << "<nav>";
     for (const Chart& c : charts) out << "<a href=\"#" << html_escape(c.id) << "\">" << html_escape(c.title) << "</a> ";
+    if (input.timeline) out << "<a href=\"#timeline\">Timeline</a> ";
     out << "<a href=\"#last-values\">Last values</a> <a href=\"#config\">Configuration</a></nav>\n";
   }
   out << "<h2>Charts</h2><div class=\"charts\">\n";
@@ -223,6 +225,25 @@ std::string render_report(const ReportInput& input) {
         << legend(c) << render_chart_svg(c) << "</figure>\n";
   }
   out << "</div>\n";
+
+  if (input.timeline) {
+    const Timeline& t = *input.timeline;
+    out << "<h2 id=\"timeline\">Timeline of step " << t.step << "</h2><p class=\"meta\">From trace.json (profiled "
+        << "steps";
+    for (std::size_t i = 0; i < t.profiled_steps.size(); ++i) out << (i ? ", " : " ") << t.profiled_steps[i];
+    out << "; open it in Perfetto for all of them): " << t.spans.size()
+        << " spans, one lane per rank, nested spans below their parent. Hovering a span shows its name, "
+        << "arguments and duration.</p>";
+    out << "<ul class=\"legend\">";
+    const std::pair<const char*, const char*> kinds[] = {
+        {"#0072b2", "forward"},        {"#d55e00", "backward"},          {"#999999", "stage-message wait"},
+        {"#009e73", "communication"}, {"#cc79a7", "optimizer"},         {"#e69f00", "checkpoint"},
+        {"#56b4e9", "evaluation"},    {"#e8e8e8", "step"}};
+    for (const auto& [colour, what] : kinds) {
+      out << "<li><span class=\"swatch\" style=\"background:" << colour << "\"></span>" << what << "</li>";
+    }
+    out << "</ul><figure class=\"wide\">" << render_timeline_svg(t) << "</figure>\n";
+  }
 
   out << "<h2 id=\"last-values\">Last logged values</h2>";
   if (input.rows.empty()) {

@@ -50,11 +50,44 @@ struct Chart {
 /// values are not plotted.
 std::vector<Chart> plan_charts(const std::vector<Row>& rows);
 
+/// One span of a profiled run's trace.json (a Chrome "X" event).
+struct TraceSpan {
+  int rank = 0;     ///< the event's pid: the trainer writes one process per rank
+  int thread = 0;   ///< its tid
+  int depth = 0;    ///< nesting level within its rank and thread (0 = outermost)
+  std::string name, category;
+  double start_us = 0, duration_us = 0;
+  std::map<std::string, std::string> args;  ///< numbers as the shortest exact decimal
+};
+
+/// The spans of one profiled step on every rank: from the earliest start of
+/// that step's "step" spans to the earliest start of a later step's (or the
+/// last span's end), so the evaluation and checkpoint save after the step
+/// are in it.
+struct Timeline {
+  std::int64_t step = 0;
+  double start_us = 0, end_us = 0;
+  std::vector<TraceSpan> spans;  ///< by rank, thread, start (parents before children)
+  std::vector<std::int64_t> profiled_steps;  ///< every step the trace holds
+};
+
+/// The first profiled step of a trace.json written by hp-train
+/// (run.profile.enabled), or nullopt when it holds no step span. Throws
+/// std::runtime_error naming `origin` when the file is not a trace.
+std::optional<Timeline> parse_trace(std::istream& in, const std::string& origin);
+
+/// The timeline as an inline <svg>: one lane per rank (and thread), time
+/// across; each span a <rect class="span"> carrying data-rank, data-thread,
+/// data-name, data-cat, data-start-us, data-dur-us, data-depth and its args
+/// as data-arg-<key>.
+std::string render_timeline_svg(const Timeline& timeline);
+
 /// Everything the page shows.
 struct ReportInput {
   std::string run_dir;
   std::vector<Row> rows;
   std::optional<std::string> config_yaml;  ///< config.yaml as written by the trainer
+  std::optional<Timeline> timeline;        ///< from trace.json when the run was profiled
 };
 
 /// The whole page.

@@ -158,5 +158,105 @@ TEST(HpReport, ExactNumbersReadBack) {
   EXPECT_EQ(exact_number(0.1), "0.1");
 }
 
+
+// Two ranks, two profiled steps; step 3 has a nested all-reduce inside a
+// forward, an evaluation after it, and a span on a second thread.
+const char* kTrace = R"({"traceEvents":[
+{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0"}},
+{"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"rank 1"}},
+{"name":"step","cat":"step","ph":"X","pid":0,"tid":0,"ts":10.000,"dur":900.000,"args":{"step":3}},
+{"name":"forward","cat":"compute","ph":"X","pid":0,"tid":0,"ts":20.000,"dur":300.000,"args":{"mb":0,"chunk":0,"action":"F0.0"}},
+{"name":"all_reduce","cat":"comm","ph":"X","pid":0,"tid":0,"ts":100.500,"dur":50.250,"args":{"group":"tp","bytes":4096}},
+{"name":"backward","cat":"compute","ph":"X","pid":0,"tid":0,"ts":400.000,"dur":400.000,"args":{"mb":0,"chunk":0}},
+{"name":"evaluate","cat":"eval","ph":"X","pid":0,"tid":0,"ts":950.000,"dur":100.000,"args":{}},
+{"name":"write","cat":"checkpoint","ph":"X","pid":0,"tid":1,"ts":960.000,"dur":10.000,"args":{}},
+{"name":"step","cat":"step","ph":"X","pid":1,"tid":0,"ts":0.000,"dur":950.000,"args":{"step":3}},
+{"name":"stage_recv","cat":"pipeline","ph":"X","pid":1,"tid":0,"ts":5.000,"dur":330.000,"args":{"direction":"forward","mb":0}},
+{"name":"step","cat":"step","ph":"X","pid":0,"tid":0,"ts":2000.000,"dur":800.000,"args":{"step":4}},
+{"name":"step","cat":"step","ph":"X","pid":1,"tid":0,"ts":2000.000,"dur":800.000,"args":{"step":4}},
+{"name":"forward","cat":"compute","ph":"X","pid":1,"tid":0,"ts":2100.000,"dur":100.000,"args":{"mb":0}}
+],"displayTimeUnit":"ms"})";
+
+struct Rect {
+  int rank, thread, depth;
+  std::string name, cat;
+  double start, dur;
+};
+
+std::vector<Rect> rects(const std::string& html) {
+  static const std::regex rect(
+      R"re(<rect class="span" [^>]*data-rank="(\d+)" data-thread="(\d+)" data-name="([^"]*)" data-cat="([^"]*)" data-start-us="([^"]*)" data-dur-us="([^"]*)" data-depth="(\d+)")re");
+  std::vector<Rect> out;
+  for (std::sregex_iterator it(html.begin(), html.end(), rect), end; it != end; ++it) {
+    out.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), std::stoi((*it)[7]), (*it)[3], (*it)[4],
+                   std::stod((*it)[5]), std::stod((*it)[6])});
+  }
+  return out;
+}
+
+TEST(HpReport, TimelineShowsTheFirstProfiledStepOnEveryRank) {
+  std::istringstream in(kTrace);
+  const auto t = parse_trace(in, "trace.json");
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->step, 3);
+  EXPECT_EQ(t->profiled_steps, (std::vector<std::int64_t>{3, 4}));
+  EXPECT_EQ(t->start_us, 0.0);
+  // Step 3's spans and what ran after it (evaluation, a checkpoint write on
+  // another thread) up to step 4's start; nothing of step 4.
+  ASSERT_EQ(t->spans.size(), 8u);
+  const std::string html = render_report({"r", parse(kRun), std::nullopt, t});
+  EXPECT_NE(html.find("<h2 id=\"timeline\">Timeline of step 3</h2>"), std::string::npos);
+  EXPECT_NE(html.find("href=\"#timeline\""), std::string::npos);
+  const auto drawn = rects(html);
+  ASSERT_EQ(drawn.size(), 8u);
+  std::set<int> ranks;
+  for (const Rect& r : drawn) {
+    ranks.insert(r.rank);
+    EXPECT_GE(r.dur, 0.0);
+    EXPECT_LT(r.start, 2000.0) << r.name;
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  auto find = [&](const std::string& name, int rank) -> const Rect* {
+    for (const Rect& r : drawn) {
+      if (r.name == name && r.rank == rank) return &r;
+    }
+    return nullptr;
+  };
+  ASSERT_TRUE(find("all_reduce", 0));
+  EXPECT_EQ(find("all_reduce", 0)->depth, 2);  // step > forward > all_reduce
+  EXPECT_EQ(find("all_reduce", 0)->start, 100.5);
+  EXPECT_EQ(find("all_reduce", 0)->dur, 50.25);
+  EXPECT_EQ(find("forward", 0)->depth, 1);
+  EXPECT_EQ(find("evaluate", 0)->depth, 0);
+  ASSERT_TRUE(find("write", 0));
+  EXPECT_EQ(find("write", 0)->thread, 1);
+  EXPECT_EQ(find("write", 0)->depth, 0);
+  EXPECT_EQ(find("stage_recv", 1)->cat, "pipeline");
+  EXPECT_NE(html.find("data-arg-group=\"tp\""), std::string::npos);
+  EXPECT_NE(html.find("data-arg-action=\"F0.0\""), std::string::npos);
+  EXPECT_NE(html.find("data-arg-bytes=\"4096\""), std::string::npos);
+  // Lane labels, one per rank and thread.
+  EXPECT_NE(html.find(">rank 0 thread 1</text>"), std::string::npos);
+  EXPECT_NE(html.find(">rank 1</text>"), std::string::npos);
+}
+
+TEST(HpReport, NoTimelineWithoutAProfiledStepOrTrace) {
+  std::istringstream in(R"({"traceEvents":[{"name":"x","ph":"X","pid":0,"tid":0,"ts":1,"dur":1}]})");
+  EXPECT_FALSE(parse_trace(in, "trace.json").has_value());
+  const std::string html = render_report({"r", parse(kRun), std::nullopt});
+  EXPECT_EQ(html.find("id=\"timeline\""), std::string::npos);
+  EXPECT_EQ(html.find("class=\"span\""), std::string::npos);
+}
+
+TEST(HpReport, BadTraceIsNamed) {
+  std::istringstream in("{\"traceEvents\": 3}");
+  try {
+    parse_trace(in, "runs/x/trace.json");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs/x/trace.json is not a Chrome trace"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace hp::report
