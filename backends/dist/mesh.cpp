@@ -1,5 +1,6 @@
 #include "backends/dist/mesh.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -123,6 +124,41 @@ std::vector<int> ProcessMesh::leaders() const {
 
 std::map<std::string, int> ProcessMesh::sizes() const {
   return {{"pp", pp_}, {"dp", dp_}, {"tp", tp_}, {"ep", ep_}};
+}
+
+const std::vector<std::string>& ProcessMesh::layout_dims() {
+  static const std::vector<std::string> kDims = {"tp", "dp", "ep", "pp"};
+  return kDims;
+}
+
+ProcessMesh ProcessMesh::from_sizes(const std::map<std::string, int>& sizes) {
+  std::map<std::string, int> full{{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}};
+  for (const auto& [dim, n] : sizes) {
+    if (full.count(dim) == 0) {
+      throw std::invalid_argument("unknown mesh dimension '" + dim + "' (a layout is given by tp, dp, ep and pp)");
+    }
+    full[dim] = n;
+  }
+  for (const auto& [dim, n] : full) {
+    if (n < 1) throw std::invalid_argument(dim + " size " + std::to_string(n) + " is below 1: every size is at least 1");
+  }
+  if (full["dp"] % full["ep"] != 0) {
+    throw std::invalid_argument("ep " + std::to_string(full["ep"]) + " does not divide dp " +
+                                std::to_string(full["dp"]) +
+                                ": expert parallel is carved out of data parallel, so ep must divide dp");
+  }
+  return ProcessMesh(full["pp"], full["dp"], full["tp"], full["ep"]);
+}
+
+int ProcessMesh::group_size(const std::string& dim) const {
+  const auto& names = group_names();
+  if (std::find(names.begin(), names.end(), dim) == names.end()) return 0;
+  return static_cast<int>(group_ranks(dim, 0).size());
+}
+
+int ProcessMesh::group_index(const std::string& dim, int rank) const {
+  const auto members = group_ranks(dim, rank);
+  return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
 }
 
 const std::map<std::string, MeshRole>& MeshPlan::served() {

@@ -70,6 +70,16 @@ class ProcessMesh {
   bool is_leader(int rank) const noexcept { return dp_rank(rank) == 0 && tp_rank(rank) == 0; }
   /// Size of every dimension by name, for checkpoint manifests.
   std::map<std::string, int> sizes() const;
+  /// The dimensions a layout is given by (the keys of sizes()).
+  static const std::vector<std::string>& layout_dims();
+  /// The mesh of a layout given as sizes by dimension (a missing one is 1).
+  /// Throws std::invalid_argument naming an unknown dimension, a size below
+  /// 1, or an expert-parallel size that does not divide the data-parallel one.
+  static ProcessMesh from_sizes(const std::map<std::string, int>& sizes);
+  /// Members of each `dim` group (any of group_names()); 0 for another name.
+  int group_size(const std::string& dim) const;
+  /// Position of `rank` in its `dim` group (its coordinate along `dim`).
+  int group_index(const std::string& dim, int rank) const;
 
   /// "pp=1 dp=2 tp=2 ep=1"
   std::string shape() const;

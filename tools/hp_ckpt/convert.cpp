@@ -31,7 +31,7 @@ std::string rank_file(const char* kind, int rank) {
 int run_convert(const std::string& dir, const std::string& out, const TargetLayout& target) {
   const std::string step_dir = resolve_step_dir(dir);
   const ckpt::CheckpointReader reader(step_dir);
-  const auto mesh = target_mesh(target.pp, target.dp, target.tp, target.ep);
+  const auto mesh = target_mesh(target.sizes);
   const int world = mesh.world_size();
   const auto& manifest = reader.manifest();
   const fs::path final_dir = fs::path(out) / ckpt::CheckpointWriter::step_dir_name(reader.step());
@@ -82,13 +82,13 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
     w.finish_rank();
     writers.push_back(r);
   }
-  ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), target.as_layout(),
+  ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), mesh.sizes(),
                                  reader.config_hash(), 0, writers);
   std::printf(
       "converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
       "ranks into %s\n",
       static_cast<long long>(reader.step()), format_layout(reader.layout()).c_str(),
-      format_layout(target.as_layout()).c_str(), manifest.tensors.size(), pieces, world,
+      format_layout(mesh.sizes()).c_str(), manifest.tensors.size(), pieces, world,
       final_dir.string().c_str());
   return 0;
 }

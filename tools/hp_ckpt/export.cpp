@@ -78,15 +78,16 @@ int run_consolidate(const std::string& dir, const std::string& out) {
 }
 
 int run_per_rank(const std::string& dir, const std::string& out, const TargetLayout& target) {
-  if (target.pp != 1) {
-    throw UsageError("--per-rank with --pp " + std::to_string(target.pp) +
+  const auto mesh = target_mesh(target.sizes);
+  const std::string& stages = dist::ProcessMesh::role_group(dist::MeshRole::kPartition);
+  if (mesh.group_size(stages) != 1) {
+    throw UsageError("--per-rank with --" + stages + " " + std::to_string(mesh.group_size(stages)) +
                      ": pipeline stages hold blocks chosen by the trainer's cost-balanced split, "
                      "which a checkpoint does not record; use --pp 1 (every rank directory then "
                      "holds every block) or load the checkpoint with resharding");
   }
   const std::string step_dir = resolve_step_dir(dir);
   const ckpt::CheckpointReader reader(step_dir);
-  const auto mesh = target_mesh(target.pp, target.dp, target.tp, target.ep);
   require_fresh_output(out, "--per-rank");
   std::vector<std::string> model;
   for (const auto& [name, record] : reader.manifest().tensors) {
@@ -109,24 +110,21 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
     std::snprintf(sub, sizeof sub, "rank_%05d", r);
     const fs::path rank_dir = fs::path(out) / sub;
     make_dir(rank_dir);
-    const auto c = mesh.coord(r);
     ckpt::write_safetensors((rank_dir / "model.safetensors").string(), tensors,
                             {{"format", "pt"},
                              {"hp_step", std::to_string(reader.step())},
                              {"hp_rank", std::to_string(r)},
                              {"hp_coords", describe_rank(mesh, r)},
                              {"hp_slices", slices.dump()}});
-    ranks.push_back({{"rank", r},
-                     {"dir", sub},
-                     {"pp", c.pp},
-                     {"dp", c.dp},
-                     {"tp", c.tp},
-                     {"ep", c.ep},
-                     {"edp", c.edp}});
+    json entry = {{"rank", r}, {"dir", sub}};
+    for (const auto& g : dist::ProcessMesh::group_names()) {
+      if (g != "world") entry[g] = mesh.group_index(g, r);
+    }
+    ranks.push_back(entry);
   }
   json config = source_config(reader);
   config["format"] = "hyperparallel per-rank model weights";
-  config["target_layout"] = target.as_layout();
+  config["target_layout"] = mesh.sizes();
   config["rank_numbering"] =
       "rank = (pp * dp_size + dp) * tp_size + tp; ep = dp % ep_size; edp = dp / ep_size";
   config["ranks"] = ranks;
@@ -134,7 +132,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
   std::printf(
       "wrote step %lld for layout %s: %d rank directories of %zu model tensors each under "
       "%s\n",
-      static_cast<long long>(reader.step()), format_layout(target.as_layout()).c_str(),
+      static_cast<long long>(reader.step()), format_layout(mesh.sizes()).c_str(),
       mesh.world_size(), model.size(), out.c_str());
   return 0;
 }

@@ -42,9 +42,10 @@ std::string format_layout(const ckpt::Layout& layout);
 /// Fails with UsageError when `path` exists and is not an empty directory.
 void require_fresh_output(const std::string& path, const std::string& what);
 
+/// A target layout: sizes by mesh dimension (dist::ProcessMesh::layout_dims();
+/// a dimension not given is 1).
 struct TargetLayout {
-  int pp = 1, dp = 1, tp = 1, ep = 1;
-  ckpt::Layout as_layout() const { return {{"pp", pp}, {"dp", dp}, {"tp", tp}, {"ep", ep}}; }
+  std::map<std::string, int> sizes;
 };
 
 int run_inspect(const std::string& dir, bool json);

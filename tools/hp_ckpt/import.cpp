@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backends/dist/mesh.h"
 #include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
@@ -43,7 +44,7 @@ int run_import(const std::string& file, const std::string& root) {
   w.write_file("model-rank00000.safetensors", tensors);
   w.finish_rank();
   const nlohmann::json state = {{"step", 0}, {"imported_from", fs::absolute(file).string()}};
-  ckpt::CheckpointWriter::commit(root, 0, state, {{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}}, "",
+  ckpt::CheckpointWriter::commit(root, 0, state, dist::ProcessMesh::from_sizes({}).sizes(), "",
                                  0, {0});
   std::printf("imported %zu tensors (%llu bytes) from %s as step 0 in %s\n", tensors.size(),
               static_cast<unsigned long long>(bytes), file.c_str(),

@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "backends/dist/mesh.h"
 #include "checkpoint/error.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 
@@ -85,16 +86,18 @@ int main(int argc, char** argv) {
   convert->footer(kConvertHelp);
   convert->add_option("dir", dir, "Step directory or checkpoint root")->required();
   convert->add_option("--to", out, "Output (see above)")->required();
-  auto* tp = convert->add_option("--tp", target.tp, "Target tensor-parallel size");
-  auto* dp = convert->add_option("--dp", target.dp, "Target data-parallel size");
-  auto* ep = convert->add_option("--ep", target.ep, "Target expert-parallel size (divides --dp)");
-  auto* pp = convert->add_option("--pp", target.pp, "Target pipeline-parallel size");
+  // One option per mesh dimension of a layout (--tp, --dp, --ep, --pp).
+  std::vector<CLI::Option*> sizes;
+  for (const auto& dim : hp::dist::ProcessMesh::layout_dims()) {
+    target.sizes[dim] = 1;
+    sizes.push_back(convert->add_option("--" + dim, target.sizes[dim], "Target " + dim + " size (default 1)"));
+  }
   auto* cons = convert->add_flag("--consolidate", consolidate,
                                  "One plain safetensors file of the full model weights");
   auto* per = convert->add_flag("--per-rank", per_rank,
                                 "One directory per target rank with only its model slices");
   cons->excludes(per);
-  for (auto* o : {tp, dp, ep, pp}) cons->excludes(o);
+  for (auto* o : sizes) cons->excludes(o);
 
   auto* import = app.add_subcommand(
       "import",

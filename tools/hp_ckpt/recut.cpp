@@ -10,39 +10,23 @@
 namespace hp::ckpt_tool {
 namespace {
 
-const char* const kKnownGroups = "tp, dp, ep, edp, pp";
-
-/// Size of group `group` on `mesh`, or 0 when the mesh has no such group.
-int group_size(const dist::ProcessMesh& mesh, const std::string& group) {
-  if (group == "tp") return mesh.tp_size();
-  if (group == "dp") return mesh.dp_size();
-  if (group == "ep") return mesh.ep_size();
-  if (group == "edp") return mesh.edp_size();
-  if (group == "pp") return mesh.pp_size();
-  return 0;
-}
-
-int group_coord(const dist::MeshCoord& c, const std::string& group) {
-  if (group == "tp") return c.tp;
-  if (group == "dp") return c.dp;
-  if (group == "ep") return c.ep;
-  if (group == "edp") return c.edp;
-  return c.pp;
+/// The groups a split may name: every group of the mesh but the world.
+std::vector<std::string> split_group_names() {
+  std::vector<std::string> out;
+  for (const auto& g : dist::ProcessMesh::group_names()) {
+    if (g != "world") out.push_back(g);
+  }
+  return out;
 }
 
 }  // namespace
 
-dist::ProcessMesh target_mesh(int pp, int dp, int tp, int ep) {
-  if (pp < 1 || dp < 1 || tp < 1 || ep < 1) {
-    throw UsageError("target layout pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
-                     " tp=" + std::to_string(tp) + " ep=" + std::to_string(ep) +
-                     ": every size must be at least 1");
+dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes) {
+  try {
+    return dist::ProcessMesh::from_sizes(sizes);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("target layout: ") + e.what());
   }
-  if (dp % ep != 0) {
-    throw UsageError("target layout --ep " + std::to_string(ep) + " --dp " + std::to_string(dp) +
-                     ": expert parallel is carved out of data parallel, so --ep must divide --dp");
-  }
-  return dist::ProcessMesh(pp, dp, tp, ep);
 }
 
 std::int64_t piece_count(const std::string& name, const ckpt::TensorRecord& tensor,
@@ -53,10 +37,11 @@ std::int64_t piece_count(const std::string& name, const ckpt::TensorRecord& tens
   std::int64_t count = 1;
   std::string product;
   for (const auto& g : tensor.split_groups) {
-    const int n = group_size(mesh, g);
+    const int n = mesh.group_size(g);
     if (n == 0) {
       throw ckpt::CheckpointError("cannot cut tensor '" + name + "': it is split over group '" + g +
-                                  "', which hp-ckpt does not know (it knows " + kKnownGroups + ")");
+                                  "', which hp-ckpt does not know (it knows " + join(split_group_names(), ", ") +
+                                  ")");
     }
     count *= n;
     product += (product.empty() ? "" : " x ") + g + "=" + std::to_string(n);
@@ -96,19 +81,17 @@ std::int64_t piece_index(const ckpt::TensorRecord& tensor, const dist::ProcessMe
   if (tensor.split_dim < 0) {
     return 0;
   }
-  const auto c = mesh.coord(rank);
   std::int64_t index = 0;
   for (const auto& g : tensor.split_groups) {
-    index = index * group_size(mesh, g) + group_coord(c, g);
+    index = index * mesh.group_size(g) + mesh.group_index(g, rank);
   }
   return index;
 }
 
 std::string describe_rank(const dist::ProcessMesh& mesh, int rank) {
-  const auto c = mesh.coord(rank);
-  return "rank " + std::to_string(rank) + ": pp=" + std::to_string(c.pp) +
-         " dp=" + std::to_string(c.dp) + " tp=" + std::to_string(c.tp) +
-         " ep=" + std::to_string(c.ep) + " edp=" + std::to_string(c.edp);
+  std::string out = "rank " + std::to_string(rank) + ":";
+  for (const auto& g : split_group_names()) out += " " + g + "=" + std::to_string(mesh.group_index(g, rank));
+  return out;
 }
 
 }  // namespace hp::ckpt_tool

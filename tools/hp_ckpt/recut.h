@@ -5,6 +5,7 @@
 // its coordinates in those groups index (inner groups vary fastest), the
 // order the trainer gathers them in. Whole tensors stay whole.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,9 @@ struct Piece {
   std::uint64_t bytes = 0;
 };
 
-/// The target mesh; UsageError when a size is below 1 or ep does not divide dp.
-dist::ProcessMesh target_mesh(int pp, int dp, int tp, int ep);
+/// The target mesh; UsageError when a size is below 1 or the expert-parallel
+/// size does not divide the data-parallel one.
+dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes);
 
 /// How many pieces `tensor` is cut into on `mesh`. CheckpointError naming
 /// the tensor, its size, the groups and their product when they do not
@@ -38,7 +40,7 @@ Piece piece(const std::string& name, const ckpt::TensorRecord& tensor,
 /// Which piece `rank` of `mesh` holds.
 std::int64_t piece_index(const ckpt::TensorRecord& tensor, const dist::ProcessMesh& mesh, int rank);
 
-/// "rank 5: pp=0 dp=1 tp=1 ep=1 edp=0"
+/// "rank 5: tp=1 dp=1 pp=0 ep=1 edp=0" (its index in each group)
 std::string describe_rank(const dist::ProcessMesh& mesh, int rank);
 
 }  // namespace hp::ckpt_tool

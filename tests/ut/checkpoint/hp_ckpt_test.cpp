@@ -382,7 +382,8 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
     EXPECT_EQ(r.code, 2) << (args.empty() ? "" : args[0]) << ": " << r.err;
     EXPECT_FALSE(r.err.empty());
   }
-  EXPECT_NE(hp_ckpt(cases[4]).err.find("--ep must divide --dp"), std::string::npos);
+  EXPECT_NE(hp_ckpt(cases[4]).err.find("ep 3 does not divide dp 2: expert parallel is carved out of data parallel, so ep must divide dp"), std::string::npos)
+      << hp_ckpt(cases[4]).err;
   EXPECT_NE(hp_ckpt(cases[6]).err.find("--per-rank with --pp 2: pipeline stages hold blocks"),
             std::string::npos);
   EXPECT_EQ(hp_ckpt({"--help"}).code, 0);
@@ -395,7 +396,7 @@ TEST(HpCkptConvert, UnknownSplitGroupIsNamed) {
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err,
             "hp-ckpt convert: cannot cut tensor 'embed': it is split over group 'cp', which "
-            "hp-ckpt does not know (it knows tp, dp, ep, edp, pp)\n");
+            "hp-ckpt does not know (it knows tp, dp, pp, ep, edp)\n");
 }
 
 TEST(HpCkptHelp, SaysWhatImportAndPerRankWrite) {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <map>
+#include <stdexcept>
+
 #include <set>
 
 #include "backends/dist/mesh.h"
@@ -48,6 +51,34 @@ TEST(ProcessMesh, ValidChecksEveryRule) {
   EXPECT_FALSE(ProcessMesh::valid(4, 1, 4, 1, 3));
   EXPECT_FALSE(ProcessMesh::valid(0, 0, 1, 1));
   EXPECT_THROW(ProcessMesh(1, 3, 1, 2), std::invalid_argument);
+}
+
+// A layout given by sizes (hp-ckpt's target layouts): missing dimensions
+// are 1, and the group sizes and indices agree with the mesh's groups.
+TEST(ProcessMesh, FromSizesAndGroupIndices) {
+  const ProcessMesh m = ProcessMesh::from_sizes({{"tp", 2}, {"dp", 4}, {"ep", 2}});
+  EXPECT_EQ(m.sizes(), (std::map<std::string, int>{{"pp", 1}, {"dp", 4}, {"tp", 2}, {"ep", 2}}));
+  EXPECT_EQ(m.group_size("tp"), 2);
+  EXPECT_EQ(m.group_size("edp"), 2);
+  EXPECT_EQ(m.group_size("world"), 8);
+  EXPECT_EQ(m.group_size("cp"), 0);
+  for (int r = 0; r < m.world_size(); ++r) {
+    const auto c = m.coord(r);
+    EXPECT_EQ(m.group_index("tp", r), c.tp);
+    EXPECT_EQ(m.group_index("dp", r), c.dp);
+    EXPECT_EQ(m.group_index("ep", r), c.ep);
+    EXPECT_EQ(m.group_index("edp", r), c.edp);
+    EXPECT_EQ(m.group_index("pp", r), c.pp);
+  }
+  EXPECT_EQ(ProcessMesh::from_sizes({}).world_size(), 1);
+  try {
+    ProcessMesh::from_sizes({{"cp", 2}});
+    FAIL() << "an unknown dimension must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown mesh dimension 'cp' (a layout is given by tp, dp, ep and pp)");
+  }
+  EXPECT_THROW(ProcessMesh::from_sizes({{"tp", 0}}), std::invalid_argument);
+  EXPECT_THROW(ProcessMesh::from_sizes({{"dp", 2}, {"ep", 3}}), std::invalid_argument);
 }
 
 TEST(ProcessMesh, DescribeListsEveryRank) {
