@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -48,7 +49,9 @@ std::string micros(std::int64_t ns) {
 nlohmann::json args_json(const std::vector<Arg>& args) {
   nlohmann::json j = nlohmann::json::object();
   for (const Arg& a : args) {
-    if (a.is_number) {
+    if (a.is_number && std::floor(a.number) == a.number && std::fabs(a.number) < 9e15) {
+      j[a.key] = static_cast<std::int64_t>(a.number);  // counts and indices read as integers
+    } else if (a.is_number) {
       j[a.key] = a.number;
     } else {
       j[a.key] = a.text;

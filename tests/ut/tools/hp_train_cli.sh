@@ -35,6 +35,13 @@ out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --set model.layerz=3 --set optimizer.
 [[ $rc -eq 2 ]] || fail "expected exit 2 without dry-run, got $rc"
 grep -qE "hp-launch|\[rank|joined" <<<"$out" && fail "something started: $out"
 
+# run.profile: a listed step the run never reaches is refused (only with the
+# profile on); profile options off by default need nothing.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set run.profile.enabled=true --set 'run.profile.steps=[2,40]' 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "profile steps past max_steps: expected exit 2, got $rc: $out"
+grep -qF "config error: run.profile.steps = [2, 40]: step 40 is past training.max_steps = 3, so it would never be recorded (legal: steps 1 .. 3)" <<<"$out" || fail "$out"
+"$HP_TRAIN" "$dir/ok.yaml" --dry-run --set 'run.profile.steps=[2,40]' > /dev/null 2>&1 || fail "profile off refused its steps"
+
 # A missing config file and malformed YAML are config errors too.
 out=$("$HP_TRAIN" "$dir/nope.yaml" 2>&1); rc=$?
 [[ $rc -eq 2 ]] && grep -q "cannot read the config file" <<<"$out" || fail "missing file: $rc $out"
