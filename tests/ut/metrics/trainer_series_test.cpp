@@ -7,6 +7,7 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -21,6 +22,7 @@
 #include "framework/metrics/exposition.h"
 #include "framework/metrics/registry.h"
 #include "framework/runtime/setup.h"
+#include "framework/trainer/throughput.h"
 #include "framework/trainer/training_metrics.h"
 #include "tests/support/multi_rank.h"
 #include "tests/ut/metrics/test_helpers.h"
@@ -171,6 +173,38 @@ TEST(TrainerSeries, CommunicationPerGroupAndOperation) {
 
 // promtool, which a real Prometheus' rules follow, finds nothing to lint in
 // the trainer's series.
+// Model FLOP/s and MFU of a step: FLOPs per token x tokens / seconds, over
+// the peak per rank x world size; exported with the rank label.
+TEST(TrainerSeries, ModelFlopsAndMfu) {
+  TrainingMetrics m(quiet_config(), 1, 0, false);
+  Throughput t(1e6, 1e9, 2, &m.registry());
+  EXPECT_DOUBLE_EQ(t.flops_per_second(1000, 2.0), 5e8);
+  EXPECT_DOUBLE_EQ(t.mfu(5e8), 0.25);
+  EXPECT_EQ(t.flops_per_second(1000, 0.0), 0.0);
+  t.on_step(1000, 2.0);
+  const auto families = m.registry().collect();
+  const std::map<std::string, double> expected{
+      {"hp_model_flops_per_second", 5e8}, {"hp_mfu", 0.25}, {"hp_peak_flops", 1e9}};
+  for (const auto& [name, value] : expected) {
+    const auto* f = find(families, name);
+    ASSERT_NE(f, nullptr) << name;
+    ASSERT_EQ(f->metric.size(), 1u) << name;
+    EXPECT_EQ(f->type, prometheus::MetricType::Gauge) << name;
+    EXPECT_EQ(labels_of(f->metric[0]), "{rank=1}") << name;
+    EXPECT_DOUBLE_EQ(f->metric[0].gauge.value, value) << name;
+  }
+}
+
+// The probe measures something plausible and stays within its budget.
+TEST(TrainerSeries, MatmulProbeIsShort) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double flops = measure_matmul_flops(0.1);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(flops, 1e8);
+  EXPECT_LT(flops, 1e13);
+  EXPECT_LT(seconds, 2.0);
+}
+
 TEST(TrainerSeries, PromtoolClean) {
   if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
     GTEST_FAIL() << "promtool is not on PATH: install the Debian package 'prometheus'";

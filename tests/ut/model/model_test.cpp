@@ -102,6 +102,28 @@ TEST(ModelRegistry, GptStatesItsSplitSizesAndKinds) {
   EXPECT_EQ(hp::model_info(unet.config).size("sequence"), nullptr) << "the unet cannot split its grid";
 }
 
+// Training FLOPs per token the standard way (6 N + 12 L h s for gpt), each
+// model its own; a model that states none gets 3 x its declared forward costs.
+TEST(ModelRegistry, TrainingFlopsPerTokenTheStandardWay) {
+  const std::string dims = "model: {hidden: 64, heads: 4, ffn_hidden: 96, layers: 3, seq_len: 16, vocab_size: 256";
+  auto gpt = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n" + dims + "}", "t"), 1);
+  // N = 3 (4 h^2 + 2 h f) + V h = 3 (16384 + 12288) + 16384 = 102400.
+  EXPECT_DOUBLE_EQ(hp::model_info(gpt.config).train_flops_per_token, 6.0 * 102400 + 12.0 * 3 * 64 * 16);
+  auto mlp = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n" + dims + ", type: mlp}", "t"), 1);
+  EXPECT_DOUBLE_EQ(hp::model_info(mlp.config).train_flops_per_token, 6.0 * (3 * 12288 + 16384));
+  // MoE: the router (E h) and the top_k experts a token visits, 2 h f each.
+  auto moe = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\n" + dims + ", moe: {num_experts: 4, top_k: 2}}", "t"), 1);
+  EXPECT_DOUBLE_EQ(hp::model_info(moe.config).train_flops_per_token,
+                   6.0 * (3 * (16384 + 4 * 64 + 2 * 12288) + 16384) + 12.0 * 3 * 64 * 16);
+  auto unet = hp::prepare(hp::RawConfig::parse_string("data: {type: field}\nmodel: {type: unet}", "t"), 1);
+  const auto u = hp::model_info(unet.config);
+  double forward = u.loss_flops;
+  for (double f : u.block_flops) forward += f;
+  EXPECT_GT(forward, 0.0);
+  EXPECT_DOUBLE_EQ(u.train_flops_per_token, 3 * forward);
+}
+
 // A feature checks the sizes the model states, without knowing the model.
 TEST(ModelRegistry, AFeatureChecksADeclaredSplitSizeOfAModelItDoesNotKnow) {
   register_odd_model();
