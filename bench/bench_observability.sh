@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # What observability costs a run, printed, never asserted: mean step time of
 # the 4 x 256 GPT at pp=2 and dp=2 with profiling off, with run.profile on
-# for every step, and with /metrics of both ranks scraped every 100 ms by a
-# curl loop while it trains (each mode run twice, interleaved, to even out
-# drift); the profiler's cost per span and spans per step; the size of
-# framework/metrics before its move onto prometheus-cpp and now.
+# for every step, and with /metrics of both ranks scraped every 100 ms while
+# it trains, by a curl loop (a new curl process per scrape) and by one
+# long-lived Python scraper (as Prometheus is: one process, a request per
+# scrape), each mode run twice, interleaved, to even out drift; the
+# profiler's cost per span and spans per step; the size of framework/metrics
+# before its move onto prometheus-cpp and now.
 #   bash bench/bench_observability.sh [steps=30]      (HP_BIN=build-dir/bin to pick a build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,17 +34,40 @@ scrape_loop() {  # scrape_loop PID OUT: both ranks' /metrics every 100 ms while 
     sleep 0.1
   done
 }
+scrape_python() {  # the same from one Python process
+  python3 - "$1" "$2" "$port" <<'PY'
+import os, sys, time, urllib.request
+pid, out, port = int(sys.argv[1]), open(sys.argv[2], "a"), int(sys.argv[3])
+def alive():
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+while alive():
+    for p in (port, port + 1):
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2) as r:
+                r.read()
+                out.write(f"{r.status} {time.monotonic() - t0}\n")
+        except OSError:
+            pass
+    time.sleep(0.1)
+PY
+}
 for round in 1 2; do
   for lay in pp2 dp2; do
-    for mode in off profile scrape; do
+    for mode in off profile scrape scrape_py; do
       extra=()
       [[ $mode == profile ]] && extra=(--set run.profile.enabled=true --set "run.profile.steps=$all_steps")
-      [[ $mode == scrape ]] && extra=(--set metrics.prometheus.enabled=true --set metrics.prometheus.port=$port)
+      [[ $mode == scrape* ]] && extra=(--set metrics.prometheus.enabled=true --set metrics.prometheus.port=$port)
       # shellcheck disable=SC2086
       "$BIN/hp-train" "$W/c.yaml" --nproc 2 ${layout[$lay]} "${extra[@]}" \
         --set run.output_dir="$W/${lay}_${mode}_$round" > "$W/log" 2>&1 &
       pid=$!
       [[ $mode == scrape ]] && scrape_loop $pid "$W/scrapes_${lay}_$round" &
+      [[ $mode == scrape_py ]] && scrape_python $pid "$W/pyscrapes_${lay}_$round" &
       wait $pid || { cat "$W/log"; exit 1; }
       wait
     done
@@ -60,20 +85,23 @@ def mean2(lay, mode):
     return sum(step(f"{lay}_{mode}_{r}") for r in (1, 2)) / 2
 print(f"GPT 4 layers x 256 wide, seq 128, batch 8 (4 micro-batches of 2); 2 processes x 1 thread; "
       f"{steps} steps, mean of steps 2..{steps}, two runs each")
-print(f"{'layout':7s} {'off s':>8s} {'profile on s':>13s} {'vs off':>8s} {'scraped s':>10s} {'vs off':>8s} "
-      f"{'scrapes':>8s} {'scrape ms (mean/max)':>21s}")
+print(f"{'layout':7s} {'off s':>8s} {'profile on s':>13s} {'vs off':>8s} {'curl loop s':>12s} {'vs off':>8s} "
+      f"{'one scraper s':>14s} {'vs off':>8s}")
 off_ns = float(re.search(r"([0-9.]+) ns per span with profile off", ops).group(1))
 on_ns = float(re.search(r"([0-9.]+) ns per span with profile on", ops).group(1))
 for lay in ("pp2", "dp2"):
-    off, prof, scr = mean2(lay, "off"), mean2(lay, "profile"), mean2(lay, "scrape")
-    times = []
-    for r in (1, 2):
-        for l in open(f"{w}/scrapes_{lay}_{r}"):
-            code, t = l.split()
-            if code == "200":
-                times.append(float(t) * 1e3)
-    print(f"{lay:7s} {off:8.4f} {prof:13.4f} {100 * (prof / off - 1):+7.2f}% {scr:10.4f} {100 * (scr / off - 1):+7.2f}% "
-          f"{len(times):8d} {sum(times) / max(1, len(times)):10.2f} / {max(times, default=0):7.2f}")
+    off, prof, scr, py = (mean2(lay, m) for m in ("off", "profile", "scrape", "scrape_py"))
+    print(f"{lay:7s} {off:8.4f} {prof:13.4f} {100 * (prof / off - 1):+7.2f}% {scr:12.4f} {100 * (scr / off - 1):+7.2f}% "
+          f"{py:14.4f} {100 * (py / off - 1):+7.2f}%")
+    for what, prefix in (("curl loop", "scrapes"), ("one scraper", "pyscrapes")):
+        times = []
+        for r in (1, 2):
+            for l in open(f"{w}/{prefix}_{lay}_{r}"):
+                code, t = l.split()
+                if code == "200":
+                    times.append(float(t) * 1e3)
+        print(f"        {what}: {len(times)} scrapes answered 200, {sum(times) / max(1, len(times)):.2f} ms mean, "
+              f"{max(times, default=0):.2f} ms max")
     trace = json.load(open(f"{w}/{lay}_profile_1/trace.json"))
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     per_step = spans / (steps - 1)
