@@ -16,7 +16,8 @@ double ns_per_span(bool on, int n) {
     hp::profile::Span s("comm", "all_reduce");
     s.arg("group", group).arg("bytes", i);
   }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
   hp::profile::set_recording(false);
   hp::profile::take_events();
   return ns;

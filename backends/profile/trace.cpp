@@ -1,7 +1,5 @@
 #include "backends/profile/trace.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace hp::profile {
@@ -60,11 +59,12 @@ nlohmann::json args_json(const std::vector<Arg>& args) {
   return j;
 }
 
-void emit_complete(std::ostream& out, const std::string& name, const std::string& category, int pid, int tid,
-                   std::int64_t ts_ns, std::int64_t dur_ns, const nlohmann::json& args) {
-  out << "{\"name\":" << nlohmann::json(name).dump() << ",\"cat\":" << nlohmann::json(category).dump()
-      << ",\"ph\":\"X\",\"pid\":" << pid << ",\"tid\":" << tid << ",\"ts\":" << micros(ts_ns)
-      << ",\"dur\":" << micros(dur_ns) << ",\"args\":" << args.dump() << "}";
+void emit_complete(std::ostream& out, const std::string& name, const std::string& category, int pid,
+                   int tid, std::int64_t ts_ns, std::int64_t dur_ns, const nlohmann::json& args) {
+  out << "{\"name\":" << nlohmann::json(name).dump()
+      << ",\"cat\":" << nlohmann::json(category).dump() << ",\"ph\":\"X\",\"pid\":" << pid
+      << ",\"tid\":" << tid << ",\"ts\":" << micros(ts_ns) << ",\"dur\":" << micros(dur_ns)
+      << ",\"args\":" << args.dump() << "}";
 }
 
 nlohmann::json metadata(const char* what, int pid, int tid, const nlohmann::json& args) {
@@ -85,8 +85,8 @@ void set_recording(bool on) noexcept { detail::g_recording.store(on, std::memory
 
 std::int64_t now_ns() noexcept {
   return static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count()) +
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count()) +
          wall_offset_ns();
 }
 
@@ -154,13 +154,14 @@ void write_rank_trace(const std::string& path, int rank, const std::string& proc
     emit_complete(out, e->name, e->category, rank, e->thread, e->begin_ns - origin,
                   std::max<std::int64_t>(0, e->end_ns - e->begin_ns), args_json(e->args));
   }
-  out << "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"origin_unix_ns\":" << origin << ",\"rank\":" << rank
-      << "}}\n";
+  out << "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"origin_unix_ns\":" << origin
+      << ",\"rank\":" << rank << "}}\n";
   out.close();
   if (!out) throw std::runtime_error("profile: cannot write the trace file " + path);
 }
 
-std::vector<std::string> merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
+std::vector<std::string> merge_traces(const std::vector<std::string>& inputs,
+                                      const std::string& output) {
   struct Part {
     nlohmann::json trace;
     std::int64_t origin;
@@ -178,9 +179,11 @@ std::vector<std::string> merge_traces(const std::vector<std::string>& inputs, co
     try {
       in >> p.trace;
       p.origin = p.trace.at("otherData").at("origin_unix_ns").get<std::int64_t>();
-      if (!p.trace.at("traceEvents").is_array()) throw std::runtime_error("traceEvents is not an array");
+      if (!p.trace.at("traceEvents").is_array())
+        throw std::runtime_error("traceEvents is not an array");
     } catch (const std::exception& e) {
-      throw std::runtime_error("profile: " + path + " is not a rank trace written by the trainer (" +
+      throw std::runtime_error("profile: " + path +
+                               " is not a rank trace written by the trainer (" +
                                std::string(e.what()).substr(0, 120) + ")");
     }
     earliest = std::min(earliest, p.origin);
@@ -201,9 +204,12 @@ std::vector<std::string> merge_traces(const std::vector<std::string>& inputs, co
       }
       // ts and dur were written with exact nanosecond digits: read them back
       // as integers so the merged spans still nest exactly.
-      const auto ns = [](double us) { return static_cast<std::int64_t>(us * 1000.0 + (us >= 0 ? 0.5 : -0.5)); };
-      emit_complete(out, e.at("name").get<std::string>(), e.value("cat", ""), e.at("pid").get<int>(),
-                    e.at("tid").get<int>(), ns(e.at("ts").get<double>()) + shift, ns(e.at("dur").get<double>()),
+      const auto ns = [](double us) {
+        return static_cast<std::int64_t>(us * 1000.0 + (us >= 0 ? 0.5 : -0.5));
+      };
+      emit_complete(out, e.at("name").get<std::string>(), e.value("cat", ""),
+                    e.at("pid").get<int>(), e.at("tid").get<int>(),
+                    ns(e.at("ts").get<double>()) + shift, ns(e.at("dur").get<double>()),
                     e.value("args", nlohmann::json::object()));
     }
   }

@@ -39,7 +39,8 @@ struct Arg {
 /// backwards and ranks on one machine line up).
 struct Event {
   std::string name;
-  std::string category;  ///< "compute", "comm", "pipeline", "optimizer", "checkpoint", "eval", "step"
+  std::string
+      category;  ///< "compute", "comm", "pipeline", "optimizer", "checkpoint", "eval", "step"
   std::int64_t begin_ns = 0;
   std::int64_t end_ns = 0;
   int thread = 0;  ///< 0 for the first thread that recorded, then 1, 2, ...
@@ -110,6 +111,7 @@ void write_rank_trace(const std::string& path, int rank, const std::string& proc
 /// `output` (one process track per rank, all on the earliest rank's time
 /// origin). Missing inputs are skipped and returned; a file that is not a
 /// rank trace throws std::runtime_error naming it.
-std::vector<std::string> merge_traces(const std::vector<std::string>& inputs, const std::string& output);
+std::vector<std::string> merge_traces(const std::vector<std::string>& inputs,
+                                      const std::string& output);
 
 }  // namespace hp::profile

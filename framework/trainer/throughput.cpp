@@ -23,7 +23,8 @@ double measure_matmul_flops(double budget_seconds) {
     at::mm_out(c, a, b);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
-    if (std::chrono::duration<double>(Clock::now() - start).count() > budget_seconds && i >= 2) break;
+    if (std::chrono::duration<double>(Clock::now() - start).count() > budget_seconds && i >= 2)
+      break;
   }
   return best;
 }
@@ -32,9 +33,11 @@ Throughput::Throughput(double train_flops_per_token, double peak_per_rank, int w
                        metrics::Registry* registry)
     : per_token_(train_flops_per_token), peak_(peak_per_rank), world_(std::max(1, world_size)) {
   if (!registry) return;
-  fps_ = &registry->gauge("hp_model_flops_per_second",
-                          "Model FLOP/s of the last step, all ranks (training FLOPs per token x tokens / step time).");
-  mfu_ = &registry->gauge("hp_mfu", "Model FLOPs utilisation of the last step: model FLOP/s / (peak x world size).");
+  fps_ = &registry->gauge(
+      "hp_model_flops_per_second",
+      "Model FLOP/s of the last step, all ranks (training FLOPs per token x tokens / step time).");
+  mfu_ = &registry->gauge(
+      "hp_mfu", "Model FLOPs utilisation of the last step: model FLOP/s / (peak x world size).");
   registry->gauge("hp_peak_flops", "Peak FLOP/s of one rank that MFU is held against.").set(peak_);
 }
 

@@ -21,7 +21,8 @@ double measure_matmul_flops(double budget_seconds = 0.15);
 class Throughput {
  public:
   /// `peak_per_rank` > 0; `registry` may be null.
-  Throughput(double train_flops_per_token, double peak_per_rank, int world_size, metrics::Registry* registry);
+  Throughput(double train_flops_per_token, double peak_per_rank, int world_size,
+             metrics::Registry* registry);
   /// Model FLOP/s of the whole job for a step of `tokens` global tokens.
   double flops_per_second(double tokens, double seconds) const;
   /// `flops_per_second` over the job's peak (peak_per_rank x world size).

@@ -1,11 +1,10 @@
 // The timeline of one profiled step: reading trace.json and drawing it.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <istream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -58,7 +57,8 @@ std::optional<Timeline> parse_trace(std::istream& in, const std::string& origin)
   nlohmann::json trace;
   try {
     in >> trace;
-    if (!trace.at("traceEvents").is_array()) throw std::runtime_error("traceEvents is not an array");
+    if (!trace.at("traceEvents").is_array())
+      throw std::runtime_error("traceEvents is not an array");
   } catch (const std::exception& e) {
     throw std::runtime_error(origin + " is not a Chrome trace written by hp-train (" +
                              std::string(e.what()).substr(0, 160) + ")");
@@ -75,7 +75,8 @@ std::optional<Timeline> parse_trace(std::istream& in, const std::string& origin)
       s.start_us = e.at("ts").get<double>();
       s.duration_us = e.value("dur", 0.0);
     } catch (const std::exception& err) {
-      throw std::runtime_error(origin + ": a span without pid, name or ts (" + e.dump().substr(0, 120) + ")");
+      throw std::runtime_error(origin + ": a span without pid, name or ts (" +
+                               e.dump().substr(0, 120) + ")");
     }
     if (e.contains("args") && e["args"].is_object()) {
       for (const auto& [k, v] : e["args"].items()) s.args[k] = arg_text(v);
@@ -96,7 +97,8 @@ std::optional<Timeline> parse_trace(std::istream& in, const std::string& origin)
   t.step = step_start.begin()->first;
   t.start_us = step_start.begin()->second;
   const bool has_next = step_start.size() > 1;
-  const double next = has_next ? std::next(step_start.begin())->second : std::numeric_limits<double>::infinity();
+  const double next =
+      has_next ? std::next(step_start.begin())->second : std::numeric_limits<double>::infinity();
   t.end_us = t.start_us;
   for (TraceSpan& s : all) {
     if (s.start_us < t.start_us || s.start_us >= next) continue;
@@ -144,9 +146,10 @@ std::string render_timeline_svg(const Timeline& t) {
   auto px = [&](double us) { return kLabel + (us - t.start_us) / span_us * plot; };
 
   std::ostringstream out;
-  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"timeline\" width=\"" << kWidth << "\" height=\""
-      << fixed2(height) << "\" viewBox=\"0 0 " << kWidth << ' ' << fixed2(height)
-      << "\" role=\"img\" aria-label=\"timeline of step " << t.step << "\" data-step=\"" << t.step << "\">";
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"timeline\" width=\"" << kWidth
+      << "\" height=\"" << fixed2(height) << "\" viewBox=\"0 0 " << kWidth << ' ' << fixed2(height)
+      << "\" role=\"img\" aria-label=\"timeline of step " << t.step << "\" data-step=\"" << t.step
+      << "\">";
   // Time axis in milliseconds from the step's start, about eight ticks.
   const double ms = span_us / 1000.0;
   const double raw = ms / 8;
@@ -158,28 +161,32 @@ std::string render_timeline_svg(const Timeline& t) {
   }
   for (double v = 0; v <= ms + tick * 1e-9; v += tick) {
     const std::string xx = fixed2(px(t.start_us + v * 1000));
-    out << "<line class=\"grid\" x1=\"" << xx << "\" x2=\"" << xx << "\" y1=\"0\" y2=\"" << fixed2(y) << "\"/>"
+    out << "<line class=\"grid\" x1=\"" << xx << "\" x2=\"" << xx << "\" y1=\"0\" y2=\""
+        << fixed2(y) << "\"/>"
         << "<text x=\"" << xx << "\" y=\"" << fixed2(y + 14) << "\" text-anchor=\"middle\">"
         << html_escape(exact_number(std::round(v * 1000) / 1000)) << "</text>";
   }
   out << "<text x=\"" << kLabel + plot / 2 << "\" y=\"" << fixed2(height - 2)
       << "\" text-anchor=\"middle\">ms since the step began</text>";
   for (const auto& [lane, top] : lane_top) {
-    const std::string label =
-        "rank " + std::to_string(lane.first) + (lane.second ? " thread " + std::to_string(lane.second) : "");
-    out << "<text class=\"lane\" x=\"4\" y=\"" << fixed2(top + 12) << "\" data-rank=\"" << lane.first
-        << "\" data-thread=\"" << lane.second << "\">" << html_escape(label) << "</text>";
+    const std::string label = "rank " + std::to_string(lane.first) +
+                              (lane.second ? " thread " + std::to_string(lane.second) : "");
+    out << "<text class=\"lane\" x=\"4\" y=\"" << fixed2(top + 12) << "\" data-rank=\""
+        << lane.first << "\" data-thread=\"" << lane.second << "\">" << html_escape(label)
+        << "</text>";
   }
   for (const TraceSpan& s : t.spans) {
     const double x = px(s.start_us);
     const double w = std::max(px(s.start_us + s.duration_us) - x, 0.5);
     const double top = lane_top[{s.rank, s.thread}] + s.depth * kRow;
-    out << "<rect class=\"span\" x=\"" << fixed2(x) << "\" y=\"" << fixed2(top) << "\" width=\"" << fixed2(w)
-        << "\" height=\"" << kRow - 2 << "\" fill=\"" << colour_of(s) << "\" data-rank=\"" << s.rank
-        << "\" data-thread=\"" << s.thread << "\" data-name=\"" << html_escape(s.name) << "\" data-cat=\""
-        << html_escape(s.category) << "\" data-start-us=\"" << exact_number(s.start_us) << "\" data-dur-us=\""
+    out << "<rect class=\"span\" x=\"" << fixed2(x) << "\" y=\"" << fixed2(top) << "\" width=\""
+        << fixed2(w) << "\" height=\"" << kRow - 2 << "\" fill=\"" << colour_of(s)
+        << "\" data-rank=\"" << s.rank << "\" data-thread=\"" << s.thread << "\" data-name=\""
+        << html_escape(s.name) << "\" data-cat=\"" << html_escape(s.category)
+        << "\" data-start-us=\"" << exact_number(s.start_us) << "\" data-dur-us=\""
         << exact_number(s.duration_us) << "\" data-depth=\"" << s.depth << "\"";
-    for (const auto& [k, v] : s.args) out << " data-arg-" << attribute_key(k) << "=\"" << html_escape(v) << "\"";
+    for (const auto& [k, v] : s.args)
+      out << " data-arg-" << attribute_key(k) << "=\"" << html_escape(v) << "\"";
     out << "><title>" << html_escape(s.name);
     for (const auto& [k, v] : s.args) out << ' ' << html_escape(k) << '=' << html_escape(v);
     char dur[48];

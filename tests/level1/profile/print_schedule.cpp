@@ -14,9 +14,10 @@ int main(int argc, char** argv) {
   }
   try {
     using namespace hp::pipeline;
-    const auto actions = make_schedule(parse_schedule(argv[1]), std::atoi(argv[2]), std::atoi(argv[3]),
-                                       std::atoi(argv[4]), std::atoi(argv[5]));
-    for (std::size_t i = 0; i < actions.size(); ++i) std::printf("%s%s", i ? " " : "", actions[i].str().c_str());
+    const auto actions = make_schedule(parse_schedule(argv[1]), std::atoi(argv[2]),
+                                       std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+    for (std::size_t i = 0; i < actions.size(); ++i)
+      std::printf("%s%s", i ? " " : "", actions[i].str().c_str());
     std::printf("\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hp_print_schedule: %s\n", e.what());

@@ -1,18 +1,17 @@
 // The profiler's recorder and its Chrome trace-event files: nothing kept
 // while off; spans nest per thread with begin <= end; one process track per
 // rank; merged ranks keep exact nanosecond nesting on one time origin.
-#include <gtest/gtest.h>
+#include "backends/profile/trace.h"
 
-#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-
-#include "backends/profile/trace.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -25,8 +24,9 @@ class TraceTest : public ::testing::Test {
   void SetUp() override {
     set_recording(false);
     take_events();
-    dir_ = fs::temp_directory_path() / ("hp_trace_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("hp_trace_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -44,7 +44,9 @@ class TraceTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::int64_t ns(const json& us) { return static_cast<std::int64_t>(us.get<double>() * 1000.0 + 0.5); }
+std::int64_t ns(const json& us) {
+  return static_cast<std::int64_t>(us.get<double>() * 1000.0 + 0.5);
+}
 
 // The trace-event format's rules this project relies on: an object with a
 // traceEvents array; every "X" event has a name, category, pid, tid and
@@ -88,8 +90,8 @@ std::map<int, std::vector<json>> check_format(const json& trace) {
         const std::int64_t b = ns(e->at("ts")), end = b + ns(e->at("dur"));
         while (!open_ends.empty() && open_ends.back() <= b) open_ends.pop_back();
         if (!open_ends.empty()) {
-          EXPECT_LE(end, open_ends.back()) << "span " << e->dump() << " overlaps its parent on pid " << pid
-                                           << " tid " << tid;
+          EXPECT_LE(end, open_ends.back())
+              << "span " << e->dump() << " overlaps its parent on pid " << pid << " tid " << tid;
         }
         open_ends.push_back(end);
       }
@@ -183,15 +185,16 @@ TEST_F(TraceTest, MergeKeepsOneTrackPerRankOnOneOrigin) {
   const std::int64_t t0 = 1'700'000'000'123'456'789;
   std::vector<Event> r0{{"step", "step", t0, t0 + 10'000'000, 0, {}},
                         {"forward", "compute", t0 + 1, t0 + 4'000'001, 0, {{"mb", "", 0, true}}}};
-  std::vector<Event> r1{{"step", "step", t0 + 5'000'000, t0 + 9'000'000, 0, {}},
-                        {"forward", "compute", t0 + 5'000'000, t0 + 6'000'001, 0, {}},
-                        {"all_reduce", "comm", t0 + 6'000'000, t0 + 6'000'001, 0, {{"group", "dp", 0, false}}}};
+  std::vector<Event> r1{
+      {"step", "step", t0 + 5'000'000, t0 + 9'000'000, 0, {}},
+      {"forward", "compute", t0 + 5'000'000, t0 + 6'000'001, 0, {}},
+      {"all_reduce", "comm", t0 + 6'000'000, t0 + 6'000'001, 0, {{"group", "dp", 0, false}}}};
   write_rank_trace((dir_ / "trace" / "rank00000.json").string(), 0, "rank 0", r0);
   write_rank_trace((dir_ / "trace" / "rank00001.json").string(), 1, "rank 1", r1);
-  const auto missing = merge_traces({(dir_ / "trace" / "rank00000.json").string(),
-                                     (dir_ / "trace" / "rank00001.json").string(),
-                                     (dir_ / "trace" / "rank00002.json").string()},
-                                    (dir_ / "trace.json").string());
+  const auto missing = merge_traces(
+      {(dir_ / "trace" / "rank00000.json").string(), (dir_ / "trace" / "rank00001.json").string(),
+       (dir_ / "trace" / "rank00002.json").string()},
+      (dir_ / "trace.json").string());
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_NE(missing[0].find("rank00002.json"), std::string::npos);
   const json merged = read(dir_ / "trace.json");
@@ -216,7 +219,8 @@ TEST_F(TraceTest, MergeRefusesAFileThatIsNotARankTrace) {
     merge_traces({(dir_ / "bad.json").string()}, (dir_ / "trace.json").string());
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.json is not a rank trace"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.json is not a rank trace"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -226,7 +230,8 @@ TEST_F(TraceTest, UnwritableFileIsNamed) {
     write_rank_trace((dir_ / "file" / "rank.json").string(), 0, "rank 0", {});
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot write the trace file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot write the trace file"), std::string::npos)
+        << e.what();
   }
 }
 
