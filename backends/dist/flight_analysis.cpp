@@ -93,6 +93,12 @@ std::vector<std::string> diagnose(const Heartbeat& waiting, const std::string& g
     if (sent == theirs.sent.end() || sent->second < e.seq) {
       out.push_back(head + "rank " + std::to_string(peer) + " has not sent " + msg + " to rank " +
                     std::to_string(waiting.rank) + (stale ? " and its heartbeat stopped (" : " (") + where + ")" + tail);
+    } else if (stale) {
+      // Posted, but the sender froze before the transport delivered it: the
+      // sender is what to look at, not the network.
+      out.push_back(head + "rank " + std::to_string(peer) + " posted " + msg + " to rank " +
+                    std::to_string(waiting.rank) + " but it never arrived and its heartbeat stopped (" + where + ")" +
+                    tail);
     } else {
       out.push_back(head + "rank " + std::to_string(peer) + " sent " + msg + " to rank " +
                     std::to_string(waiting.rank) + ", still in transit after " + secs(waited));

@@ -185,6 +185,42 @@ TEST(FlightDiagnosis, AStageReceiveNamesThePeerThatHasNotSent) {
             "of micro-batch 5, chunk 1 (pipeline stage 1))");
 }
 
+// A message the sender posted but that never arrived: with the sender's
+// heartbeat stopped (a frozen process holds the transfer), the sender is
+// named; with it alive, the transport is.
+TEST(FlightDiagnosis, APostedMessageFromAFrozenSenderNamesTheSender) {
+  flight::Heartbeat me;
+  me.rank = 1;
+  me.time = 50.0;
+  flight::GroupProgress g;
+  g.members = {0, 1};
+  g.pending = true;
+  g.current.op = "recv";
+  g.current.kind = flight::Kind::kRecv;
+  g.current.peer = 0;
+  g.current.seq = 6;
+  g.current.action = {4, flight::Phase::kForward, 5, 1, "pipeline stage 1"};
+  me.groups["pp"] = g;
+  flight::Heartbeat peer;
+  peer.rank = 0;
+  peer.time = 46.0;
+  peer.action = {4, flight::Phase::kForward, 6, 0, "pipeline stage 0"};
+  flight::GroupProgress pg;
+  pg.members = {0, 1};
+  pg.sent[1] = 6;
+  peer.groups["pp"] = pg;
+  auto lines = flight::diagnose(me, "pp", 4.0, {{0, peer}}, 50.0, 1.0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "stall on group 'pp': rank 0 posted message #6 to rank 1 but it never arrived and its heartbeat stopped "
+            "(last seen in step 4, forward of micro-batch 6, chunk 0 (pipeline stage 0); last heartbeat 4.0 s ago); "
+            "rank 1 has waited 4.0 s in recv (step 4, forward of micro-batch 5, chunk 1 (pipeline stage 1))");
+  peer.time = 49.8;
+  lines = flight::diagnose(me, "pp", 4.0, {{0, peer}}, 50.0, 1.0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "stall on group 'pp': rank 0 sent message #6 to rank 1, still in transit after 4.0 s");
+}
+
 // The watchdog itself, on files: it reads the other rank's heartbeat and
 // reports the stall once; the record it dumps parses back.
 TEST(FlightWatchdog, ReportsOnceAndDumpsARecord) {
