@@ -30,6 +30,9 @@ void declare_core_options(Schema& s) {
                 "checkpoint saves, evaluation) into <run.output_dir>/trace.json (Chrome trace events, Perfetto).");
   s.add_int_list("run.profile.steps", {3, 4}).at_least(1)
       .describe("Steps to record when run.profile.enabled (counted from 1, as in the progress line).");
+  s.add_bool("run.report", false)
+      .describe("At the end of a successful run, write <run.output_dir>/report.html (what hp-report writes: curves of "
+                "metrics.jsonl, the config and, when profiled, one step's timeline); written by hp-train's rank 0.");
 
   // model: the type picks a registered model, which declares its own options
   s.add_enum("model.type", "gpt", models().names())

@@ -93,6 +93,13 @@ struct ReportInput {
 /// The whole page.
 std::string render_report(const ReportInput& input);
 
+/// Reads RUN_DIR's metrics.jsonl, config.yaml and trace.json (when there)
+/// and writes the page to `output` ("" = RUN_DIR/report.html). Returns
+/// "<path> (<N> logged steps, <B> bytes)"; throws std::runtime_error with a
+/// one-line reason when metrics.jsonl is missing or malformed or the page
+/// cannot be written. A trace that does not parse only sets `warning`.
+std::string write_report_file(const std::string& run_dir, std::string output, std::string* warning);
+
 /// One chart as an inline <svg> element.
 std::string render_chart_svg(const Chart& chart);
 

@@ -12,6 +12,7 @@
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
 #include "tools/hp_launch/launcher.h"
+#include "tools/hp_report/report.h"
 
 namespace {
 
@@ -26,6 +27,19 @@ void print_features(const hp::Setup& s) {
   if (s.features.empty()) std::cout << " (none enabled)";
   std::cout << "\n";
   for (const auto& f : s.features) std::cout << "  " << f.name << " <- " << f.path << "\n";
+}
+
+/// run.report: the page of the finished run; a failure to write it is
+/// reported, not fatal (the training itself succeeded).
+void write_report(const std::string& run_dir) {
+  try {
+    std::string warning;
+    const std::string written = hp::report::write_report_file(run_dir, "", &warning);
+    if (!warning.empty()) std::fprintf(stderr, "hp-train: report: %s\n", warning.c_str());
+    std::printf("hp-train: report written to %s\n", written.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-train: run.report: the report page was not written: %s\n", e.what());
+  }
 }
 
 }  // namespace
@@ -111,6 +125,7 @@ int main(int argc, char** argv) {
   try {
     hp::Trainer trainer = hp::Trainer::from_file(config_file, overrides);
     trainer.fit();
+    if (env.rank == 0 && setup.config.get_bool("run.report")) write_report(setup.config.get_string("run.output_dir"));
     return 0;
   } catch (const hp::ConfigException& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hp-report on a real run, seen by a browser: a 2-process pp=2 run (20
-# steps, an evaluation every 10), hp-report RUN_DIR, then headless Chromium
+# steps, an evaluation every 10; run.report writes the page at its end, the
+# same as hp-report RUN_DIR's), then headless Chromium
 # (Debian's `chromium`) loads report.html from disk with the network off.
 # check_page.py: the dumped DOM's points equal metrics.jsonl, the
 # screenshot is not blank, the console logged nothing; and, so that check
@@ -12,9 +13,13 @@ command -v chromium > /dev/null || fail "chromium is not on PATH: install the De
 small_config "$WORK/c.yaml"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --set features.pipeline_parallel.enabled=true \
   --set features.pipeline_parallel.size=2 --set training.eval_interval=10 --set training.eval_steps=2 \
-  --set run.output_dir="$WORK/run" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 run"; }
+  --set run.output_dir="$WORK/run" --set run.report=true > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 run"; }
+# run.report: hp-train wrote the page at the end of the run, the same page hp-report writes.
+[[ -s "$WORK/run/report.html" ]] || { tail -5 "$WORK/log"; fail "run.report=true wrote no report.html"; }
+mv "$WORK/run/report.html" "$WORK/from_train.html"
 "$BIN/hp-report" "$WORK/run" || fail "hp-report"
 [[ -s "$WORK/run/report.html" ]] || fail "no report.html"
+cmp -s "$WORK/from_train.html" "$WORK/run/report.html" || fail "hp-train's run.report page differs from hp-report's"
 grep -qE '(src|href)="(https?:)?//' "$WORK/run/report.html" && fail "the page loads something from the network"
 
 # A fresh profile, no network, no GPU; a headless browser logs the page's
