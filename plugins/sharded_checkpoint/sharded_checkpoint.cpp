@@ -10,6 +10,9 @@
 // (each rank reads only the byte ranges of its own slices), so a sharded
 // checkpoint loads under any layout and a gathered one loads here.
 #include <ATen/ATen.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -39,6 +42,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 const char* kAsync = "features.sharded_checkpoint.async";
+/// Scheduling priority of the background writer thread (Linux nice values
+/// are per thread): below the training threads.
+constexpr int kWriterNice = 10;
 
 std::string rank_name(const char* pattern, int rank) {
   char buf[64];
@@ -198,6 +204,8 @@ class ShardedCheckpointIO : public CheckpointIO {
       return;
     }
     shared_->job.start([=] {
+      // Training keeps the cores it was given; the writer takes what is left.
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kWriterNice);
       write();
       if (rank != 0) return;
       wait_for_parts((fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(), world_size,
