@@ -146,7 +146,7 @@ std::vector<WrittenTensor> write_safetensors(
     auto& w = written[i];
     const std::size_t n = w.end - w.begin;
     const void* p = n ? data[i].data_ptr() : nullptr;
-    detail::write_all(fd.get(), p, n, path);
+    detail::write_all(fd.get(), p, n, path + " (tensor '" + w.name + "')");  // a failure names the tensor
     w.xxh64 = XXH64(p, n, 0);
     w.begin += data_begin;
     w.end += data_begin;

@@ -168,7 +168,9 @@ class ShardedCheckpointIO : public CheckpointIO {
         const char* inject = std::getenv("HP_FAULT_INJECT");
         if (inject != nullptr && std::string(inject) == "checkpoint:async_write_error" && async_) {
           file = rank_name("model-rank%05d.safetensors", rank);
-          throw std::runtime_error("injected write failure (HP_FAULT_INJECT=checkpoint:async_write_error)");
+          const std::string tensor = model->empty() ? std::string("(none)") : model->front().name;
+          throw std::runtime_error("cannot write " + file + " (tensor '" + tensor +
+                                   "'): injected failure (HP_FAULT_INJECT=checkpoint:async_write_error)");
         }
         if (!model->empty()) {
           file = rank_name("model-rank%05d.safetensors", rank);

@@ -30,7 +30,7 @@ echo "== a background write that fails stops the run"
 HP_FAULT_INJECT=checkpoint:async_write_error "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${steps[@]}" "${sharded[@]}" \
   --set features.sharded_checkpoint.async=true --set checkpoint.interval=20 --set run.output_dir="$WORK/bad" \
   > "$WORK/bad.log" 2>&1 && fail "the run succeeded although its checkpoint write failed"
-grep -E "rank [01]: checkpoint step 20: writing model-rank0000[01].safetensors .* failed: injected" "$WORK/bad.log" \
-  || { tail -20 "$WORK/bad.log"; fail "the failure does not name the rank and the file"; }
+grep -E "rank [01]: checkpoint step 20: writing model-rank0000[01].safetensors .* failed: cannot write model-rank0000[01].safetensors \(tensor '[a-z0-9_.]+'\): injected" "$WORK/bad.log" \
+  || { tail -20 "$WORK/bad.log"; fail "the failure does not name the rank, the file and the tensor"; }
 [[ ! -e "$WORK/bad/checkpoints/latest" ]] || fail "latest was written for a failed save"
 echo PASS
