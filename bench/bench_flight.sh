@@ -9,13 +9,8 @@ cd "$(dirname "$0")/.."
 BIN=build/bin
 STEPS=${1:-40}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-cat > "$W/c.yaml" <<YAML
-model: {type: gpt, layers: 4, hidden: 256, heads: 4, seq_len: 128}
-data: {type: text}
-training: {max_steps: $STEPS, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
-optimizer: {lr: 0.001, schedule: constant}
-checkpoint: {interval: 0, resume: never}
-YAML
+source bench/lib.sh
+bench_gpt_config "$W/c.yaml" "$STEPS"
 pp=(--set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2)
 for round in 1 2; do
   for rec in false true; do

@@ -155,7 +155,12 @@ TEST(FlightDiagnosis, EveryoneInTheSameCallIsATransportWait) {
   EXPECT_EQ(lines[0], "stall on group 'dp': every member is in all_reduce #5 for 10.0 s (waiting on the transport)");
 }
 
-TEST(FlightDiagnosis, AStageReceiveNamesThePeerThatHasNotSent) {
+namespace {
+/// Stage 1 (rank 1, heartbeat at t=50) waits in recv #6 from stage 0 for
+/// 4 s; stage 0 (rank 0) has sent `sent` messages to it, last beat at
+/// `peer_time`, and is in `peer_action`.
+std::pair<flight::Heartbeat, flight::Heartbeat> stage_receive(std::uint64_t sent, double peer_time,
+                                                              flight::Action peer_action) {
   flight::Heartbeat me;
   me.rank = 1;
   me.time = 50.0;
@@ -171,12 +176,18 @@ TEST(FlightDiagnosis, AStageReceiveNamesThePeerThatHasNotSent) {
   me.groups["pp"] = g;
   flight::Heartbeat peer;
   peer.rank = 0;
-  peer.time = 49.5;
-  peer.action = {4, flight::Phase::kBackward, 2, 0, "pipeline stage 0"};
+  peer.time = peer_time;
+  peer.action = std::move(peer_action);
   flight::GroupProgress pg;
   pg.members = {0, 1};
-  pg.sent[1] = 5;
+  pg.sent[1] = sent;
   peer.groups["pp"] = pg;
+  return {me, peer};
+}
+}  // namespace
+
+TEST(FlightDiagnosis, AStageReceiveNamesThePeerThatHasNotSent) {
+  auto [me, peer] = stage_receive(5, 49.5, {4, flight::Phase::kBackward, 2, 0, "pipeline stage 0"});
   auto lines = flight::diagnose(me, "pp", 4.0, {{0, peer}}, 50.0, 1.0);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
@@ -189,26 +200,7 @@ TEST(FlightDiagnosis, AStageReceiveNamesThePeerThatHasNotSent) {
 // heartbeat stopped (a frozen process holds the transfer), the sender is
 // named; with it alive, the transport is.
 TEST(FlightDiagnosis, APostedMessageFromAFrozenSenderNamesTheSender) {
-  flight::Heartbeat me;
-  me.rank = 1;
-  me.time = 50.0;
-  flight::GroupProgress g;
-  g.members = {0, 1};
-  g.pending = true;
-  g.current.op = "recv";
-  g.current.kind = flight::Kind::kRecv;
-  g.current.peer = 0;
-  g.current.seq = 6;
-  g.current.action = {4, flight::Phase::kForward, 5, 1, "pipeline stage 1"};
-  me.groups["pp"] = g;
-  flight::Heartbeat peer;
-  peer.rank = 0;
-  peer.time = 46.0;
-  peer.action = {4, flight::Phase::kForward, 6, 0, "pipeline stage 0"};
-  flight::GroupProgress pg;
-  pg.members = {0, 1};
-  pg.sent[1] = 6;
-  peer.groups["pp"] = pg;
+  auto [me, peer] = stage_receive(6, 46.0, {4, flight::Phase::kForward, 6, 0, "pipeline stage 0"});
   auto lines = flight::diagnose(me, "pp", 4.0, {{0, peer}}, 50.0, 1.0);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
