@@ -233,7 +233,7 @@ class ShardedCheckpointIO : public CheckpointIO {
   }
 
   /// The slices this rank writes: the same every save (shapes do not change),
-  /// so the lists are exchanged once.
+  /// so the lists are exchanged once, at the first save.
   std::vector<Held> plan(const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state) {
     std::vector<Held> held;
     std::vector<SliceDesc> desc;
@@ -249,12 +249,22 @@ class ShardedCheckpointIO : public CheckpointIO {
     add(params, false);
     add(optimizer_state, true);
     const std::string mine = encode_slices(desc);
-    if (mine != planned_for_) {
+    // Planned once, at the first save, by every rank together; a later change
+    // is refused on this rank rather than re-planned, since the other ranks
+    // would not join a second exchange.
+    if (planned_ && mine != planned_for_) {
+      throw std::runtime_error("rank " + std::to_string(dist_.rank()) +
+                               ": the parameters or optimizer state changed shape since the first sharded checkpoint "
+                               "of this run; the write plan cannot follow (please report)");
+    }
+    if (!planned_) {
       std::vector<std::vector<SliceDesc>> by_rank;
       for (const auto& text : all_gather_text(dist_.group("world"), mine)) by_rank.push_back(decode_slices(text));
-      plan_ = plan_writers(by_rank)[static_cast<std::size_t>(dist_.rank())];
+      const auto plan = plan_writers(by_rank);
+      plan_ = plan[static_cast<std::size_t>(dist_.rank())];
       planned_for_ = mine;
-      const auto bytes = bytes_per_rank(by_rank, plan_writers(by_rank));
+      planned_ = true;
+      const auto bytes = bytes_per_rank(by_rank, plan);
       if (dist_.rank() == 0) {
         std::string per_rank;
         for (std::size_t r = 0; r < bytes.size(); ++r) {
@@ -274,6 +284,7 @@ class ShardedCheckpointIO : public CheckpointIO {
   dist::DistributedContext& dist_;
   bool async_;
   std::shared_ptr<Shared> shared_;
+  bool planned_ = false;
   std::string planned_for_;
   std::vector<std::size_t> plan_;
 };
