@@ -64,7 +64,7 @@ void declare_core_options(Schema& s) {
   s.add_int("training.eval_interval", 0).range(0, 1e12)
       .describe("Steps between evaluations on the valid split.").note("0 turns evaluation off");
   s.add_int("training.dump_grads_at_step", 0).range(0, 1e12)
-      .describe("Write the full (gathered) gradients of this step to <run.output_dir>/grads_step<N>/, for parity checks.")
+      .describe("Every rank writes its gradient slices of this step, with their placement, to <run.output_dir>/grads_step<N>/ (for hp-compare).")
       .note("0 turns it off");
   s.add_int("training.eval_steps", 4).range(1, 1e9).describe("Micro-batches per evaluation.");
 

@@ -24,6 +24,7 @@
 #include "framework/runtime/setup.h"
 #include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
+#include "framework/trainer/grad_dump.h"
 #include "framework/trainer/options.h"
 #include "framework/trainer/profiling.h"
 #include "framework/trainer/throughput.h"
@@ -93,7 +94,6 @@ class TrainingRun {
   void cadence(std::int64_t step, const StepResult& r, FitResult& result);
   double evaluate();
   void save(std::int64_t step);
-  void dump_gradients(std::int64_t step);
   /// Sums `values` over the replicas, then the partitions, so every rank
   /// gets the global figure.
   void sum_globally(at::Tensor& values);
@@ -323,7 +323,10 @@ StepResult TrainingRun::step(std::int64_t step) {
   profile::Span sync("comm", "grad_sync");
   reducer_->reduce();
   sync.end();
-  if (step + 1 == train_.dump_grads_at) dump_gradients(step + 1);
+  if (step + 1 == train_.dump_grads_at) {
+    write_grad_dump(run_.output_dir + "/grads_step" + std::to_string(step + 1), step + 1, reducer_->gradients(),
+                    setup_.mesh, env_.rank);
+  }
   // The main loss and every declared auxiliary loss in one collective.
   std::vector<double> sums{report.loss_sum};
   for (const auto& name : desc_.aux_losses) sums.push_back(report.aux_sums.count(name) ? report.aux_sums[name] : 0.0);
@@ -368,22 +371,6 @@ double TrainingRun::evaluate() {
   at::Tensor t = at::tensor({rep.loss_sum, rep.tokens}, at::kDouble);
   sum_globally(t);
   return t[0].item<double>() / t[1].item<double>();
-}
-
-/// Full gradients by global name, after the reduction and before clipping,
-/// one file per partition leader.
-void TrainingRun::dump_gradients(std::int64_t step) {
-  const std::string dir = run_.output_dir + "/grads_step" + std::to_string(step);
-  std::vector<std::pair<std::string, at::Tensor>> full;
-  for (const auto& g : reducer_->gradients()) {
-    full.emplace_back(g.spec.name, gather_full(*ctx_, g.spec, g.tensor).contiguous());
-  }
-  if (setup_.mesh.is_leader(env_.rank)) {
-    std::filesystem::create_directories(dir);
-    char name[64];
-    std::snprintf(name, sizeof name, "/grads-rank%05d.safetensors", env_.rank);
-    ckpt::write_safetensors(dir + name, full);
-  }
 }
 
 void TrainingRun::save(std::int64_t step) {

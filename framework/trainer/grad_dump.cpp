@@ -1,0 +1,71 @@
+#include "framework/trainer/grad_dump.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <system_error>
+
+#include "backends/dist/mesh.h"
+#include "checkpoint/safetensors.h"
+
+namespace hp {
+
+std::vector<int> replicate_group(const dist::ProcessMesh& mesh, int rank, const ShardSpec& spec) {
+  const auto groups = spec.split_groups();
+  std::vector<int> out;
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    if (mesh.pp_rank(r) != mesh.pp_rank(rank)) continue;
+    bool same = true;
+    for (const auto& g : groups) same = same && mesh.group_index(g, r) == mesh.group_index(g, rank);
+    if (same) out.push_back(r);
+  }
+  return out;
+}
+
+std::string write_grad_dump(const std::string& dir, std::int64_t step,
+                            const std::vector<ParamEntry>& grads, const dist::ProcessMesh& mesh,
+                            int rank) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error && !std::filesystem::is_directory(dir)) {
+    throw std::runtime_error("cannot create the gradient dump directory " + dir + ": " +
+                             error.message());
+  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  nlohmann::ordered_json placement = nlohmann::ordered_json::object();
+  for (const auto& g : grads) {
+    const ShardSpec& s = g.spec;
+    const auto local = s.local_shape();
+    // A parameter no loss reached has no gradient yet: it is zero.
+    const at::Tensor t = g.tensor.defined() ? g.tensor.detach() : at::zeros(local, at::kFloat);
+    if (t.sizes().vec() != local) {
+      throw std::runtime_error("internal error: gradient " + s.name + " on rank " +
+                               std::to_string(rank) +
+                               " does not have the shape its ShardSpec gives, please report");
+    }
+    tensors.emplace_back(s.name, t.contiguous());
+    placement[s.name] = {{"global_shape", s.global_shape},
+                         {"offsets", s.offsets()},
+                         {"shape", local},
+                         {"split_dim", s.split_dim},
+                         {"split_group", s.split_group},
+                         {"replicas", replicate_group(mesh, rank, s)}};
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "/grads-rank%05d.safetensors", rank);
+  const std::string path = dir + name;
+  ckpt::write_safetensors(path, tensors,
+                          {{"format", "hyperparallel gradient dump 1"},
+                           {"step", std::to_string(step)},
+                           {"rank", std::to_string(rank)},
+                           {"world_size", std::to_string(mesh.world_size())},
+                           {"mesh", mesh.shape()},
+                           {"placement", placement.dump()}});
+  return path;
+}
+
+}  // namespace hp

@@ -1,0 +1,338 @@
+#include "tools/hp_compare/grad_parity.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <stdexcept>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace hp::compare {
+
+namespace {
+
+using Dims = std::vector<std::int64_t>;
+
+/// One rank's slice of one gradient, with where it belongs.
+struct Slice {
+  int rank = 0;
+  std::string file;
+  Dims global_shape, offsets, shape;
+  bool placed = false;        ///< the file said where (else: a whole tensor)
+  std::vector<int> replicas;  ///< ranks holding the identical slice (placed only)
+  at::Tensor t;
+};
+
+std::string dims(const Dims& d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::string ranks_of(const std::vector<int>& r) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
+  return s + "]";
+}
+
+std::int64_t volume(const Dims& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+/// A side (reference or run): every slice of every gradient.
+struct Dump {
+  std::string side, dir;
+  std::map<std::string, std::vector<Slice>> slices;
+  std::size_t files = 0;
+};
+
+Dump read_dump(const std::string& side, const std::string& dir) {
+  Dump d{side, dir, {}, 0};
+  if (!fs::is_directory(dir)) throw std::runtime_error("no gradient dump at " + dir);
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") paths.push_back(e.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  static const std::regex kRank("grads-rank([0-9]+)\\.safetensors");
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const std::string path = paths[i].string(), file = paths[i].filename().string();
+    ckpt::SafetensorsReader r(path);
+    ++d.files;
+    int rank = static_cast<int>(i);
+    std::smatch m;
+    if (r.metadata().count("rank")) {
+      rank = std::stoi(r.metadata().at("rank"));
+    } else if (std::regex_match(file, m, kRank)) {
+      rank = std::stoi(m[1].str());
+    }
+    nlohmann::json placement = nlohmann::json::object();
+    if (r.metadata().count("placement")) {
+      try {
+        placement = nlohmann::json::parse(r.metadata().at("placement"));
+      } catch (const std::exception& e) {
+        throw std::runtime_error(path + ": __metadata__.placement is not JSON: " + e.what());
+      }
+    }
+    for (const auto& name : r.names()) {
+      Slice s;
+      s.rank = rank;
+      s.file = file;
+      s.t = r.read(name);
+      s.shape = s.t.sizes().vec();
+      if (placement.contains(name)) {
+        try {
+          const auto& p = placement.at(name);
+          s.global_shape = p.at("global_shape").get<Dims>();
+          s.offsets = p.at("offsets").get<Dims>();
+          s.replicas = p.at("replicas").get<std::vector<int>>();
+          if (p.at("shape").get<Dims>() != s.shape) {
+            throw std::runtime_error("placement shape " + dims(p.at("shape").get<Dims>()) +
+                                     " but the tensor is " + dims(s.shape));
+          }
+          if (s.global_shape.size() != s.shape.size() || s.offsets.size() != s.shape.size()) {
+            throw std::runtime_error("global_shape, offsets and shape differ in rank");
+          }
+        } catch (const std::exception& e) {
+          throw std::runtime_error(path + ": bad placement of " + name + ": " + e.what());
+        }
+        std::sort(s.replicas.begin(), s.replicas.end());
+        s.placed = true;
+      } else {
+        s.global_shape = s.shape;
+        s.offsets.assign(s.shape.size(), 0);
+      }
+      d.slices[name].push_back(std::move(s));
+    }
+  }
+  return d;
+}
+
+/// Bytes of two CPU tensors of the same dtype and shape are equal.
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+/// Assembles every gradient of `d` from its slices, checking the dump.
+/// Failures are printed ("FAIL: ...") and counted in `failures`.
+struct Assembled {
+  std::map<std::string, at::Tensor> full;
+  std::int64_t copies_checked = 0;  ///< replica copies found bitwise equal to the first
+  std::string copy_example;         ///< one gradient whose copies were checked
+  std::int64_t slices = 0;
+};
+
+Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
+  Assembled out;
+  const std::string where = "in the " + d.side + " (" + d.dir + ")";
+  auto fail = [&](const std::string& msg) {
+    std::printf("FAIL: %s\n", msg.c_str());
+    ++failures;
+  };
+  for (const auto& [name, slices] : d.slices) {
+    out.slices += static_cast<std::int64_t>(slices.size());
+    const std::string what = "gradient " + name + " of step " + std::to_string(step);
+    bool ok = true;
+    for (const auto& s : slices) {
+      const at::Tensor t = s.t.to(at::kDouble);
+      const bool nan = t.isnan().any().item<bool>();
+      if (nan || !t.isfinite().all().item<bool>()) {
+        fail(what + " holds " + (nan ? "NaN" : "an infinity") + " " + where + ", rank " +
+             std::to_string(s.rank) + " (" + s.file + ")");
+        ok = false;
+      }
+    }
+    const Slice& first = slices.front();
+    for (const auto& s : slices) {
+      if (s.global_shape != first.global_shape || s.t.scalar_type() != first.t.scalar_type()) {
+        fail(what + " " + where + ": rank " + std::to_string(first.rank) + " gives global shape " +
+             dims(first.global_shape) + " " + c10::toString(first.t.scalar_type()) + ", rank " +
+             std::to_string(s.rank) + " " + dims(s.global_shape) + " " +
+             c10::toString(s.t.scalar_type()));
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) continue;
+    // Copies of one box are replicas: bitwise equal, and held by exactly the
+    // ranks their replicate group names.
+    std::map<std::pair<Dims, Dims>, std::vector<const Slice*>> boxes;
+    for (const auto& s : slices) boxes[{s.offsets, s.shape}].push_back(&s);
+    for (const auto& [box, copies] : boxes) {
+      const std::string slice =
+          what + " slice at " + dims(box.first) + " of shape " + dims(box.second);
+      const Slice& a = *copies.front();
+      for (std::size_t i = 1; i < copies.size(); ++i) {
+        const Slice& b = *copies[i];
+        if (bitwise_equal(a.t, b.t)) {
+          ++out.copies_checked;
+          if (out.copy_example.empty()) {
+            out.copy_example =
+                name + " on ranks " + std::to_string(a.rank) + " and " + std::to_string(b.rank);
+          }
+          continue;
+        }
+        const double diff = (a.t.to(at::kDouble) - b.t.to(at::kDouble)).abs().max().item<double>();
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " (max |a-b| %.3e)", diff);
+        fail(slice + ": the replicas on rank " + std::to_string(a.rank) + " and rank " +
+             std::to_string(b.rank) + " differ " + where + buf);
+        ok = false;
+      }
+      std::vector<int> holders;
+      std::vector<int> named;
+      bool placed = false;
+      for (const Slice* c : copies) {
+        holders.push_back(c->rank);
+        if (c->placed) {
+          placed = true;
+          named.insert(named.end(), c->replicas.begin(), c->replicas.end());
+        }
+      }
+      std::sort(holders.begin(), holders.end());
+      std::sort(named.begin(), named.end());
+      named.erase(std::unique(named.begin(), named.end()), named.end());
+      if (placed && holders != named) {
+        fail(slice + " " + where + ": written by ranks " + ranks_of(holders) +
+             " but its replicate group is " + ranks_of(named) +
+             " (a rank's file is missing, or the placement is wrong)");
+        ok = false;
+      }
+    }
+    // The distinct boxes tile the global shape: inside it, pairwise
+    // disjoint, and as many elements as it has.
+    std::vector<std::pair<Dims, Dims>> distinct;
+    std::vector<int> owner;
+    for (const auto& [box, copies] : boxes) {
+      distinct.push_back(box);
+      owner.push_back(copies.front()->rank);
+    }
+    const Dims& g = first.global_shape;
+    std::int64_t covered = 0;
+    for (std::size_t i = 0; i < distinct.size(); ++i) {
+      const auto& [off, shp] = distinct[i];
+      for (std::size_t k = 0; k < g.size(); ++k) {
+        if (off[k] < 0 || off[k] + shp[k] > g[k]) {
+          fail(what + " " + where + ": the slice of rank " + std::to_string(owner[i]) + " at " +
+               dims(off) + " of shape " + dims(shp) + " lies outside the global shape " + dims(g));
+          ok = false;
+          break;
+        }
+      }
+      covered += volume(shp);
+      for (std::size_t j = 0; j < i; ++j) {
+        const auto& [off2, shp2] = distinct[j];
+        bool meet = volume(shp) > 0 && volume(shp2) > 0;
+        for (std::size_t k = 0; k < g.size() && meet; ++k) {
+          meet = std::max(off[k], off2[k]) < std::min(off[k] + shp[k], off2[k] + shp2[k]);
+        }
+        if (meet) {
+          fail(what + " " + where + ": the slices of rank " + std::to_string(owner[j]) + " (at " +
+               dims(off2) + ", shape " + dims(shp2) + ") and rank " + std::to_string(owner[i]) +
+               " (at " + dims(off) + ", shape " + dims(shp) +
+               ") overlap without being the same slice");
+          ok = false;
+        }
+      }
+    }
+    if (ok && covered != volume(g)) {
+      fail(what + " " + where + ": its slices cover " + std::to_string(covered) + " of the " +
+           std::to_string(volume(g)) + " elements of its global shape " + dims(g) +
+           " (a gap: a rank's slice is missing)");
+      ok = false;
+    }
+    if (!ok) continue;
+    at::Tensor full = at::empty(g, first.t.options());
+    for (const auto& [box, copies] : boxes) {
+      at::Tensor view = full;
+      for (std::size_t k = 0; k < g.size(); ++k) {
+        view = view.narrow(static_cast<std::int64_t>(k), box.first[k], box.second[k]);
+      }
+      view.copy_(copies.front()->t);
+    }
+    out.full[name] = full;
+  }
+  return out;
+}
+
+}  // namespace
+
+int compare_grads(const std::string& ref_dir, const std::string& run_dir, const GradOptions& o) {
+  const std::string sub = "/grads_step" + std::to_string(o.step);
+  const Dump da = read_dump("reference", ref_dir + sub), db = read_dump("run", run_dir + sub);
+  int failures = 0;
+  const Assembled a = assemble(da, o.step, failures), b = assemble(db, o.step, failures);
+  for (const auto& [d, s] : {std::pair{&da, &a}, std::pair{&db, &b}}) {
+    std::printf(
+        "%s: %zu files, %lld slices assembled into %zu gradients; %lld replica copies checked "
+        "bitwise equal%s\n",
+        d->side.c_str(), d->files, static_cast<long long>(s->slices), s->full.size(),
+        static_cast<long long>(s->copies_checked),
+        s->copy_example.empty() ? "" : (" (first: " + s->copy_example + ")").c_str());
+  }
+  double worst = 0;
+  std::string worst_name;
+  bool over = false;
+  std::size_t compared = 0;
+  for (const auto& [name, ta] : a.full) {
+    if (!b.full.count(name)) {
+      if (!db.slices.count(name)) {
+        std::printf("gradient %s missing from the run\n", name.c_str());
+        ++failures;
+      }
+      continue;  // else: its assembly failed, already said
+    }
+    const auto& tb = b.full.at(name);
+    if (ta.sizes() != tb.sizes()) {
+      std::printf("FAIL: gradient %s: global shape %s in the reference, %s in the run\n",
+                  name.c_str(), dims(ta.sizes().vec()).c_str(), dims(tb.sizes().vec()).c_str());
+      ++failures;
+      continue;
+    }
+    const at::Tensor da64 = ta.to(at::kDouble), db64 = tb.to(at::kDouble);
+    const double e =
+        (db64 - da64).abs().max().item<double>() / (da64.abs().max().item<double>() + 1e-12);
+    ++compared;
+    if (e > worst || worst_name.empty()) {
+      worst = e;
+      worst_name = name;
+    }
+    if (e > o.rtol && !over) {
+      std::printf(
+          "FAIL: first gradient over the bar: %s (rel. error %.3e > %.1e) -> phase: backward or "
+          "gradient "
+          "sync\n",
+          name.c_str(), e, o.rtol);
+      over = true;
+      ++failures;
+    }
+  }
+  for (const auto& [name, slices] : db.slices) {
+    if (!da.slices.count(name)) {
+      std::printf("gradient %s missing from the reference\n", name.c_str());
+      ++failures;
+    }
+  }
+  if (da.slices.empty()) {
+    std::printf("FAIL: no gradients to compare in %s\n", (ref_dir + sub).c_str());
+    ++failures;
+  }
+  std::printf("compared %zu gradients of step %lld, max relative error %.3e (%s; bar %.1e)\n",
+              compared, static_cast<long long>(o.step), worst, worst_name.c_str(), o.rtol);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace hp::compare
