@@ -67,7 +67,7 @@ def tp2(d, w=W, ln0=LN, ln1=LN, w1_box=([2, 0], [2, 2]), ln_replicas=(0, 1), ext
              "ln": placement([3], [0], [3], -1, "", list(ln_replicas))}
         ts = [("w", wv, wbox[1]), ("ln", ln, [3])]
         if extra and rank == 0:
-            p[extra] = placement([1], [0], [1], -1, "", [0, 1])
+            p[extra] = placement([1], [0], [1], -1, "", [0])
             ts.append((extra, [1.0], [1]))
         write_st(d + "/grads_step1/grads-rank%05d.safetensors" % rank, ts,
                  {"rank": str(rank), "placement": json.dumps(p)})
