@@ -22,7 +22,6 @@
 // the global shape and that the copies of a replicate group are bitwise
 // equal, and compares with a reference dump of the same format.
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
