@@ -51,5 +51,6 @@ print(f"capacity factor 1.0: up to {d:.3f} of the assignments dropped in a step"
 sys.exit(0 if d > 0 else 1)
 PY
 echo "== recompute on vs off (ep=2)"
+replayed_every_step "$WORK/ep2rc" || fail "recompute did not run at ep=2"
 "$BIN/hp-compare" "$WORK/ep2" "$WORK/ep2rc" --exact --grads-step 1 --grad-rtol 0 --phase "recompute replay" || fail "recompute"
 echo PASS
