@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PARITY.md for expert parallel: every layout against one process with the
+# docs/PARITY.md for expert parallel: every layout against one process with the
 # same global batch and micro-batches (first-step loss and every gradient
 # by global name within 1e-5, 50-step losses within 1e-4), dropless and
 # with capacity dropping; recompute on vs off bitwise.

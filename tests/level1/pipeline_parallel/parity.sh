@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PARITY.md for pipeline parallel: pp=2 and pp=4, every schedule, against one
+# docs/PARITY.md for pipeline parallel: pp=2 and pp=4, every schedule, against one
 # process with the same micro-batches (4 per step): 20-step losses within
 # 1e-6 relative, and the first step's gradients (reassembled by global name
 # from every stage) within 1e-5.

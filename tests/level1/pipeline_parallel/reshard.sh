@@ -19,7 +19,7 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=1 did not resume"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 4 $(pp 4) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/pp4" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=4 resume"; }
 grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=4 did not resume"
-# Same layout: PARITY.md's resume bar, bitwise.
+# Same layout: docs/PARITY.md's resume bar, bitwise.
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/pp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 resume"; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PARITY.md for tensor parallel: tp=2, tp=4 and tp=2 x dp=2 against one
+# docs/PARITY.md for tensor parallel: tp=2, tp=4 and tp=2 x dp=2 against one
 # process (first-step loss and every gradient, reassembled by global name,
 # within 1e-5; 20-step losses, grad norms and eval losses within 1e-4), with
 # dropout 0.1 (small_config). The vocabulary (66) does not divide by 4, so the

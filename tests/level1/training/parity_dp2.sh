@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PARITY.md for data parallel: dp=2 against one process with the same global
+# docs/PARITY.md for data parallel: dp=2 against one process with the same global
 # batch and micro-batches (first-step loss and every gradient within 1e-5,
 # 20-step losses within 1e-4), and two dp=2 runs with one seed bitwise equal.
 source "$(dirname "$0")/../../lib/common.sh"

@@ -2,7 +2,7 @@
 # zero (ZeRO-1) against plain data parallel and against one process:
 # dp=2 + zero vs dp=2 (20-step losses and first-step gradients within 1e-6),
 # and dp=2, tp=2 x dp=2 and pp=2 x dp=2 with zero vs one process
-# (PARITY.md: first-step loss and every gradient 1e-5, 20-step losses 1e-4);
+# (docs/PARITY.md: first-step loss and every gradient 1e-5, 20-step losses 1e-4);
 # zero with recompute bitwise equal to zero without.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
