@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The repository cites nothing outside itself: no file names a path a
 # fresh clone does not have (../shared/..., shared/design/..., /work/...),
-# and the project's contract documents are cited as docs/PARITY.md,
-# docs/moe.md and docs/toolchain.md, never by a bare or outside name.
+# and the project's own documents are cited as docs/PARITY.md,
+# docs/moe.md, docs/toolchain.md, docs/architecture.md and docs/style.md,
+# never by a bare or outside name (ARCHITECTURE.md, STYLE.md).
 # Checks every file git knows (tracked, or new and not ignored); without git,
 # every file under the source tree except build directories.
 # Usage: no_outside_paths.sh SOURCE_DIR. Exit 1 naming file:line per citation.
@@ -27,6 +28,8 @@ rules=(
   'a bare PARITY.md: cite docs/PARITY.md|(?<!docs/)(?<![\w.-])PARITY\.md'
   'MOE.md: cite docs/moe.md|MOE\.md'
   'LIBTORCH-NOTES: cite docs/toolchain.md|LIBTORCH-NOTES'
+  'ARCHITECTURE.md, or architecture.md without docs/: cite docs/architecture.md|(?<![\w.-])(?<!docs/)(?i:architecture)\.md|(?<=docs/)(?!architecture\.md)(?i:architecture)\.md'
+  'STYLE.md, or style.md without docs/: cite docs/style.md|(?<![\w.-])(?<!docs/)(?i:style)\.md|(?<=docs/)(?!style\.md)(?i:style)\.md'
 )
 
 mapfile -t files < <(for f in "${files[@]}"; do [[ $f != "$self" && -f $f ]] && echo "$f"; done)
