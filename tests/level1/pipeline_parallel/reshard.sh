@@ -25,8 +25,9 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=4 did not resume"
   --set run.output_dir="$WORK/pp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 resume"; }
 echo "== pp2 resumed from its own checkpoint"
 "$BIN/hp-compare" "$WORK/pp2" "$WORK/pp2again" --from-step 21 --exact --phase resume | tail -2 || fail "pp2 resume not bitwise"
-# With dropout each stage draws its own stream: the checkpoint keeps every
-# rank's generator, so a same-layout resume is still bitwise.
+# A second pp=2 run with dropout, resumed from its step-15 checkpoint: masks
+# are a function of the step and the global samples, so the resumed run
+# draws the masks the uninterrupted one drew and stays bitwise.
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set model.dropout=0.1 --set training.max_steps=30 \
   --set checkpoint.interval=15 --set run.output_dir="$WORK/drop" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "dropout run"; }
