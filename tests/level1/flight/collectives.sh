@@ -48,17 +48,18 @@ stop_case() {
 }
 
 # Expert parallel (MoE, ep=2 on 2 processes): rank 0 waits in the backward
-# all-to-all of micro-batch 0; rank 1 is let go and the run finishes. (Where
-# rank 1 was last seen depends on whether its heartbeat caught the forward
-# before the stop: it may still show the previous step's optimizer.)
+# all-to-all of micro-batch 0; rank 1 is let go and the run finishes. Where
+# rank 1 was last seen is not checked: its heartbeat beats every 0.5 s or
+# on a change of action seen by a 0.1 s tick, and these steps are shorter,
+# so it shows an action one or more steps old (or even "setup").
 # shellcheck disable=SC2046
-stop_case ep2 cont "stall on group 'ep': rank 1 has not entered all_to_all #[0-9]+ and its heartbeat stopped \(last seen in step [0-9]+, [a-z ]+.*\); rank 0 has waited [0-9.]+ s in all_to_all \(step [0-9]+, backward of micro-batch 0\)" \
+stop_case ep2 cont "stall on group 'ep': rank 1 has not entered all_to_all #[0-9]+ and its heartbeat stopped \(last seen in [^;]+; last heartbeat [0-9.]+ s ago\); rank 0 has waited [0-9.]+ s in all_to_all \(step [0-9]+, backward of micro-batch 0\)" \
   --set model.moe.num_experts=4 --set model.moe.top_k=2 --set features.expert_parallel.enabled=true \
   --set features.expert_parallel.size=2
 
 # zero (dp=2): rank 0 waits in the reduce-scatter of the gradient sync;
 # rank 1 is killed.
-stop_case zero kill "stall on group 'dp': rank 1 has not entered all_to_all #[0-9]+ and its heartbeat stopped \(last seen in step [0-9]+, [a-z ]+.*\); rank 0 has waited [0-9.]+ s in all_to_all \(step [0-9]+, gradient sync\)" \
+stop_case zero kill "stall on group 'dp': rank 1 has not entered all_to_all #[0-9]+ and its heartbeat stopped \(last seen in [^;]+; last heartbeat [0-9.]+ s ago\); rank 0 has waited [0-9.]+ s in all_to_all \(step [0-9]+, gradient sync\)" \
   --set features.zero.enabled=true
 grep -qE "rank 1 \(pid [0-9]+\) failed: killed by signal 9 \(SIGKILL\)" "$WORK/zero.log" || { cat "$WORK/zero.log"; fail "zero: the summary does not name the killed rank"; }
 [[ -s "$WORK/zero/flight/rank0.json" ]] || { cat "$WORK/zero.log"; fail "zero: rank 0 wrote no flight record"; }
