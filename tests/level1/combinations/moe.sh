@@ -24,5 +24,16 @@ run ep2dp4z 4 "pp=1 dp=4 tp=1" $(ep 2) $(zero)
 parity ref ppi2ep2 "interleaved pipeline x expert parallel"
 bitwise ppi2ep2 ppi2ep2rcs "selective recompute under interleaved pipeline x expert parallel"
 parity ref ep2dp4z "expert parallel x zero (edp=2)"
+# zero shards the expert state too: each of the 4 ranks holds a quarter of
+# the one-process optimizer state (half the experts, halved again over edp=2;
+# without sharding over edp a rank would hold the dense quarter plus half
+# the expert state).
+python3 - "$WORK/ref.log" "$WORK/ep2dp4z.log" <<'PY' || FAILED+=("zero x ep: optimizer state per rank")
+import re, sys
+state = lambda f: [int(x) for x in re.findall(r"this rank: optimizer state (\d+) bytes", open(f).read())]
+whole, ranks = state(sys.argv[1])[0], state(sys.argv[2])
+print(f"optimizer state: one process {whole} bytes; ep=2 x dp=4 with zero, per rank {ranks}")
+sys.exit(0 if len(ranks) == 4 and all(abs(r / whole - 0.25) <= 0.01 for r in ranks) else 1)
+PY
 echo "MoE combinations: $((SECONDS - t0)) s"
 finish
