@@ -30,7 +30,8 @@ run() {
   local t0=$SECONDS
   local how=(env HP_INTRA_OP_THREADS=1 "$BIN/hp-train" "$CONFIG")
   ((n > 1)) && how=("$BIN/hp-train" "$CONFIG" --nproc "$n")
-  "${how[@]}" "${COMMON[@]}" "$@" --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "$name run (hp-train $*)"; }
+  "${how[@]}" "${COMMON[@]}" "$@" --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 \
+    || { tail -20 "$WORK/$name.log"; fail "$name run (hp-train $*)"; }
   if [[ -n "$mesh" ]]; then grep -q "mesh $mesh" "$WORK/$name.log" || fail "$name: the log does not show mesh $mesh"; fi
   echo "-- $name: $n processes, $((SECONDS - t0)) s"
 }
