@@ -1,4 +1,4 @@
-// hp-compare: checks a run against a reference run by PARITY.md's rules.
+// hp-compare: checks a run against a reference run by docs/PARITY.md's rules.
 // From metrics.jsonl it compares loss, grad_norm and eval_loss step by step
 // (one table per key) and names the first step and key that break the bar
 // and the phase that diverged; with --grads-step it assembles both sides'
@@ -13,7 +13,7 @@
 #include "tools/hp_compare/metrics_parity.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"hp-compare: parity of a run against a reference run (PARITY.md)"};
+  CLI::App app{"hp-compare: parity of a run against a reference run (docs/PARITY.md)"};
   std::string ref, run;
   hp::compare::MetricsOptions m;
   hp::compare::GradOptions g;

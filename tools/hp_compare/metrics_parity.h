@@ -1,6 +1,6 @@
 #pragma once
 // hp-compare's metrics part: loss, grad_norm and eval_loss of metrics.jsonl,
-// step by step, against a reference run (PARITY.md's bars).
+// step by step, against a reference run (docs/PARITY.md's bars).
 #include <cstdint>
 #include <map>
 #include <string>
