@@ -67,7 +67,11 @@ void declare_core_options(Schema& s) {
   s.add_int("training.dump_grads_at_step", 0).range(0, 1e12)
       .describe("Write the full (gathered) gradients of this step to <run.output_dir>/grads_step<N>/, for parity checks.")
       .note("0 turns it off");
-  s.add_int("training.eval_steps", 4).range(1, 1e9).describe("Micro-batches per evaluation.");
+  s.add_int("training.eval_samples", 0).range(0, 1e12)
+      .describe("Validation samples per evaluation, over all data-parallel ranks (each evaluates its share), so "
+                "the evaluation set does not depend on the layout.")
+      .note("0: one global batch (training.global_batch_size); must be divisible by micro_batch_size x "
+            "data-parallel size");
 
   // optimizer
   s.add_enum("optimizer.type", "adamw", {"sgd", "adam", "adamw"}).describe("Optimizer.");

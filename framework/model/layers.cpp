@@ -1,5 +1,6 @@
 #include "framework/model/layers.h"
 
+#include "framework/model/dropout.h"
 #include "framework/model/moe.h"
 
 #include <ATen/ATen.h>
@@ -50,17 +51,19 @@ class DenseEmbedding : public Layer {
   at::Tensor weight_;
 };
 
-/// Dropout with probability spec.dropout while training (no random numbers
-/// are drawn at 0 or in eval).
+/// Dropout with probability spec.dropout while training, its mask a
+/// function of the site and the layer's global name (framework/model/dropout.h).
 class DenseDropout : public Layer {
  public:
-  DenseDropout(const LayerSpec& s, BuildContext&) : p_(s.dropout) {}
+  DenseDropout(const LayerSpec& s, BuildContext& ctx)
+      : p_(s.dropout), seed_(ctx.seed()), key_(stable_hash(s.name)) {}
   at::Tensor forward(const at::Tensor& x) override {
-    return p_ > 0 ? at::dropout(x, p_, is_training()) : x;
+    return p_ > 0 && is_training() ? layout_free_dropout(x, p_, seed_, key_) : x;
   }
 
  private:
   double p_;
+  std::uint64_t seed_, key_;
 };
 
 /// Adds learned positions: h[:, t] += weight[t].

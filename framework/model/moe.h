@@ -1,6 +1,6 @@
 #pragma once
 // Mixture of experts, defined so that every layout computes the same
-// numbers (shared/design/MOE.md): the router, the capacity rule and the
+// numbers (docs/moe.md): the router, the capacity rule and the
 // auxiliary losses work per sequence, ties are broken by the lower expert
 // index (and the earlier token), and a token's expert outputs are summed in
 // ascending expert order. The dense `moe` layer kind (every expert on this

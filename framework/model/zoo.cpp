@@ -68,8 +68,11 @@ class ResidualBlock : public Block {
  public:
   ResidualBlock(const Dims& d, BuildContext& ctx, const std::string& name, bool attention, bool moe) {
     const std::int64_t H = d.hidden, F = d.ffn;
-    drop_ = register_module("drop", ctx.layers().make(LayerSpec{"dropout", name + ".drop"}.with_dropout(d.dropout), ctx));
+    // One dropout layer per use: a layer's mask is keyed by its name.
+    drop2_ = register_module("drop", ctx.layers().make(LayerSpec{"dropout", name + ".drop"}.with_dropout(d.dropout), ctx));
     if (attention) {
+      drop1_ = register_module(
+          "attn_drop", ctx.layers().make(LayerSpec{"dropout", name + ".attn_drop"}.with_dropout(d.dropout), ctx));
       ln1_ = register_module("ln1", ctx.layers().make(LayerSpec{"layer_norm", name + ".ln1", H}, ctx));
       LayerSpec a{"attention.heads", name + ".attn", H, H};
       a.heads = d.heads;
@@ -87,13 +90,13 @@ class ResidualBlock : public Block {
   }
   Activations forward(const Activations& in) override {
     auto h = in["h"];
-    if (attn_) h = h + drop_->forward(attn_->forward(ln1_->forward(h)));
-    h = h + drop_->forward(mlp_->forward(ln2_->forward(h)));
+    if (attn_) h = h + drop1_->forward(attn_->forward(ln1_->forward(h)));
+    h = h + drop2_->forward(mlp_->forward(ln2_->forward(h)));
     return make_activations({{"h", h}});
   }
 
  private:
-  std::shared_ptr<Layer> ln1_, attn_, ln2_, mlp_, drop_;
+  std::shared_ptr<Layer> ln1_, attn_, ln2_, mlp_, drop1_, drop2_;
 };
 
 class HeadBlock : public Block {

@@ -41,6 +41,17 @@ void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
               " x " + std::to_string(dp) + " = " + std::to_string(m * dp),
           "a multiple of " + std::to_string(m * dp));
     }
+    // Every replica evaluates the same number of whole micro-batches.
+    if (c.ok({"training.eval_samples"})) {
+      const auto e = c.get_int("training.eval_samples");
+      if (e > 0 && e % (m * dp) != 0) {
+        errors.add("training.eval_samples", std::to_string(e),
+                   "must be divisible by micro_batch_size x data-parallel size = " + std::to_string(m) + " x " +
+                       std::to_string(dp) + " = " + std::to_string(m * dp) +
+                       ", so every replica evaluates whole micro-batches",
+                   "0 (one global batch), or a multiple of " + std::to_string(m * dp));
+      }
+    }
   }
 }
 

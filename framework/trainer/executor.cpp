@@ -17,6 +17,10 @@ at::Tensor take_aux_losses(const AuxLossScope& scope, double scale, StepReport& 
   return total.defined() ? total * scale : total;
 }
 
+DropoutSite dropout_site(const StepWork& work, std::int64_t mb) {
+  return {work.step, work.first_sample ? work.first_sample(mb) : 0};
+}
+
 namespace {
 
 class SequentialExecutor : public StepExecutor {
@@ -35,6 +39,7 @@ class SequentialExecutor : public StepExecutor {
       flight::set_phase(work.backward ? flight::Phase::kForward : flight::Phase::kEval, static_cast<int>(mb));
       profile::Span fwd(work.backward ? "compute" : "eval", "forward");
       fwd.arg("mb", mb).arg("chunk", 0);
+      DropoutSiteGuard site(dropout_site(work, mb));
       Batch b = work.batch(mb);
       // Auxiliary losses (and the statistics behind them) belong to training
       // steps only, not to evaluation.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "framework/data/dataset.h"
+#include "framework/model/dropout.h"
 #include "framework/model/model.h"
 
 namespace hp {
@@ -30,8 +31,15 @@ struct StepWork {
   bool backward = true;
   /// Called after each forward that produced a loss (the after_forward hook).
   std::function<void()> after_forward;
+  /// The step, and the global index of micro-batch `mb`'s first sample: an
+  /// executor computes each micro-batch under DropoutSiteGuard({step,
+  /// first_sample(mb)}) (framework/model/dropout.h).
+  std::int64_t step = 0;
+  std::function<std::int64_t(std::int64_t mb)> first_sample;
 };
 
+/// The dropout site of micro-batch `mb` of `work`.
+DropoutSite dropout_site(const StepWork& work, std::int64_t mb);
 
 struct StepReport {
   /// Summed per-token loss and token count of this rank's micro-batches

@@ -20,7 +20,9 @@ TrainingOptions TrainingOptions::from(const Config& c) {
   o.seq_len = c.get_int("model.seq_len");
   o.log_interval = c.get_int("training.log_interval");
   o.eval_interval = c.get_int("training.eval_interval");
-  o.eval_steps = c.get_int("training.eval_steps");
+  // 0: one global batch.
+  o.eval_samples = c.get_int("training.eval_samples");
+  if (o.eval_samples == 0) o.eval_samples = c.get_int("training.global_batch_size");
   o.dump_grads_at = c.get_int("training.dump_grads_at_step");
   return o;
 }

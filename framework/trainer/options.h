@@ -20,7 +20,7 @@ struct RunOptions {
 
 struct TrainingOptions {
   std::int64_t max_steps = 0, global_batch = 0, micro_batch = 0, seq_len = 0;
-  std::int64_t log_interval = 1, eval_interval = 0, eval_steps = 1, dump_grads_at = 0;
+  std::int64_t log_interval = 1, eval_interval = 0, eval_samples = 0, dump_grads_at = 0;
   static TrainingOptions from(const Config& c);
 };
 

@@ -10,7 +10,7 @@
 namespace hp {
 
 double measure_matmul_flops(double budget_seconds) {
-  // n = 1024: large enough for BLAS to reach its plateau (LIBTORCH-NOTES:
+  // n = 1024: large enough for BLAS to reach its plateau (docs/toolchain.md:
   // 85 GFLOP/s on one core at n = 1024-2048), small enough for ~25 ms a product.
   constexpr std::int64_t n = 1024;
   at::Tensor a = at::rand({n, n}, at::kFloat), b = at::rand({n, n}, at::kFloat);

@@ -324,6 +324,8 @@ StepResult TrainingRun::step(std::int64_t step) {
                       train_.seq_len);
   };
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
+  work.step = step;
+  work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   StepReport report = executor_->run(model_, work);
   runtime_->run_hooks(StepEvent::kAfterBackward, hc);
   flight::set_phase(flight::Phase::kGradSync);
@@ -363,12 +365,15 @@ double TrainingRun::evaluate() {
   profile::Span span("eval", "evaluate");
   const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
   for (auto& b : model_.blocks) b->eval();
+  // The same validation samples at every layout: replica d takes samples
+  // [d * per_rank, (d + 1) * per_rank) of the eval_samples.
+  const std::int64_t per_rank = train_.eval_samples / replicas;
   StepWork work;
-  work.micro_batches = train_.eval_steps;
+  work.micro_batches = per_rank / train_.micro_batch;
   work.backward = false;
+  work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   work.batch = [&](std::int64_t mb) {
-    return make_batch(*data_, Split::kValid, 0, (mb * replicas + replica) * train_.micro_batch, train_.micro_batch,
-                      train_.seq_len);
+    return make_batch(*data_, Split::kValid, 0, work.first_sample(mb), train_.micro_batch, train_.seq_len);
   };
   StepReport rep = executor_->run(model_, work);
   for (auto& b : model_.blocks) b->train();

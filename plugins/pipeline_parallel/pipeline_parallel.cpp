@@ -139,6 +139,7 @@ class PipelineExecutor : public StepExecutor {
         span.arg("mb", mb).arg("chunk", c).arg("stage", stage_).arg("action", a.str());
       }
       if (a.kind == Action::Kind::kForward) {
+        DropoutSiteGuard site(dropout_site(w, mb));
         InFlight st;
         if (c == 0) {
           st.inputs = w.batch(mb).inputs;

@@ -3,11 +3,16 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
+#include <atomic>
+
 #include "framework/model/aux_loss.h"
+#include "framework/model/dropout.h"
 
 namespace hp::recompute {
 
 namespace {
+
+std::atomic<std::int64_t> g_replays{0};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -19,7 +24,8 @@ struct State : torch::CustomClassHolder {
   /// Auxiliary losses the region added (MoE load balancing): returned as
   /// extra outputs so their gradients reach the replayed region.
   std::vector<std::string> aux_names;
-  at::Tensor rng;  // CPU generator state before the forward
+  at::Tensor rng;    // CPU generator state before the forward
+  DropoutSite site;  // the micro-batch the forward ran for
 };
 
 Activations pack(const std::vector<std::string>& keys, const variable_list& values) {
@@ -37,6 +43,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     variable_list inputs = input_list.vec();
     auto gen = at::detail::getDefaultCPUGenerator();
     state->rng = gen.get_state();
+    state->site = current_dropout_site();
     Activations out;
     variable_list outs;
     {
@@ -69,11 +76,13 @@ struct Recompute : torch::autograd::Function<Recompute> {
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor now = gen.get_state();
     gen.set_state(state->rng);
+    g_replays.fetch_add(1, std::memory_order_relaxed);
     Activations out;
     std::vector<at::Tensor> aux_values;
     {
       torch::AutoGradMode enable(true);
       AuxLossScope aux(/*replay=*/true);
+      DropoutSiteGuard site(state->site);
       out = state->inner(pack(state->in_keys, inputs));
       for (const auto& item : aux.items()) aux_values.push_back(item.second);
     }
@@ -103,6 +112,8 @@ struct Recompute : torch::autograd::Function<Recompute> {
 };
 
 }  // namespace
+
+std::int64_t take_replay_count() { return g_replays.exchange(0, std::memory_order_relaxed); }
 
 Activations checkpointed(const ForwardFn& inner, const Activations& in) {
   if (!torch::GradMode::is_enabled()) return inner(in);

@@ -1,8 +1,11 @@
 #pragma once
 // Activation recompute as a custom autograd function: forward runs the inner
 // computation without keeping its intermediate tensors; backward runs it
-// again (replaying the CPU RNG so dropout draws the same mask) and
+// again (under the dropout site and CPU RNG state of the first forward, so
+// dropout draws the same mask) and
 // back-propagates through the fresh graph.
+#include <cstdint>
+
 #include "framework/model/build_context.h"
 
 namespace hp::recompute {
@@ -11,5 +14,9 @@ namespace hp::recompute {
 /// input must require grad for gradients to flow (as with PyTorch's reentrant
 /// checkpoint).
 Activations checkpointed(const ForwardFn& inner, const Activations& in);
+
+/// Regions replayed (recomputed in backward) on this process since the last
+/// call; the feature reports it per step as `recompute_regions_replayed`.
+std::int64_t take_replay_count();
 
 }  // namespace hp::recompute

@@ -43,13 +43,16 @@ class RecomputeFeature : public Feature {
     const auto& b = c.get_string(kBlocks);
     if (parse_blocks(b) == 0) {
       e.add(kBlocks, b, "must be 'all' or a whole number >= 1", "all, 1, 2, ...");
-    } else if (const SplitSize* layers = ctx.model.size("layers"); layers && parse_blocks(b) > layers->value) {
+    } else if (const SplitSize* layers = ctx.model.size("layers");
+               layers && parse_blocks(b) > layers->value) {
       e.add(kBlocks, b, "is more than " + layers->key + " = " + std::to_string(layers->value),
             "all, or 1 .. " + std::to_string(layers->value));
     }
     if (c.get_string(kGranularity) == "selective" && !ctx.model.uses("attention.heads")) {
       e.add(kGranularity, "selective",
-            "needs a model with attention (model '" + ctx.model.name + "' has no attention.heads layer)", "full");
+            "needs a model with attention (model '" + ctx.model.name +
+                "' has no attention.heads layer)",
+            "full");
     }
   }
 
@@ -66,6 +69,13 @@ class RecomputeFeature : public Feature {
     const std::string scope =
         rt.config().get_string(kGranularity) == "full" ? "block" : "attention.core";
     rt.model().add_wrapper(scope, "recompute", &checkpointed, applies);
+    // Proof that recompute ran: the regions this rank replayed in the step's
+    // backward (0 would mean nothing was recomputed).
+    take_replay_count();
+    rt.add_hook(StepEvent::kStepEnd, "recompute", [](StepContext& ctx) {
+      const auto n = static_cast<double>(take_replay_count());
+      if (ctx.figures) (*ctx.figures)["recompute_regions_replayed"] = n;
+    });
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include "backends/dist/autograd.h"
 #include "backends/dist/group.h"
+#include "framework/model/dropout.h"
 #include "framework/model/moe.h"
 #include "framework/config/config.h"
 
@@ -137,27 +138,21 @@ class SequencePositions : public Layer {
 };
 
 /// Under sequence parallel only: dropout on this rank's slice of the
-/// sequence with the mask the dense layer would draw for the WHOLE sequence
-/// (every tp rank draws it from the same generator state and keeps its
-/// slice), so masks are independent along the sequence, exactly those of
-/// a run without sequence parallel, and the generators stay in step.
+/// sequence with the mask elements one process draws at those positions
+/// (framework/model/dropout.h: a function of the global position).
 class SequenceDropout : public Layer {
  public:
-  SequenceDropout(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), p_(s.dropout) {}
+  SequenceDropout(const LayerSpec& s, BuildContext& ctx)
+      : g_(tp_group(ctx)), p_(s.dropout), seed_(ctx.seed()), key_(stable_hash(s.name)) {}
   at::Tensor forward(const at::Tensor& x) override {
     if (p_ <= 0 || !is_training()) return x;
-    auto full = x.sizes().vec();
-    const auto len = full[kSeqDim];
-    full[kSeqDim] = len * g_.size();
-    // As at::dropout: Bernoulli(1 - p) noise scaled by 1 / (1 - p).
-    at::Tensor noise = at::empty(full, x.options()).bernoulli_(1 - p_).div_(1 - p_);
-    // A copy of our slice, so backward does not keep the whole-sequence noise alive.
-    return x * noise.narrow(kSeqDim, g_.rank() * len, len).contiguous();
+    return layout_free_dropout(x, p_, seed_, key_, g_.rank() * x.size(kSeqDim));
   }
 
  private:
   dist::Group& g_;
   double p_;
+  std::uint64_t seed_, key_;
 };
 
 /// loss = log(sum_v exp(z_v - m)) - (z_target - m), with m the global max,

@@ -17,8 +17,8 @@
 //   layer_norm        runs on the slice; weight and bias gradients summed over tp
 //                     (grad_sync_group "tp+dp": in the one bucketed sync after backward)
 //   embedding.position adds the rows of this rank's slice; gradient summed over tp
-//   dropout           draws the whole sequence's mask (same generator state on
-//                     every tp rank) and applies this rank's slice of it
+//   dropout           applies the mask elements of this rank's positions (the
+//                     mask is a function of the global position, no generator)
 // Every element-wise op between regions (residual, dropout) then runs on 1/T
 // of the tokens.
 #include "framework/model/layers.h"

@@ -1,4 +1,4 @@
-// hp-compare: checks a run against a reference run by PARITY.md's rules and
+// hp-compare: checks a run against a reference run by docs/PARITY.md's rules and
 // prints the table: step, reference loss, run loss, relative error. Names the
 // first step and the first parameter that break the bar, and the phase that
 // diverged. Exit 0 when every bar holds, 1 when one breaks, 2 on bad input.
@@ -47,7 +47,7 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"hp-compare: parity of a run against a reference run (PARITY.md)"};
+  CLI::App app{"hp-compare: parity of a run against a reference run (docs/PARITY.md)"};
   std::string ref, run;
   double first_rtol = 1e-5, loss_rtol = 1e-4, grad_rtol = 1e-5;
   std::int64_t grads_step = 0, from_step = 0;

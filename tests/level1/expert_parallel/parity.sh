@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PARITY.md for expert parallel: every layout against one process with the
+# docs/PARITY.md for expert parallel: every layout against one process with the
 # same global batch and micro-batches (first-step loss and every gradient
 # by global name within 1e-5, 50-step losses within 1e-4), dropless and
 # with capacity dropping; recompute on vs off bitwise.
@@ -51,5 +51,6 @@ print(f"capacity factor 1.0: up to {d:.3f} of the assignments dropped in a step"
 sys.exit(0 if d > 0 else 1)
 PY
 echo "== recompute on vs off (ep=2)"
+replayed_every_step "$WORK/ep2rc" || fail "recompute did not run at ep=2"
 "$BIN/hp-compare" "$WORK/ep2" "$WORK/ep2rc" --exact --grads-step 1 --grad-rtol 0 --phase "recompute replay" || fail "recompute"
 echo PASS

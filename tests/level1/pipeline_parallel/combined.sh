@@ -5,7 +5,7 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
-common=(--set training.max_steps=50 --set training.dump_grads_at_step=1)
+common=(--set training.dump_grads_at_step=1)
 pp=(--set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2)
 "$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" --set run.output_dir="$WORK/ref" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "reference"; }
 run() {  # name nproc mesh args...
@@ -25,5 +25,6 @@ run pp2dp2 4 "pp=2 dp=2 tp=1" --set features.pipeline_parallel.schedule=gpipe
 compare ref pp2dp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 --phase "pp x dp steps"
 run pp2 2 "pp=2 dp=1 tp=1"
 run pp2rc 2 "pp=2 dp=1 tp=1" --set features.recompute.enabled=true
+replayed_every_step "$WORK/pp2rc" || fail "recompute did not run at pp=2"
 compare pp2 pp2rc --exact --grads-step 1 --grad-rtol 0 --phase recompute
 echo PASS

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# PARITY.md for pipeline parallel: pp=2 and pp=4, every schedule, against one
-# process with the same micro-batches (4 per step): 50-step losses within
+# docs/PARITY.md for pipeline parallel: pp=2 and pp=4, every schedule, against one
+# process with the same micro-batches (4 per step): 20-step losses within
 # 1e-6 relative, and the first step's gradients (reassembled by global name
 # from every stage) within 1e-5.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 # 6 layers: 8 blocks, enough for 4 stages x 2 virtual chunks.
-common=(--set training.max_steps=50 --set training.dump_grads_at_step=1 --set model.layers=6)
+common=(--set training.dump_grads_at_step=1 --set model.layers=6)
 "$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" --set run.output_dir="$WORK/ref" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "reference"; }
 for P in 2 4; do
   for s in gpipe 1f1b interleaved_1f1b; do

@@ -19,14 +19,15 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=1 did not resume"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 4 $(pp 4) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/pp4" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=4 resume"; }
 grep -q "resumed from .* at step 20" "$WORK/log" || fail "pp=4 did not resume"
-# Same layout: PARITY.md's resume bar, bitwise.
+# Same layout: docs/PARITY.md's resume bar, bitwise.
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/pp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 resume"; }
 echo "== pp2 resumed from its own checkpoint"
 "$BIN/hp-compare" "$WORK/pp2" "$WORK/pp2again" --from-step 21 --exact --phase resume | tail -2 || fail "pp2 resume not bitwise"
-# With dropout each stage draws its own stream: the checkpoint keeps every
-# rank's generator, so a same-layout resume is still bitwise.
+# A second pp=2 run with dropout, resumed from its step-15 checkpoint: masks
+# are a function of the step and the global samples, so the resumed run
+# draws the masks the uninterrupted one drew and stays bitwise.
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set model.dropout=0.1 --set training.max_steps=30 \
   --set checkpoint.interval=15 --set run.output_dir="$WORK/drop" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "dropout run"; }

@@ -18,9 +18,10 @@ def ns(us):
     return round(us * 1000)
 
 
-def main():
-    path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    schedules = [open(p).read().split() for p in sys.argv[4:]]
+def load(path):
+    """The trace's spans by pid, after the checks every trace must pass:
+    trace-event JSON, "X" events with every field, spans nested per pid and
+    tid, one named process track per rank 0..N-1."""
     trace = json.load(open(path))
     assert isinstance(trace, dict) and isinstance(trace["traceEvents"], list), "not a trace-event object"
     names, spans = {}, {}
@@ -35,7 +36,7 @@ def main():
             assert key in e, (key, e)
         assert e["ts"] >= 0 and e["dur"] >= 0, e
         spans.setdefault(e["pid"], []).append(e)
-    ranks = len(schedules)
+    ranks = len(spans)
     assert sorted(spans) == list(range(ranks)), f"tracks {sorted(spans)}, expected one per rank 0..{ranks - 1}"
     assert sorted(names) == list(range(ranks)), f"process names {names}"
     for pid, events in spans.items():
@@ -52,7 +53,15 @@ def main():
                     open_ends.pop()
                 assert not open_ends or end <= open_ends[-1], f"rank {pid} tid {tid}: {e} overlaps its parent"
                 open_ends.append(end)
+    return spans
 
+
+def main():
+    path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    schedules = [open(p).read().split() for p in sys.argv[4:]]
+    spans = load(path)
+    ranks = len(schedules)
+    assert len(spans) == ranks, f"{len(spans)} tracks, expected {ranks}"
     for rank in range(ranks):
         events = spans[rank]
         steps = {int(e["args"]["step"]): e for e in events if e["name"] == "step" and e["cat"] == "step"}

@@ -15,7 +15,7 @@ small_config "$WORK/c.yaml"
 # 4 steps, 4 micro-batches per step; steps 2 and 3 profiled; step 2 also
 # evaluates and saves a checkpoint.
 common=(--nproc 2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
-        --set training.max_steps=4 --set training.eval_interval=2 --set training.eval_steps=2
+        --set training.max_steps=4 --set training.eval_interval=2 --set training.eval_samples=4
         --set checkpoint.interval=2)
 
 run() {  # run NAME SCHEDULE V [more --set ...]

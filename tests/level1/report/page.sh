@@ -12,7 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 command -v chromium > /dev/null || fail "chromium is not on PATH: install the Debian package 'chromium' (scripts/install-deps.sh does)"
 small_config "$WORK/c.yaml"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --set features.pipeline_parallel.enabled=true \
-  --set features.pipeline_parallel.size=2 --set training.eval_interval=10 --set training.eval_steps=2 \
+  --set features.pipeline_parallel.size=2 --set training.eval_interval=10 --set training.eval_samples=4 \
   --set run.output_dir="$WORK/run" --set run.report=true > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp=2 run"; }
 # run.report: hp-train wrote the page at the end of the run, the same page hp-report writes.
 [[ -s "$WORK/run/report.html" ]] || { tail -5 "$WORK/log"; fail "run.report=true wrote no report.html"; }
