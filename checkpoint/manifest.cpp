@@ -1,5 +1,7 @@
 #include "checkpoint/manifest.h"
 
+#include <xxhash.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +97,10 @@ std::string format_xxh64(std::uint64_t hash) {
   return buf;
 }
 
+std::string xxh64_hex(const std::string& bytes) {
+  return format_xxh64(XXH64(bytes.data(), bytes.size(), 0));
+}
+
 json manifest_to_json(const Manifest& m) {
   json tensors = json::object();
   for (const auto& [name, t] : m.tensors) {
@@ -123,6 +129,7 @@ json manifest_to_json(const Manifest& m) {
               {"config_hash", m.config_hash},
               {"tensors", tensors}};
   if (!m.state_xxh64.empty()) out["state_xxh64"] = m.state_xxh64;
+  if (!m.config_file.empty()) out["config_file"] = m.config_file;
   return out;
 }
 
@@ -143,8 +150,19 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
   m.config_hash = p.string(j, "config_hash", "");
   if (j.contains("state_xxh64")) {
     m.state_xxh64 = p.string(j, "state_xxh64", "");
-    if (m.state_xxh64.size() != 16 || m.state_xxh64.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (m.state_xxh64.size() != 16 ||
+        m.state_xxh64.find_first_not_of("0123456789abcdef") != std::string::npos) {
       p.fail("state_xxh64", "is not 16 lowercase hex digits");
+    }
+  }
+  if (j.contains("config_file")) {
+    m.config_file = p.string(j, "config_file", "");
+    if (m.config_file != kConfigFileName) {
+      p.fail("config_file", "is '" + m.config_file + "', not " + kConfigFileName);
+    }
+    if (m.config_hash.size() != 16 ||
+        m.config_hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      p.fail("config_hash", "is not 16 lowercase hex digits (the xxh64 of " + m.config_file + ")");
     }
   }
   const auto& layout = p.field(j, "layout", "");

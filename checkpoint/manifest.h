@@ -2,7 +2,8 @@
 // The manifest of a committed checkpoint (manifest.json): what each tensor is
 // and which byte ranges of which files hold which parts of it. Its JSON:
 //
-//   {"format_version": 1, "step": 100, "config_hash": "...",
+//   {"format_version": 1, "step": 100, "config_hash": "<xxh64 of config.yaml>",
+//    "config_file": "config.yaml", "state_xxh64": "<xxh64 of state.json>",
 //    "layout": {"pp": 2, "dp": 1, "tp": 2, "ep": 1},
 //    "tensors": {"<name>": {"global_shape": [8, 4], "dtype": "F32",
 //       "shards": [{"file": "model-rank00000.safetensors",
@@ -60,7 +61,12 @@ struct Manifest {
   int format_version = kFormatVersion;
   std::int64_t step = 0;
   Layout layout;
+  /// xxh64 (16 hex digits) of `config_file`, the resolved config the run was
+  /// started with. Older manifests hold another hash here and no config_file:
+  /// their config cannot be compared.
   std::string config_hash;
+  /// "config.yaml" when the step directory holds the resolved config, else "".
+  std::string config_file;
   /// xxh64 of state.json (step, RNG, data position, counters), so the run
   /// state is protected like the tensors; "" in manifests written before it.
   std::string state_xxh64;
@@ -87,5 +93,10 @@ std::string split_problem(int split_dim, const std::vector<std::string>& split_g
 
 /// 16 lowercase hex digits.
 std::string format_xxh64(std::uint64_t hash);
+/// format_xxh64 of XXH64(bytes, seed 0).
+std::string xxh64_hex(const std::string& bytes);
+
+/// The name of the resolved config in a step directory.
+constexpr const char* kConfigFileName = "config.yaml";
 
 }  // namespace hp::ckpt

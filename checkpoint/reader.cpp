@@ -36,6 +36,7 @@ struct CheckpointReader::Impl {
   std::string manifest_path;
   Manifest manifest;
   nlohmann::json state;
+  std::string config_text;
   mutable std::mutex mutex;
   mutable std::map<std::string, std::shared_ptr<const SafetensorsReader>> files;
 
@@ -105,8 +106,8 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
   if (!impl_->manifest.state_xxh64.empty()) {
     const std::string got = format_xxh64(XXH64(text.data(), text.size(), 0));
     if (got != impl_->manifest.state_xxh64) {
-      throw CheckpointError("bad state file " + state_path + ": its checksum is " + got + " but the manifest says " +
-                            impl_->manifest.state_xxh64 +
+      throw CheckpointError("bad state file " + state_path + ": its checksum is " + got +
+                            " but the manifest says " + impl_->manifest.state_xxh64 +
                             ": the run state was changed or damaged; resume from another step");
     }
   }
@@ -122,9 +123,19 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
   const auto step_it = impl_->state.is_object() ? impl_->state.find("step") : impl_->state.end();
   if (step_it != impl_->state.end() &&
       (!step_it->is_number_integer() || step_it->get<std::int64_t>() != impl_->manifest.step)) {
-    throw CheckpointError("bad state file " + state_path + ": it says step " + step_it->dump().substr(0, 40) +
-                          " but the manifest says step " + std::to_string(impl_->manifest.step) +
-                          "; resume from another step");
+    throw CheckpointError("bad state file " + state_path + ": it says step " +
+                          step_it->dump().substr(0, 40) + " but the manifest says step " +
+                          std::to_string(impl_->manifest.step) + "; resume from another step");
+  }
+  if (!impl_->manifest.config_file.empty()) {
+    const std::string config_path = (fs::path(impl_->dir) / impl_->manifest.config_file).string();
+    impl_->config_text = detail::read_text_file(config_path);
+    const std::string got = xxh64_hex(impl_->config_text);
+    if (got != impl_->manifest.config_hash) {
+      throw CheckpointError("bad config file " + config_path + ": its checksum is " + got +
+                            " but the manifest's config_hash is " + impl_->manifest.config_hash +
+                            ": the stored config was changed or damaged; resume from another step");
+    }
   }
 }
 
@@ -137,6 +148,7 @@ std::int64_t CheckpointReader::step() const { return impl_->manifest.step; }
 const nlohmann::json& CheckpointReader::state() const { return impl_->state; }
 const Layout& CheckpointReader::layout() const { return impl_->manifest.layout; }
 const std::string& CheckpointReader::config_hash() const { return impl_->manifest.config_hash; }
+const std::string& CheckpointReader::config_text() const { return impl_->config_text; }
 const Manifest& CheckpointReader::manifest() const { return impl_->manifest; }
 
 std::vector<std::string> CheckpointReader::tensor_names() const {

@@ -23,7 +23,8 @@ class CheckpointReader {
   /// is malformed or names a directory that does not exist.
   static std::string latest(const std::string& root);
 
-  /// Parses and validates manifest.json and state.json of `step_dir`.
+  /// Parses and validates manifest.json, state.json and config.yaml (when
+  /// listed) of `step_dir`.
   explicit CheckpointReader(std::string step_dir);
   ~CheckpointReader();
   CheckpointReader(CheckpointReader&&) noexcept;
@@ -34,6 +35,10 @@ class CheckpointReader {
   const nlohmann::json& state() const;
   const Layout& layout() const;
   const std::string& config_hash() const;
+  /// The resolved config the checkpoint was written with (config.yaml,
+  /// checked against the manifest's config_hash), or "" for a checkpoint
+  /// written before configs were stored (or by hp-ckpt import).
+  const std::string& config_text() const;
   const Manifest& manifest() const;
 
   std::vector<std::string> tensor_names() const;

@@ -1,9 +1,8 @@
 #include "checkpoint/writer.h"
 
-#include <xxhash.h>
-
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backends/fault/fault.h"
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
@@ -186,10 +186,11 @@ void CheckpointWriter::write_file(const std::string& file_name,
                           " already called finish_rank()");
   }
   if (file_name.empty() || file_name.find('/') != std::string::npos || file_name[0] == '.' ||
-      file_name == "manifest.json" || file_name == "state.json" || part_rank(file_name) >= 0) {
+      file_name == "manifest.json" || file_name == "state.json" || file_name == kConfigFileName ||
+      part_rank(file_name) >= 0) {
     throw CheckpointError("cannot write checkpoint file '" + file_name + "' in " + staging_ +
                           ": the name must be a plain file name, not starting with '.', and not "
-                          "manifest.json, state.json or shards-rank*.json");
+                          "manifest.json, state.json, config.yaml or shards-rank*.json");
   }
   if (std::find(files_.begin(), files_.end(), file_name) != files_.end()) {
     throw CheckpointError("cannot write " + path + ": rank " + std::to_string(rank_) +
@@ -248,7 +249,7 @@ void CheckpointWriter::write_file(const std::string& file_name,
                                         format_xxh64(written[i].xxh64)});
   }
   files_.push_back(file_name);
-  detail::maybe_inject_fault("after_files");
+  fault::hit("checkpoint.after_files");
 }
 
 void CheckpointWriter::finish_rank() {
@@ -268,7 +269,7 @@ void CheckpointWriter::finish_rank() {
 
 void CheckpointWriter::commit(const std::string& root, std::int64_t step,
                               const nlohmann::json& state, const Layout& layout,
-                              const std::string& config_hash, int keep,
+                              const std::string& config_text, int keep,
                               const std::vector<int>& writers) {
   const fs::path root_dir(root);
   const std::string name = step_dir_name(step);
@@ -314,7 +315,10 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   Manifest manifest;
   manifest.step = step;
   manifest.layout = layout;
-  manifest.config_hash = config_hash;
+  if (!config_text.empty()) {
+    manifest.config_file = kConfigFileName;
+    manifest.config_hash = xxh64_hex(config_text);
+  }
   std::map<std::string, int> file_owner;
   std::map<std::string, int> tensor_rank;
   for (const auto& [rank, path] : parts) {
@@ -382,15 +386,18 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   detail::write_file_durable((staging / "manifest.json").string(),
                              manifest_to_json(manifest).dump(2));
   detail::write_file_durable((staging / "state.json").string(), state_text);
+  if (!config_text.empty()) {
+    detail::write_file_durable((staging / kConfigFileName).string(), config_text);
+  }
   for (const auto& [rank, path] : parts) {
     fs::remove(path, ec);
   }
   detail::fsync_dir(staging.string());
 
-  detail::maybe_inject_fault("before_rename");
+  fault::hit("checkpoint.before_rename");
   install_step_dir(root_dir, staging, final_dir);
 
-  detail::maybe_inject_fault("before_latest");
+  fault::hit("checkpoint.before_latest");
   detail::replace_file_atomically((root_dir / "latest").string(), name + "\n");
 
   if (keep > 0) {

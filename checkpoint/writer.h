@@ -7,18 +7,18 @@
 //                w.write_file("model-rank00003.safetensors", {{"w", local, global, offsets}});
 //                w.finish_rank();
 //   all ranks:   barrier
-//   rank 0:      CheckpointWriter::commit(root, step, state, layout, config_hash, keep);
+//   rank 0:      CheckpointWriter::commit(root, step, state, layout, config_yaml, keep);
 //
 // Until commit renames <root>/step_X.tmp to <root>/step_X and then replaces
 // <root>/latest, a crash at any point leaves the previous checkpoint (and
 // `latest`) untouched. The ranks must share the file system of `root`.
 //
-// Fault injection (for tests): when the environment variable HP_FAULT_INJECT
-// is `checkpoint:<stage>`, the process kills itself with SIGKILL at that stage:
-//   checkpoint:after_files    in write_file, after the file's data is written
-//   checkpoint:before_rename  in commit, after manifest.json and state.json are
-//                             written, before step_X.tmp is renamed to step_X
-//   checkpoint:before_latest  in commit, after the rename, before `latest` is written
+// Fault points (backends/fault/fault.h; HP_FAULT_INJECT=<point>, each kills
+// the process with SIGKILL there):
+//   checkpoint.after_files    in write_file, after the file's data is written
+//   checkpoint.before_rename  in commit, after manifest.json, state.json and
+//                             config.yaml are written, before the rename
+//   checkpoint.before_latest  in commit, after the rename, before `latest` is written
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -72,14 +72,16 @@ class CheckpointWriter {
   /// parts into manifest.json, checking that every tensor's shards tile its
   /// global shape exactly and that the parts agree on its global shape, dtype
   /// and split (else CheckpointInternalError naming the tensor),
-  /// writes state.json, renames step_X.tmp to step_X (atomically exchanging
+  /// writes state.json and, when `config_text` is not empty, config.yaml (the
+  /// resolved config the run was started with; the manifest lists it and its
+  /// xxh64 is the manifest's config_hash), renames step_X.tmp to step_X (atomically exchanging
   /// it with an existing step_X) and then points `latest` at it. Everything is
   /// fsynced, files and directories. `keep` > 0 then deletes all but the
   /// newest `keep` step directories (never the one just committed).
   /// `writers`: the ranks whose parts must be there (each a missing part is
   /// refused by name, an unexpected one too); empty: ranks 0..highest found.
   static void commit(const std::string& root, std::int64_t step, const nlohmann::json& state,
-                     const Layout& layout, const std::string& config_hash, int keep = 0,
+                     const Layout& layout, const std::string& config_text, int keep = 0,
                      const std::vector<int>& writers = {});
 
   /// "step_00000100"

@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -143,13 +141,6 @@ std::string format_shape(const std::vector<std::int64_t>& shape) {
   }
   os << ']';
   return os.str();
-}
-
-void maybe_inject_fault(const char* stage) {
-  const char* want = std::getenv("HP_FAULT_INJECT");
-  if (want != nullptr && std::string(want) == std::string("checkpoint:") + stage) {
-    std::raise(SIGKILL);
-  }
 }
 
 }  // namespace hp::ckpt::detail

@@ -54,7 +54,4 @@ std::string read_text_file(const std::string& path);
 /// "[8, 4]"
 std::string format_shape(const std::vector<std::int64_t>& shape);
 
-/// Kills the process with SIGKILL when HP_FAULT_INJECT is "checkpoint:<stage>".
-void maybe_inject_fault(const char* stage);
-
 }  // namespace hp::ckpt::detail

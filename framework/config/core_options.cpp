@@ -32,7 +32,8 @@ void declare_core_options(Schema& s) {
       .describe("Steps to record when run.profile.enabled (counted from 1, as in the progress line).");
   s.add_bool("run.report", false)
       .describe("At the end of a successful run, write <run.output_dir>/report.html (what hp-report writes: curves of "
-                "metrics.jsonl, the config and, when profiled, one step's timeline); written by hp-train's rank 0.");
+                "metrics.jsonl, the config and, when profiled, one step's timeline); written by rank 0 at the end of "
+                "Trainer::fit, so hp-train and a C++ application get it alike.");
 
   // model: the type picks a registered model, which declares its own options
   s.add_enum("model.type", "gpt", models().names())
@@ -123,6 +124,12 @@ void declare_core_options(Schema& s) {
       .describe("Where to resume from.").note("auto (latest in checkpoint.dir if any), never, or a checkpoint path");
   s.add_int("checkpoint.keep", 0).range(0, 1e6)
       .describe("Checkpoints to keep.").note("0 keeps all");
+  s.add_bool("checkpoint.strict", true)
+      .describe("Resume strictly, as load_state_dict(strict=True): a checkpoint tensor (model or optimizer) the run "
+                "does not have, a run tensor the checkpoint lacks, or a changed model.* option the model does not "
+                "declare free is refused, naming it. false is a partial load (fine-tuning): the changed model "
+                "options are allowed, the tensors that match are loaded, the rest skipped or left at their "
+                "initial values and listed in one log line; a shape mismatch is still refused.");
 
   // metrics
   s.add_bool("metrics.prometheus.enabled", false).describe("Serve /metrics over HTTP.");

@@ -42,6 +42,12 @@ struct ModelInfo {
   /// states none with 3 x (the blocks' forward FLOPs + the loss's).
   double train_flops_per_token = 0;
 
+  /// Options that may differ between a checkpoint and the run resuming it:
+  /// choices that change neither which tensors the model has nor what they
+  /// mean (dropout, initialisation, an attention algorithm). Any other
+  /// changed `model.*` option is refused at a strict resume.
+  std::set<std::string> free_keys;
+
   bool uses(const std::string& kind) const { return layer_kinds.count(kind) > 0; }
   const SplitSize* size(const std::string& role) const {
     auto it = split_sizes.find(role);
@@ -50,7 +56,8 @@ struct ModelInfo {
   /// Adds `<key> = <by>: <what> = <value> (<size key>) is not divisible by it`
   /// when the model has a `role` size that `by` does not divide. Returns
   /// false when it added an error.
-  bool check_divides(const std::string& role, std::int64_t by, const std::string& key, ConfigErrors& errors) const;
+  bool check_divides(const std::string& role, std::int64_t by, const std::string& key,
+                     ConfigErrors& errors) const;
 };
 
 }  // namespace hp

@@ -232,6 +232,7 @@ void register_unet(ModelRegistry& r) {
     m.split_sizes["ffn"] = {4 * H, "model.hidden", "the FFN size (4 x model.hidden)"};
     m.split_sizes["blocks"] = {3 * c.get_int("model.layers") + 4, "model.layers", "the block count"};
     m.inputs = {"field"};
+    m.free_keys = {"model.init_std"};  // a resume overwrites every weight
     // Per grid point: forward as the blocks declare it, backward twice that.
     const ModelDescription desc = describe_unet(c);
     double forward = desc.loss_cost.flops_per_token;

@@ -240,6 +240,11 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.split_sizes["blocks"] = {d.layers + 2, "model.layers", "the block count"};
   m.split_sizes["layers"] = {d.layers, "model.layers", "the transformer block count"};
   m.inputs = {"tokens"};
+  // Free at a resume: regularisation, initialisation (a resume overwrites
+  // every weight) and the MoE loss weights and token-drop policy; none
+  // changes a tensor's shape or meaning.
+  m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
+                 "model.moe.capacity_factor"};
   m.train_flops_per_token = decoder_train_flops_per_token(d, attention);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {

@@ -1,10 +1,13 @@
 #include "framework/runtime/setup.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
+#include "backends/fault/fault.h"
 #include "framework/model/registry.h"
 #include "framework/plugin/feature.h"
+#include "framework/trainer/resume_check.h"
 #include "framework/util/strings.h"
 
 namespace hp {
@@ -21,7 +24,8 @@ void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
   const Config& c = s.config;
   if (!c.ok({"distributed.data_parallel_size"})) return;
   dist::MeshProblem problem;
-  if (!dist::resolve_mesh(plan, c.world_size(), static_cast<int>(c.get_int("distributed.data_parallel_size")), s.mesh,
+  if (!dist::resolve_mesh(plan, c.world_size(),
+                          static_cast<int>(c.get_int("distributed.data_parallel_size")), s.mesh,
                           problem)) {
     errors.add(problem.key, problem.value, problem.rule, problem.legal);
     return;
@@ -31,10 +35,11 @@ void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
     const auto m = c.get_int("training.micro_batch_size");
     const int dp = plan.replicas;
     if (g % (m * dp) != 0) {
-      errors.add("training.global_batch_size", std::to_string(g),
-                 "must be divisible by micro_batch_size x data-parallel size = " + std::to_string(m) + " x " +
-                     std::to_string(dp) + " = " + std::to_string(m * dp),
-                 "a multiple of " + std::to_string(m * dp));
+      errors.add(
+          "training.global_batch_size", std::to_string(g),
+          "must be divisible by micro_batch_size x data-parallel size = " + std::to_string(m) +
+              " x " + std::to_string(dp) + " = " + std::to_string(m * dp),
+          "a multiple of " + std::to_string(m * dp));
     }
     // Every replica evaluates the same number of whole micro-batches.
     if (c.ok({"training.eval_samples"})) {
@@ -106,14 +111,15 @@ Setup prepare(const RawConfig& raw, int world_size) {
       needs = lf.feature->required_features();
       conflicts = lf.feature->conflicting_features();
     } catch (const std::exception& e) {
-      errors.add(key, "true", "feature '" + lf.name + "' (" + lf.path +
-                                  ") failed to list its requirements: " + e.what());
+      errors.add(key, "true",
+                 "feature '" + lf.name + "' (" + lf.path +
+                     ") failed to list its requirements: " + e.what());
       continue;
     }
     for (const auto& need : needs) {
       if (std::find(enabled.begin(), enabled.end(), need) == enabled.end()) {
-        errors.add(key, "true", "feature '" + lf.name + "' needs feature '" + need +
-                                    "', which is not enabled",
+        errors.add(key, "true",
+                   "feature '" + lf.name + "' needs feature '" + need + "', which is not enabled",
                    "set features." + need + ".enabled: true, or disable " + lf.name);
       }
     }
@@ -122,7 +128,8 @@ Setup prepare(const RawConfig& raw, int world_size) {
       auto it = std::find(enabled.begin(), enabled.end(), other);
       if (it == enabled.end()) continue;
       // One line per pair, at the feature the config names first.
-      conflict_pairs.insert(it < me ? std::make_pair(other, lf.name) : std::make_pair(lf.name, other));
+      conflict_pairs.insert(it < me ? std::make_pair(other, lf.name)
+                                    : std::make_pair(lf.name, other));
     }
   }
   for (const auto& [first, second] : conflict_pairs) {
@@ -138,10 +145,12 @@ Setup prepare(const RawConfig& raw, int world_size) {
     try {
       lf.feature->plan_mesh(s.config, plan);
     } catch (const std::exception& e) {
-      errors.add("features." + lf.name, "", "the feature's mesh plan failed: " + std::string(e.what()));
+      errors.add("features." + lf.name, "",
+                 "the feature's mesh plan failed: " + std::string(e.what()));
     }
   }
-  for (const auto& c : plan.conflicts) errors.add("features", "", c, "enable one of them, or a feature the mesh serves");
+  for (const auto& c : plan.conflicts)
+    errors.add("features", "", c, "enable one of them, or a feature the mesh serves");
   if (plan.conflicts.empty()) check_mesh(s, plan, errors);
 
   ModelInfo model;
@@ -157,9 +166,22 @@ Setup prepare(const RawConfig& raw, int world_size) {
     try {
       lf.feature->validate(ctx, errors);
     } catch (const std::exception& e) {
-      errors.add("features." + lf.name, "", "the feature's validation failed: " + std::string(e.what()));
+      errors.add("features." + lf.name, "",
+                 "the feature's validation failed: " + std::string(e.what()));
     }
   }
+
+  // The fault points tests arm (HP_FAULT_INJECT): a misspelt one would
+  // silently never fire.
+  const std::string unknown = fault::unknown_points();
+  if (!unknown.empty()) {
+    errors.add(fault::kVariable, std::getenv(fault::kVariable),
+               "names an unknown fault point: " + unknown,
+               fault::legal_points() + "; several separated by commas");
+  }
+  // A resume is compared with the config its checkpoint stores; only a config
+  // valid otherwise is worth the look.
+  if (errors.empty()) check_resume_config(s.config, model, errors);
 
   errors.throw_if_any();
   return s;

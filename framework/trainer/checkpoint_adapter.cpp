@@ -3,16 +3,19 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "backends/dist/context.h"
 #include "checkpoint/checkpoint.h"
 #include "framework/config/config.h"
+#include "framework/logging/logging.h"
 
 namespace hp {
 
@@ -105,36 +108,139 @@ nlohmann::json run_state_json(const SavedState& state, const std::vector<std::st
   return s;
 }
 
-std::string model_config_hash(const Config& config) {
-  std::string model_yaml;
-  for (const auto& path : config.schema().paths_under("model.")) {
-    model_yaml += path + "=" + to_string(config.value(path)) + ";";
-  }
-  return std::to_string(std::hash<std::string>{}(model_yaml));
+std::string checkpoint_config_text(const Config& config) { return config.to_yaml(); }
+
+namespace {
+
+/// "a, b, c, d and 12 more"
+std::string some_names(const std::vector<std::string>& names, std::size_t shown = 4) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += " and " + std::to_string(names.size() - shown) + " more";
+  return out;
 }
 
+/// "3 model tensors (a, b, c)"
+std::string counted(const std::vector<std::string>& names, const char* what) {
+  return std::to_string(names.size()) + " " + what + " tensor" + (names.size() == 1 ? "" : "s") +
+         " (" + some_names(names) + ")";
+}
+
+/// Every rank's names, joined: the whole model and optimizer, whatever the
+/// partition of this rank.
+std::set<std::string> names_over_world(dist::DistributedContext& d,
+                                       const std::vector<std::string>& mine) {
+  std::string text;
+  for (const auto& n : mine) text += n + "\n";
+  auto& world = d.group("world");
+  std::vector<std::string> texts{text};
+  if (world.size() > 1) {
+    at::Tensor len = at::full({1}, static_cast<std::int64_t>(text.size()), at::kLong);
+    auto lens = world.all_gather_list(len);
+    std::int64_t longest = 1;
+    for (const auto& l : lens) longest = std::max(longest, l.item<std::int64_t>());
+    at::Tensor buf = at::zeros({longest}, at::kByte);
+    std::memcpy(buf.data_ptr(), text.data(), text.size());
+    auto all = world.all_gather_list(buf);
+    texts.clear();
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      texts.emplace_back(static_cast<const char*>(all[i].data_ptr()),
+                         static_cast<std::size_t>(lens[i].item<std::int64_t>()));
+    }
+  }
+  std::set<std::string> out;
+  for (const auto& t : texts) {
+    std::size_t b = 0;
+    for (std::size_t e = t.find('\n'); e != std::string::npos; b = e + 1, e = t.find('\n', b)) {
+      out.insert(t.substr(b, e - b));
+    }
+  }
+  return out;
+}
+
+bool in_optimizer_file(const ckpt::TensorRecord& r) {
+  return !r.shards.empty() && r.shards.front().file.rfind("optim", 0) == 0;
+}
+
+}  // namespace
+
 SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamEntry>& params,
-                           const std::vector<ParamEntry>& optimizer_state, const dist::DistributedContext& d) {
+                           const std::vector<ParamEntry>& optimizer_state,
+                           dist::DistributedContext& d, bool strict) {
   ckpt::CheckpointReader reader(step_dir);
-  auto restore = [&](const std::vector<ParamEntry>& entries, const char* what) {
+  // The whole run's names (a pipeline stage holds only its own blocks), so
+  // every rank reaches the same verdict.
+  std::vector<std::string> mine;
+  for (const auto& e : params) mine.push_back("m" + e.spec.name);
+  for (const auto& e : optimizer_state) mine.push_back("o" + e.spec.name);
+  std::set<std::string> model_names, optim_names;
+  for (const auto& n : names_over_world(d, mine))
+    (n[0] == 'm' ? model_names : optim_names).insert(n.substr(1));
+  // Imported weights carry no optimizer state: the optimizer starts fresh.
+  const bool any_optimizer = std::any_of(optim_names.begin(), optim_names.end(),
+                                         [&](const std::string& n) { return reader.has(n); });
+  std::vector<std::string> extra_model, extra_optim, missing_model, missing_optim;
+  for (const auto& [name, record] : reader.manifest().tensors) {
+    if (model_names.count(name) || optim_names.count(name)) continue;
+    (in_optimizer_file(record) ? extra_optim : extra_model).push_back(name);
+  }
+  for (const auto& n : model_names) {
+    if (!reader.has(n)) missing_model.push_back(n);
+  }
+  if (any_optimizer) {
+    for (const auto& n : optim_names) {
+      if (!reader.has(n)) missing_optim.push_back(n);
+    }
+  }
+  const std::string fix =
+      "; checkpoint.strict: false loads the tensors that match and skips the rest (fine-tuning)";
+  if (strict && !(extra_model.empty() && extra_optim.empty())) {
+    std::string what;
+    if (!extra_model.empty()) what = counted(extra_model, "model");
+    if (!extra_optim.empty())
+      what += (what.empty() ? "" : " and ") + counted(extra_optim, "optimizer");
+    throw ckpt::CheckpointError(
+        "checkpoint " + step_dir + " holds " + what +
+        " that this run does not have (was it written with another model or optimizer?)" + fix);
+  }
+  if (strict && !missing_model.empty()) {
+    throw ckpt::CheckpointError(
+        "checkpoint " + step_dir + " has no model tensor '" + missing_model.front() + "'" +
+        (missing_model.size() > 1 ? " (" + counted(missing_model, "model") + " missing)" : "") +
+        " (was it written with another model or optimizer?)" + fix);
+  }
+  if (strict && !missing_optim.empty()) {
+    throw ckpt::CheckpointError(
+        "checkpoint " + step_dir + " has no optimizer tensor '" + missing_optim.front() + "'" +
+        (missing_optim.size() > 1 ? " (" + counted(missing_optim, "optimizer") + " missing)" : "") +
+        " (was it written with another model or optimizer?)" + fix);
+  }
+  if (!strict && d.rank() == 0) {
+    std::vector<std::string> skipped = extra_model, kept = missing_model;
+    skipped.insert(skipped.end(), extra_optim.begin(), extra_optim.end());
+    kept.insert(kept.end(), missing_optim.begin(), missing_optim.end());
+    log::logger()->info(
+        "partial load from {} (checkpoint.strict: false): skipped {} checkpoint tensor{} this run "
+        "does not have{}; "
+        "{} tensor{} of this run not in the checkpoint keep their initial values{}",
+        step_dir, skipped.size(), skipped.size() == 1 ? "" : "s",
+        skipped.empty() ? "" : " (" + some_names(skipped) + ")", kept.size(),
+        kept.size() == 1 ? "" : "s", kept.empty() ? "" : " (" + some_names(kept) + ")");
+  }
+  auto restore = [&](const std::vector<ParamEntry>& entries) {
     for (const auto& e : entries) {
-      if (!reader.has(e.spec.name)) {
-        throw ckpt::CheckpointError("checkpoint " + step_dir + " has no " + what + " tensor '" + e.spec.name +
-                                    "' (was it written with another model or optimizer?)");
-      }
+      if (!reader.has(e.spec.name)) continue;  // partial: checked above
       reader.check(e.spec.name, e.spec.global_shape, e.tensor.scalar_type());
       at::Tensor local = reader.read(e.spec.name, e.spec.offsets(), e.spec.local_shape());
       c10::NoGradGuard no_grad;
       const_cast<at::Tensor&>(e.tensor).copy_(local);
     }
   };
-  restore(params, "model");
-  // Imported weights carry no optimizer state: the optimizer starts fresh.
-  const bool any_optimizer = std::any_of(optimizer_state.begin(), optimizer_state.end(),
-                                         [&](const ParamEntry& e) { return reader.has(e.spec.name); });
-  if (any_optimizer) restore(optimizer_state, "optimizer");
+  restore(params);
+  if (any_optimizer) restore(optimizer_state);
   const auto& s = reader.state();
   SavedState out;
+  out.config_text = reader.config_text();
   out.step = s.at("step").get<std::int64_t>();
   out.rng_hex = s.value("rng", std::string());
   // Same layout: this rank's own generator state; otherwise rank 0's.
@@ -144,7 +250,8 @@ SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamE
       rank < static_cast<int>(s.at("rng_by_rank").size())) {
     out.rng_hex = s.at("rng_by_rank").at(static_cast<std::size_t>(rank)).get<std::string>();
   }
-  if (s.contains("scheduler")) out.optimizer_steps = s.at("scheduler").at("optimizer_steps").get<std::int64_t>();
+  if (s.contains("scheduler"))
+    out.optimizer_steps = s.at("scheduler").at("optimizer_steps").get<std::int64_t>();
   if (s.contains("metrics")) {
     out.tokens_total = s.at("metrics").at("tokens_total").get<double>();
     out.samples_total = s.at("metrics").at("samples_total").get<double>();
@@ -159,6 +266,7 @@ CheckpointOptions CheckpointOptions::from(const Config& c) {
   o.interval = c.get_int("checkpoint.interval");
   o.resume = c.get_string("checkpoint.resume");
   o.keep = static_cast<int>(c.get_int("checkpoint.keep"));
+  o.strict = c.get_bool("checkpoint.strict");
   return o;
 }
 
@@ -183,8 +291,8 @@ class GatheredCheckpointIO : public CheckpointIO {
   GatheredCheckpointIO(CheckpointOptions o, const Config& config, dist::DistributedContext& dist)
       : o_(std::move(o)), config_(config), dist_(dist) {}
 
-  void save(std::int64_t step, const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state,
-            const SavedState& state) override {
+  void save(std::int64_t step, const std::vector<ParamEntry>& params,
+            const std::vector<ParamEntry>& optimizer_state, const SavedState& state) override {
     const int rank = dist_.rank();
     const auto& mesh = dist_.mesh();
     auto& world = dist_.group("world");
@@ -212,15 +320,16 @@ class GatheredCheckpointIO : public CheckpointIO {
     }
     world.barrier();
     if (rank == 0) {
-      ckpt::CheckpointWriter::commit(o_.root, step, run_state_json(state, rngs, config_, dist_), mesh.sizes(),
-                                     model_config_hash(config_), o_.keep, mesh.leaders());
+      ckpt::CheckpointWriter::commit(o_.root, step, run_state_json(state, rngs, config_, dist_),
+                                     mesh.sizes(), checkpoint_config_text(config_), o_.keep,
+                                     mesh.leaders());
     }
     world.barrier();
   }
 
   SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
                   const std::vector<ParamEntry>& optimizer_state) override {
-    return load_checkpoint(step_dir, params, optimizer_state, dist_);
+    return load_checkpoint(step_dir, params, optimizer_state, dist_, o_.strict);
   }
 
  private:
@@ -231,7 +340,8 @@ class GatheredCheckpointIO : public CheckpointIO {
 
 }  // namespace
 
-std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOptions& options, const Config& config,
+std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOptions& options,
+                                                          const Config& config,
                                                           dist::DistributedContext& dist) {
   return std::make_unique<GatheredCheckpointIO>(options, config, dist);
 }

@@ -23,10 +23,14 @@ class DistributedContext;
 }
 
 struct CheckpointOptions {
-  std::string root;         ///< checkpoint.dir, or <run.output_dir>/checkpoints
+  std::string root;  ///< checkpoint.dir, or <run.output_dir>/checkpoints
   std::int64_t interval = 0;
   std::string resume = "auto";
   int keep = 0;
+  /// checkpoint.strict: every checkpoint tensor must be one the run has,
+  /// and every one the run has must be in the checkpoint (as
+  /// load_state_dict(strict=True)); false loads what matches and lists the rest.
+  bool strict = true;
   static CheckpointOptions from(const Config& c);
   /// The step directory to resume from per `resume`, or "".
   std::string resume_dir() const;
@@ -37,6 +41,8 @@ struct SavedState {
   std::string rng_hex;  ///< CPU generator state; "" when the checkpoint has none (imported weights)
   std::int64_t optimizer_steps = 0;
   double tokens_total = 0, samples_total = 0;
+  /// The resolved config the checkpoint stores ("" when it stores none).
+  std::string config_text;
 };
 
 class CheckpointIO {
@@ -56,7 +62,8 @@ class CheckpointIO {
 };
 
 /// Gathered tensors written by each partition's leader rank.
-std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOptions& options, const Config& config,
+std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOptions& options,
+                                                          const Config& config,
                                                           dist::DistributedContext& dist);
 
 /// Gathers a (possibly split) tensor into its full global tensor: over each
@@ -74,15 +81,22 @@ std::vector<std::string> rng_states_by_rank(dist::DistributedContext& dist);
 /// and metrics counters.
 nlohmann::json run_state_json(const SavedState& state, const std::vector<std::string>& rngs_by_rank,
                               const Config& config, const dist::DistributedContext& dist);
-/// A hash of the model options, recorded in the manifest.
-std::string model_config_hash(const Config& config);
+/// The resolved config a checkpoint stores (its config.yaml; the manifest's
+/// config_hash is its xxh64).
+std::string checkpoint_config_text(const Config& config);
 /// Reads this rank's slice of every entry by its ShardSpec from `step_dir`
 /// (whatever layout wrote it: each read takes only the byte ranges it
-/// needs) and returns the run state. A checkpoint without any optimizer
-/// tensor (imported weights, `hp-ckpt import`) leaves the optimizer state
-/// as it is; one with some but not all is refused by tensor name.
+/// needs) and returns the run state. Collective over the world (the ranks
+/// exchange their tensor names, so every rank judges the whole model).
+/// `strict`: a checkpoint tensor the run does not have (model or optimizer)
+/// is refused naming it, and so is a run tensor the checkpoint lacks;
+/// otherwise those are skipped (left at their initial values) and rank 0
+/// logs them in one line. A shape or dtype mismatch is refused either way.
+/// A checkpoint without any optimizer tensor (imported weights, `hp-ckpt
+/// import`) leaves the optimizer state as it is.
 SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamEntry>& params,
-                           const std::vector<ParamEntry>& optimizer_state, const dist::DistributedContext& dist);
+                           const std::vector<ParamEntry>& optimizer_state,
+                           dist::DistributedContext& dist, bool strict = true);
 
 /// CPU generator state as hex text, and back.
 std::string rng_state_hex();

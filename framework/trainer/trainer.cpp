@@ -27,6 +27,8 @@
 #include "framework/trainer/grad_dump.h"
 #include "framework/trainer/options.h"
 #include "framework/trainer/profiling.h"
+#include "framework/trainer/resume_check.h"
+#include "framework/trainer/run_report.h"
 #include "framework/trainer/throughput.h"
 #include "framework/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
@@ -270,6 +272,11 @@ void TrainingRun::resume() {
   if (dir.empty()) return;
   const auto t0 = Clock::now();
   SavedState s = checkpoint_->load(dir, model_tensors(), optimizer_->state());
+  // The checkpoint's stored config against this run's (a changed model key
+  // was refused before start, unless free or the load is partial).
+  if (rank0()) {
+    for (const auto& line : resume_config_notes(s.config_text, setup_.config, dir)) log::logger()->info("{}", line);
+  }
   start_ = s.step;
   optimizer_->set_steps_taken(s.optimizer_steps);
   if (!s.rng_hex.empty()) set_rng_state_hex(s.rng_hex);
@@ -470,6 +477,7 @@ FitResult TrainingRun::fit() {
                         path);
     if (!missing.empty()) log::logger()->warn("profile: no trace from {} (left out of {})", missing, path);
   }
+  if (rank0() && setup_.config.get_bool("run.report")) write_run_report(run_.output_dir);
   return result;
 }
 

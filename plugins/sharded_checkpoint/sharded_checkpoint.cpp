@@ -13,17 +13,18 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "backends/dist/context.h"
 #include "backends/dist/group.h"
+#include "backends/fault/fault.h"
 #include "checkpoint/checkpoint.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
@@ -70,7 +71,8 @@ std::vector<std::string> all_gather_text(dist::Group& g, const std::string& text
   auto all = g.all_gather_list(mine);
   std::vector<std::string> out;
   for (std::size_t i = 0; i < all.size(); ++i) {
-    out.emplace_back(static_cast<const char*>(all[i].data_ptr()), static_cast<std::size_t>(lens[i].item<std::int64_t>()));
+    out.emplace_back(static_cast<const char*>(all[i].data_ptr()),
+                     static_cast<std::size_t>(lens[i].item<std::int64_t>()));
   }
   return out;
 }
@@ -83,7 +85,8 @@ struct Held {
 
 /// Waits until every rank's manifest part is in `staging` (a rank that
 /// failed leaves a failed-rank file instead, and its reason is thrown).
-void wait_for_parts(const std::string& staging, int world, std::chrono::milliseconds timeout, std::int64_t step) {
+void wait_for_parts(const std::string& staging, int world, std::chrono::milliseconds timeout,
+                    std::int64_t step) {
   const auto deadline = Clock::now() + timeout;
   for (int r = 0; r < world;) {
     const fs::path failed = fs::path(staging) / rank_name("failed-rank%05d.txt", r);
@@ -92,7 +95,8 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
       std::ifstream in(failed);
       std::string why;
       std::getline(in, why);
-      throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: " + why);
+      throw std::runtime_error("checkpoint step " + std::to_string(step) +
+                               " not committed: " + why);
     }
     if (fs::exists(fs::path(staging) / rank_name("shards-rank%05d.json", r), ec)) {
       ++r;
@@ -100,8 +104,9 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
     }
     if (Clock::now() > deadline) {
       throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: rank " +
-                               std::to_string(r) + " did not finish writing its part into " + staging + " within " +
-                               std::to_string(timeout.count() / 1000) + " s (is it alive? is the file system shared?)");
+                               std::to_string(r) + " did not finish writing its part into " +
+                               staging + " within " + std::to_string(timeout.count() / 1000) +
+                               " s (is it alive? is the file system shared?)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -117,7 +122,11 @@ class ShardedCheckpointIO : public CheckpointIO {
  public:
   ShardedCheckpointIO(CheckpointOptions o, const Config& config, dist::DistributedContext& dist,
                       std::shared_ptr<Shared> shared)
-      : o_(std::move(o)), config_(config), dist_(dist), async_(config.get_bool(kAsync)), shared_(std::move(shared)) {}
+      : o_(std::move(o)),
+        config_(config),
+        dist_(dist),
+        async_(config.get_bool(kAsync)),
+        shared_(std::move(shared)) {}
 
   ~ShardedCheckpointIO() override {
     try {
@@ -127,8 +136,8 @@ class ShardedCheckpointIO : public CheckpointIO {
     }
   }
 
-  void save(std::int64_t step, const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state,
-            const SavedState& state) override {
+  void save(std::int64_t step, const std::vector<ParamEntry>& params,
+            const std::vector<ParamEntry>& optimizer_state, const SavedState& state) override {
     shared_->job.wait();  // one save at a time; a failed one stops the run here
     const int rank = dist_.rank();
     auto& world = dist_.group("world");
@@ -148,14 +157,15 @@ class ShardedCheckpointIO : public CheckpointIO {
       t = async_ ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
       bytes += static_cast<std::uint64_t>(t.numel() * t.element_size());
       (h.optimizer ? optim : model)
-          ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.split_dim, e.spec.split_groups()});
+          ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.split_dim,
+                       e.spec.split_groups()});
     }
     nlohmann::json run_state;
     if (rank == 0) run_state = run_state_json(state, rngs, config_, dist_);
     const int world_size = world.size();
     const auto timeout = world.timeout();
     auto layout = dist_.mesh().sizes();
-    const std::string hash = model_config_hash(config_);
+    const std::string config_text = checkpoint_config_text(config_);
     auto shared = shared_;
     const auto root = o_.root;
     const int keep = o_.keep;
@@ -165,12 +175,11 @@ class ShardedCheckpointIO : public CheckpointIO {
       ckpt::CheckpointWriter w(root, step, rank);
       std::string file = "(none)";
       try {
-        const char* inject = std::getenv("HP_FAULT_INJECT");
-        if (inject != nullptr && std::string(inject) == "checkpoint:async_write_error" && async_) {
+        if (async_ && fault::armed("checkpoint.async_write")) {
           file = rank_name("model-rank%05d.safetensors", rank);
           const std::string tensor = model->empty() ? std::string("(none)") : model->front().name;
-          throw std::runtime_error("cannot write " + file + " (tensor '" + tensor +
-                                   "'): injected failure (HP_FAULT_INJECT=checkpoint:async_write_error)");
+          fault::hit("checkpoint.async_write",
+                     "cannot write " + file + " (tensor '" + tensor + "')");
         }
         if (!model->empty()) {
           file = rank_name("model-rank%05d.safetensors", rank);
@@ -183,10 +192,12 @@ class ShardedCheckpointIO : public CheckpointIO {
         file = rank_name("shards-rank%05d.json", rank);
         w.finish_rank();
       } catch (const std::exception& e) {
-        std::string why = "rank " + std::to_string(rank) + ": checkpoint step " + std::to_string(step) +
-                          ": writing " + file + " in " + w.staging_dir() + " failed: " + e.what();
+        std::string why = "rank " + std::to_string(rank) + ": checkpoint step " +
+                          std::to_string(step) + ": writing " + file + " in " + w.staging_dir() +
+                          " failed: " + e.what();
         why = why.substr(0, why.find('\n'));
-        std::ofstream(fs::path(w.staging_dir()) / rank_name("failed-rank%05d.txt", rank)) << why << "\n";
+        std::ofstream(fs::path(w.staging_dir()) / rank_name("failed-rank%05d.txt", rank))
+            << why << "\n";
         throw std::runtime_error(why);
       }
       if (shared->written_bytes) shared->written_bytes->set(static_cast<double>(bytes));
@@ -195,7 +206,8 @@ class ShardedCheckpointIO : public CheckpointIO {
       }
     };
     auto commit = [=] {
-      ckpt::CheckpointWriter::commit(root, step, run_state, layout, hash, keep, all_ranks(world_size));
+      ckpt::CheckpointWriter::commit(root, step, run_state, layout, config_text, keep,
+                                     all_ranks(world_size));
     };
 
     if (!async_) {
@@ -210,8 +222,9 @@ class ShardedCheckpointIO : public CheckpointIO {
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kWriterNice);
       write();
       if (rank != 0) return;
-      wait_for_parts((fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(), world_size,
-                     timeout, step);
+      wait_for_parts(
+          (fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(),
+          world_size, timeout, step);
       commit();
       log::logger()->info("checkpoint step {} committed in the background", step);
     });
@@ -220,7 +233,7 @@ class ShardedCheckpointIO : public CheckpointIO {
   SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,
                   const std::vector<ParamEntry>& optimizer_state) override {
     shared_->job.wait();
-    return load_checkpoint(step_dir, params, optimizer_state, dist_);
+    return load_checkpoint(step_dir, params, optimizer_state, dist_, o_.strict);
   }
 
   void flush() override { shared_->job.wait(); }
@@ -234,15 +247,16 @@ class ShardedCheckpointIO : public CheckpointIO {
 
   /// The slices this rank writes: the same every save (shapes do not change),
   /// so the lists are exchanged once, at the first save.
-  std::vector<Held> plan(const std::vector<ParamEntry>& params, const std::vector<ParamEntry>& optimizer_state) {
+  std::vector<Held> plan(const std::vector<ParamEntry>& params,
+                         const std::vector<ParamEntry>& optimizer_state) {
     std::vector<Held> held;
     std::vector<SliceDesc> desc;
     auto add = [&](const std::vector<ParamEntry>& entries, bool optimizer) {
       for (const auto& e : entries) {
         held.push_back({optimizer, &e});
         const auto bytes = static_cast<std::uint64_t>(e.tensor.numel() * e.tensor.element_size());
-        desc.push_back({std::string(optimizer ? "optim:" : "model:") + e.spec.name + "@" + box_text(e.spec.offsets()) +
-                            "/" + box_text(e.spec.local_shape()),
+        desc.push_back({std::string(optimizer ? "optim:" : "model:") + e.spec.name + "@" +
+                            box_text(e.spec.offsets()) + "/" + box_text(e.spec.local_shape()),
                         bytes});
       }
     };
@@ -253,13 +267,15 @@ class ShardedCheckpointIO : public CheckpointIO {
     // is refused on this rank rather than re-planned, since the other ranks
     // would not join a second exchange.
     if (planned_ && mine != planned_for_) {
-      throw std::runtime_error("rank " + std::to_string(dist_.rank()) +
-                               ": the parameters or optimizer state changed shape since the first sharded checkpoint "
-                               "of this run; the write plan cannot follow (please report)");
+      throw std::runtime_error(
+          "rank " + std::to_string(dist_.rank()) +
+          ": the parameters or optimizer state changed shape since the first sharded checkpoint "
+          "of this run; the write plan cannot follow (please report)");
     }
     if (!planned_) {
       std::vector<std::vector<SliceDesc>> by_rank;
-      for (const auto& text : all_gather_text(dist_.group("world"), mine)) by_rank.push_back(decode_slices(text));
+      for (const auto& text : all_gather_text(dist_.group("world"), mine))
+        by_rank.push_back(decode_slices(text));
       const auto plan = plan_writers(by_rank);
       plan_ = plan[static_cast<std::size_t>(dist_.rank())];
       planned_for_ = mine;
@@ -268,7 +284,8 @@ class ShardedCheckpointIO : public CheckpointIO {
       if (dist_.rank() == 0) {
         std::string per_rank;
         for (std::size_t r = 0; r < bytes.size(); ++r) {
-          per_rank += (r ? ", " : "") + std::to_string(r) + ": " + std::to_string(bytes[r] / 1024) + " KiB";
+          per_rank +=
+              (r ? ", " : "") + std::to_string(r) + ": " + std::to_string(bytes[r] / 1024) + " KiB";
         }
         log::logger()->info("sharded checkpoint: bytes written per rank {}{}", per_rank,
                             async_ ? " (in the background)" : "");
@@ -293,23 +310,28 @@ class ShardedCheckpointFeature : public Feature {
  public:
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_bool(prefix + "async", false)
-        .describe("Write checkpoints in the background: the slices are copied in memory at the step boundary and "
-                  "written while training goes on; the next save and the end of the run wait for it, and `latest` "
-                  "moves only after the commit. A failed background write stops the run at the next step.");
+        .describe(
+            "Write checkpoints in the background: the slices are copied in memory at the step "
+            "boundary and "
+            "written while training goes on; the next save and the end of the run wait for it, and "
+            "`latest` "
+            "moves only after the commit. A failed background write stops the run at the next "
+            "step.");
   }
 
   void install(FeatureRuntime& rt) override {
     auto shared = std::make_shared<Shared>();
     if (rt.has_metrics()) {
-      shared->write_seconds = &rt.metrics().gauge("hp_checkpoint_write_seconds",
-                                                  "Seconds this rank spent writing its slices of the last checkpoint.");
-      shared->written_bytes =
-          &rt.metrics().gauge("hp_checkpoint_written_bytes", "Bytes this rank wrote for the last checkpoint.");
+      shared->write_seconds =
+          &rt.metrics().gauge("hp_checkpoint_write_seconds",
+                              "Seconds this rank spent writing its slices of the last checkpoint.");
+      shared->written_bytes = &rt.metrics().gauge("hp_checkpoint_written_bytes",
+                                                  "Bytes this rank wrote for the last checkpoint.");
     }
-    rt.set_checkpoint_io("sharded_checkpoint",
-                         [shared](const CheckpointOptions& o, const Config& c, dist::DistributedContext& d) {
-                           return std::make_unique<ShardedCheckpointIO>(o, c, d, shared);
-                         });
+    rt.set_checkpoint_io("sharded_checkpoint", [shared](const CheckpointOptions& o, const Config& c,
+                                                        dist::DistributedContext& d) {
+      return std::make_unique<ShardedCheckpointIO>(o, c, d, shared);
+    });
     // A background write that failed stops the run at the next step boundary.
     rt.add_hook(StepEvent::kStepEnd, "sharded_checkpoint", [shared](StepContext&) {
       const std::string why = shared->job.failure();

@@ -83,7 +83,7 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
     writers.push_back(r);
   }
   ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), mesh.sizes(),
-                                 reader.config_hash(), 0, writers);
+                                 reader.config_text(), 0, writers);
   std::printf(
       "converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
       "ranks into %s\n",

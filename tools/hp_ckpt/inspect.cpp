@@ -69,6 +69,7 @@ int run_inspect(const std::string& dir, bool as_json) {
                 {"layout", m.layout},
                 {"config_hash", m.config_hash},
                 {"state_xxh64", m.state_xxh64},
+                {"config_file", m.config_file},
                 {"tensors", tensors},
                 {"totals",
                  {{"tensors", m.tensors.size()},
@@ -85,7 +86,9 @@ int run_inspect(const std::string& dir, bool as_json) {
   std::printf("step         %lld (format version %d)\n", static_cast<long long>(m.step),
               m.format_version);
   std::printf("layout       %s\n", format_layout(m.layout).c_str());
-  std::printf("config hash  %s\n", m.config_hash.empty() ? "(none)" : m.config_hash.c_str());
+  std::printf("config       %s\n", !m.config_file.empty()
+                                       ? (m.config_file + ", xxh64 " + m.config_hash).c_str()
+                                       : "not stored (written before configs were)");
   std::printf("state.json   %s\n", m.state_xxh64.empty()
                                        ? "no checksum in the manifest (written before they were)"
                                        : ("xxh64 " + m.state_xxh64).c_str());

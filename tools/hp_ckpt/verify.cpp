@@ -164,6 +164,26 @@ void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& check
   }
 }
 
+/// config.yaml against the manifest's config_hash, when the manifest lists it.
+void verify_config(const fs::path& step_dir, const ckpt::Manifest& m) {
+  if (m.config_file.empty()) return;
+  const std::string path = (step_dir / m.config_file).string();
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    throw Bad(path + ": cannot open (" + std::strerror(errno) + ")");
+  }
+  std::string text;
+  char buf[65536];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  const auto got = ckpt::xxh64_hex(text);
+  if (got != m.config_hash) {
+    throw Bad(path + ": checksum mismatch (manifest config_hash " + m.config_hash + ", file " +
+              got + "): the stored config was changed or damaged");
+  }
+}
+
 }  // namespace
 
 int run_verify(const std::string& dir) {
@@ -187,12 +207,14 @@ int run_verify(const std::string& dir) {
     for (const auto& [file, shards] : by_file) verify_file(root, file, shards, counts);
     bool checksummed = false;
     verify_state(root, m, checksummed);
+    verify_config(root, m);
     std::printf(
         "OK %s: step %lld, %zu tensors tile, %zu shards in %zu files (%llu bytes) match "
-        "their checksums, state.json %s\n",
+        "their checksums, state.json %s%s\n",
         step_dir.c_str(), static_cast<long long>(m.step), counts.tensors, counts.shards,
         counts.files, static_cast<unsigned long long>(counts.bytes),
-        checksummed ? "matches its checksum" : "has no checksum in this older manifest");
+        checksummed ? "matches its checksum" : "has no checksum in this older manifest",
+        m.config_file.empty() ? "" : ", config.yaml matches its checksum");
     return 0;
   } catch (const Bad& e) {
     std::fprintf(stderr, "hp-ckpt verify: FAILED: %s\n", one_line(e.what()).c_str());

@@ -1,18 +1,17 @@
 // hp-train: validates a config, then trains on this process (under a
 // launcher) or launches N processes of itself (--nproc N).
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include "backends/dist/env.h"
+#include "backends/fault/fault.h"
 #include "framework/config/config.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
 #include "tools/hp_launch/launcher.h"
-#include "tools/hp_report/report.h"
 
 namespace {
 
@@ -29,19 +28,6 @@ void print_features(const hp::Setup& s) {
   for (const auto& f : s.features) std::cout << "  " << f.name << " <- " << f.path << "\n";
 }
 
-/// run.report: the page of the finished run; a failure to write it is
-/// reported, not fatal (the training itself succeeded).
-void write_report(const std::string& run_dir) {
-  try {
-    std::string warning;
-    const std::string written = hp::report::write_report_file(run_dir, "", &warning);
-    if (!warning.empty()) std::fprintf(stderr, "hp-train: report: %s\n", warning.c_str());
-    std::printf("hp-train: report written to %s\n", written.c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hp-train: run.report: the report page was not written: %s\n", e.what());
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,7 +35,7 @@ int main(int argc, char** argv) {
   std::string config_file;
   int nproc = 0;
   std::vector<std::string> overrides;
-  bool dry_run = false, print_config = false, options_markdown = false;
+  bool dry_run = false, print_config = false, options_markdown = false, fault_points = false;
   app.add_option("config", config_file, "YAML config file");
   app.add_option("--nproc", nproc, "Launch this many local processes (through hp-launch)")
       ->check(CLI::Range(1, 4096));
@@ -59,11 +45,21 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("--options-markdown", options_markdown,
                "Print the option table (core + features named in the config) as Markdown");
+  app.add_flag(
+      "--fault-points", fault_points,
+      "Print the fault points HP_FAULT_INJECT may name (for tests), with their actions, and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : hp::kConfigErrorExitCode;
+  }
+
+  if (fault_points) {
+    for (const auto& p : hp::fault::points()) {
+      std::printf("%-26s %-5s %s\n", p.name, hp::fault::action_name(p.action), p.where);
+    }
+    return 0;
   }
 
   hp::dist::DistEnv env;
@@ -124,8 +120,7 @@ int main(int argc, char** argv) {
 
   try {
     hp::Trainer trainer = hp::Trainer::from_file(config_file, overrides);
-    trainer.fit();
-    if (env.rank == 0 && setup.config.get_bool("run.report")) write_report(setup.config.get_string("run.output_dir"));
+    trainer.fit();  // writes run.report's page itself
     return 0;
   } catch (const hp::ConfigException& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -27,7 +27,7 @@ run zs_to_plain 2 --set features.zero.enabled=true --set checkpoint.resume="$WOR
 "$BIN/hp-compare" "$WORK/zs" "$WORK/zs_to_plain" --from-step 31 --exact --phase resume || fail "sharded -> gathered"
 
 echo "== a background write that fails stops the run"
-HP_FAULT_INJECT=checkpoint:async_write_error "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${steps[@]}" "${sharded[@]}" \
+HP_FAULT_INJECT=checkpoint.async_write "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${steps[@]}" "${sharded[@]}" \
   --set features.sharded_checkpoint.async=true --set checkpoint.interval=20 --set run.output_dir="$WORK/bad" \
   > "$WORK/bad.log" 2>&1 && fail "the run succeeded although its checkpoint write failed"
 grep -E "rank [01]: checkpoint step 20: writing model-rank0000[01].safetensors .* failed: cannot write model-rank0000[01].safetensors \(tensor '[a-z0-9_.]+'\): injected" "$WORK/bad.log" \

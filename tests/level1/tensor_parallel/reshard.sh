@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A checkpoint written at tp=2 loads at tp=1 and at tp=4 and continues with
-# the same losses as the uninterrupted tp=2 run (within 1e-4).
+# the same losses as the uninterrupted tp=2 run (within 1e-4); at tp=2
+# again, bitwise.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -16,6 +17,11 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "tp=1 did not resume"
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 4 $(tp 4) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/tp4" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "tp=4 resume"; }
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(tp 2) --set training.max_steps=40 --set checkpoint.resume="$ck" \
+  --set run.output_dir="$WORK/tp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "tp=2 resume"; }
+echo "== tp2 resumed from its own checkpoint (same layout)"
+"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2again" --from-step 21 --exact --phase resume || fail "tp2 resume not bitwise"
 for r in tp1 tp4; do
   echo "== $r resumed from the tp=2 checkpoint"
   "$BIN/hp-compare" "$WORK/tp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"

@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
 # A zero dp=2 checkpoint (sharded optimizer state, saved by global name)
-# resumes at dp=1 without zero and at dp=4 with it, continuing within 1e-4
-# of the uninterrupted run; and a plain dp=2 checkpoint resumes under zero.
+# resumes at dp=2 with zero bitwise, and at dp=1 without zero and at dp=4
+# with it within 1e-4 of the uninterrupted run; a plain dp=2 checkpoint
+# resumes under zero at dp=2 bitwise. 20 steps, checkpoint at 10.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 zero=(--set features.zero.enabled=true)
-steps=(--set training.max_steps=40)
-"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${zero[@]}" "${steps[@]}" --set checkpoint.interval=20 \
-  --set run.output_dir="$WORK/z2" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "zero dp=2 run"; }
-ck="$WORK/z2/checkpoints/step_00000020"
-[[ -d "$ck" ]] || fail "no step-20 checkpoint"
-"$BIN/hp-train" "$WORK/c.yaml" "${steps[@]}" --set checkpoint.resume="$ck" --set run.output_dir="$WORK/d1" \
-  > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "dp=1 resume"; }
-grep -q "resumed from .* at step 20" "$WORK/log" || fail "dp=1 did not resume"
-"$BIN/hp-train" "$WORK/c.yaml" --nproc 4 "${zero[@]}" "${steps[@]}" --set checkpoint.resume="$ck" \
-  --set run.output_dir="$WORK/z4" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "zero dp=4 resume"; }
+run() {  # run NAME NPROC ARGS...: a 20-step run into $WORK/NAME
+  local name=$1 n=$2; shift 2
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" --set training.max_steps=20 "$@" --set run.output_dir="$WORK/$name" \
+    > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "run $name"; }
+}
+run z2 2 "${zero[@]}" --set checkpoint.interval=10
+ck="$WORK/z2/checkpoints/step_00000010"
+[[ -d "$ck" ]] || fail "no step-10 checkpoint"
+run z2again 2 "${zero[@]}" --set checkpoint.resume="$ck"
+run d1 1 --set checkpoint.resume="$ck"
+grep -q "resumed from .* at step 10" "$WORK/d1.log" || fail "dp=1 did not resume"
+run z4 4 "${zero[@]}" --set checkpoint.resume="$ck"
+echo "== zero dp=2 resumed at zero dp=2 (same layout)"
+"$BIN/hp-compare" "$WORK/z2" "$WORK/z2again" --from-step 11 --exact --phase resume || fail "zero -> zero not bitwise"
 for r in d1 z4; do
   echo "== $r resumed from the zero dp=2 checkpoint"
-  "$BIN/hp-compare" "$WORK/z2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
+  "$BIN/hp-compare" "$WORK/z2" "$WORK/$r" --from-step 11 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
 done
-echo "== zero dp=2 resumed from a plain dp=2 checkpoint"
-"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${steps[@]}" --set checkpoint.interval=20 --set run.output_dir="$WORK/p2" \
-  > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "plain dp=2 run"; }
-"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${zero[@]}" "${steps[@]}" \
-  --set checkpoint.resume="$WORK/p2/checkpoints/step_00000020" --set run.output_dir="$WORK/pz" \
-  > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "zero resume of a plain checkpoint"; }
-"$BIN/hp-compare" "$WORK/p2" "$WORK/pz" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "pz"
+echo "== zero dp=2 resumed from a plain dp=2 checkpoint (same layout)"
+run p2 2 --set checkpoint.interval=10
+run pz 2 "${zero[@]}" --set checkpoint.resume="$WORK/p2/checkpoints/step_00000010"
+"$BIN/hp-compare" "$WORK/p2" "$WORK/pz" --from-step 11 --exact --phase resume || fail "plain -> zero not bitwise"
 echo PASS

@@ -1,5 +1,7 @@
-// A save killed by SIGKILL at each stage of writing (HP_FAULT_INJECT) leaves
-// the previous checkpoint and `latest` intact, and the next save succeeds.
+// A save killed by SIGKILL at each stage of writing (HP_FAULT_INJECT's
+// checkpoint.* kill points) leaves the previous checkpoint and `latest`
+// intact, and the next save succeeds. And the fault module itself: named
+// points only, each with its action.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -8,6 +10,7 @@
 #include <csignal>
 #include <nlohmann/json.hpp>
 
+#include "backends/fault/fault.h"
 #include "checkpoint/checkpoint.h"
 #include "tests/ut/checkpoint/test_util.h"
 
@@ -44,7 +47,8 @@ TEST_P(KilledWhileSaving, PreviousCheckpointSurvives) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    ::setenv("HP_FAULT_INJECT", ("checkpoint:" + stage).c_str(), 1);
+    // Another point armed too: only this one is reached first.
+    ::setenv("HP_FAULT_INJECT", ("checkpoint." + stage + ",checkpoint.async_write").c_str(), 1);
     try {
       save_step_two(dir.path(), w2, b2);
     } catch (...) {
@@ -95,12 +99,53 @@ INSTANTIATE_TEST_SUITE_P(Stages, KilledWhileSaving,
                          ::testing::Values("after_files", "before_rename", "before_latest"),
                          [](const auto& info) { return info.param; });
 
-TEST(FaultInjection, OtherValuesDoNothing) {
+TEST(FaultInjection, UnknownPointsAreRefusedWithTheLegalList) {
+  ::setenv("HP_FAULT_INJECT", "checkpoint:after_files, checkpoint.before_latest,nope", 1);
+  EXPECT_EQ(fault::unknown_points(), "checkpoint:after_files, nope");
+  try {
+    fault::check_environment();
+    ADD_FAILURE() << "an unknown point was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(
+        msg.find("unknown fault point checkpoint:after_files, nope (legal: checkpoint.after_files, "
+                 "checkpoint.before_rename, checkpoint.before_latest, checkpoint.async_write"),
+        std::string::npos)
+        << msg;
+  }
+  // An unknown name arms nothing: the save goes through.
+  ::setenv("HP_FAULT_INJECT", "checkpoint:after_files,nope", 1);
   TempDir dir;
-  ::setenv("HP_FAULT_INJECT", "plugin:after_files", 1);
   save_whole(dir.path(), 1, {{"w", torch::ones({2})}}, {});
-  ::unsetenv("HP_FAULT_INJECT");
   EXPECT_EQ(CheckpointReader::latest(dir.path()), dir / "step_00000001");
+  ::setenv("HP_FAULT_INJECT", " checkpoint.before_latest ", 1);
+  EXPECT_NO_THROW(fault::check_environment());
+  EXPECT_TRUE(fault::armed("checkpoint.before_latest"));
+  EXPECT_FALSE(fault::armed("checkpoint.after_files"));
+  ::unsetenv("HP_FAULT_INJECT");
+  EXPECT_FALSE(fault::armed("checkpoint.before_latest"));
+  EXPECT_NO_THROW(fault::check_environment());
+}
+
+TEST(FaultInjection, ThrowPointsThrowWhatFailedAndEveryPointIsInTheTable) {
+  ::setenv("HP_FAULT_INJECT", "checkpoint.async_write", 1);
+  try {
+    fault::hit("checkpoint.async_write", "cannot write f (tensor 't')");
+    ADD_FAILURE() << "an armed throw point did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "cannot write f (tensor 't'): injected failure (HP_FAULT_INJECT=checkpoint.async_write)");
+  }
+  ::unsetenv("HP_FAULT_INJECT");
+  EXPECT_NO_THROW(fault::hit("checkpoint.async_write", "x"));
+  // A hit() without its table line is a programming error, caught at once.
+  EXPECT_THROW(fault::hit("checkpoint.not_in_the_table"), std::logic_error);
+  for (const auto& p : fault::points()) {
+    EXPECT_NE(std::string(p.where), "") << p.name;
+    EXPECT_TRUE(std::string(fault::action_name(p.action)) == "kill" ||
+                std::string(fault::action_name(p.action)) == "throw");
+  }
 }
 
 }  // namespace hp::ckpt::test

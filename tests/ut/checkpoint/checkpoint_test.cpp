@@ -17,7 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-
 #define EXPECT_HAS(text, part)                               \
   EXPECT_NE(std::string(text).find(part), std::string::npos) \
       << "missing \"" << (part) << "\" in: " << (text)
@@ -50,7 +49,8 @@ TEST(Checkpoint, WholeTensorsRoundTripBitwise) {
   }
   w.write_file("model-rank00000.safetensors", shards);
   w.finish_rank();
-  CheckpointWriter::commit(dir.path(), 100, state, {{"pp", 1}, {"dp", 1}, {"tp", 1}}, "cfg-77");
+  const std::string config = "model: {layers: 77}\n";
+  CheckpointWriter::commit(dir.path(), 100, state, {{"pp", 1}, {"dp", 1}, {"tp", 1}}, config);
 
   EXPECT_EQ(read_bytes(dir / "latest"), "step_00000100\n");
   EXPECT_FALSE(fs::exists(dir / "step_00000100.tmp"));
@@ -60,7 +60,8 @@ TEST(Checkpoint, WholeTensorsRoundTripBitwise) {
   EXPECT_EQ(r.step(), 100);
   EXPECT_EQ(r.state(), state);
   EXPECT_EQ(r.layout(), (Layout{{"pp", 1}, {"dp", 1}, {"tp", 1}}));
-  EXPECT_EQ(r.config_hash(), "cfg-77");
+  EXPECT_EQ(r.config_hash(), xxh64_hex(config));
+  EXPECT_EQ(r.config_text(), config);
   EXPECT_EQ(r.tensor_names().size(), tensors.size());
   for (const auto& [name, t] : tensors) {
     ASSERT_TRUE(r.has(name)) << name;
@@ -78,7 +79,9 @@ TEST(Checkpoint, WholeTensorsRoundTripBitwise) {
   const json m = json::parse(read_bytes(step_dir(dir, 100) + "/manifest.json"));
   EXPECT_EQ(m["format_version"], 1);
   EXPECT_EQ(m["step"], 100);
-  EXPECT_EQ(m["config_hash"], "cfg-77");
+  EXPECT_EQ(m["config_hash"], xxh64_hex(config));
+  EXPECT_EQ(m["config_file"], "config.yaml");
+  EXPECT_EQ(read_bytes(step_dir(dir, 100) + "/config.yaml"), config);
   const auto& s = m["tensors"]["embed.weight"]["shards"][0];
   EXPECT_EQ(s["file"], "model-rank00000.safetensors");
   EXPECT_EQ(s["offsets"], json({0, 0}));
@@ -243,11 +246,45 @@ TEST(Checkpoint, EditedOrDamagedStateIsRefusedInOneLine) {
   write_bytes(step + "/manifest.json", m.dump());
   write_bytes(file, edited);
   msg = error_of([&] { CheckpointReader r(step); });
-  EXPECT_HAS(msg, "bad state file " + file + ": it says step 3 but the manifest says step 30; resume from another step");
+  EXPECT_HAS(msg, "bad state file " + file +
+                      ": it says step 3 but the manifest says step 30; resume from another step");
   write_bytes(file, good.substr(0, good.size() / 2));
   msg = error_of([&] { CheckpointReader r(step); });
   EXPECT_HAS(msg, "bad state file " + file + ": not valid JSON");
   EXPECT_LT(msg.size(), 400u) << "the parser's quote of kilobytes of RNG state is cut";
+}
+
+// The stored config is protected like the run state: an edited config.yaml
+// is refused in one line; a manifest written before configs were stored
+// (no config_file) reads with no config.
+TEST(Checkpoint, StoredConfigIsChecksummedAndOptional) {
+  TempDir dir;
+  save_whole(dir.path(), 4, {{"w", sample({4}, at::kFloat)}}, {{"step", 4}});
+  const auto step = CheckpointReader::latest(dir.path());
+  EXPECT_EQ(CheckpointReader(step).config_text(), "hash-1");
+  write_bytes(step + "/config.yaml", "hash-2");
+  const auto msg = error_of([&] { CheckpointReader r(step); });
+  EXPECT_HAS(msg, "bad config file " + step + "/config.yaml: its checksum is " +
+                      xxh64_hex("hash-2") + " but the manifest's config_hash is " +
+                      xxh64_hex("hash-1"));
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  json m = json::parse(read_bytes(step + "/manifest.json"));
+  m.erase("config_file");
+  m["config_hash"] = "12345678901234567890";  // what std::hash of the model keys used to give
+  write_bytes(step + "/manifest.json", m.dump());
+  const CheckpointReader old(step);
+  EXPECT_EQ(old.config_text(), "");
+  EXPECT_EQ(old.config_hash(), "12345678901234567890");
+  // A commit without a config writes none.
+  CheckpointWriter::prepare(dir.path(), 5);
+  CheckpointWriter w(dir.path(), 5, 0);
+  w.write_file("model-rank00000.safetensors", {{"w", sample({4}, at::kFloat), {4}, {0}}});
+  w.finish_rank();
+  CheckpointWriter::commit(dir.path(), 5, {{"step", 5}}, {{"dp", 1}}, "");
+  EXPECT_FALSE(fs::exists(step_dir(dir, 5) + "/config.yaml"));
+  EXPECT_FALSE(
+      json::parse(read_bytes(step_dir(dir, 5) + "/manifest.json")).contains("config_file"));
+  EXPECT_EQ(CheckpointReader(step_dir(dir, 5)).config_text(), "");
 }
 
 TEST(Checkpoint, TruncatedShardFile) {
@@ -430,14 +467,18 @@ TEST(Checkpoint, CommitChecksTheNamedWriters) {
   CheckpointWriter w0(dir.path(), 1, 0);
   w0.write_file(rank_file(0), {{"embed.w", a, {4, 2}, {0, 0}}});
   w0.finish_rank();
-  EXPECT_HAS(error_of([&] { CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2}); }),
+  EXPECT_HAS(error_of([&] {
+               CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2});
+             }),
              "shards-rank00002.json is missing");
   CheckpointWriter w1(dir.path(), 1, 1);
   w1.finish_rank();
   CheckpointWriter w2(dir.path(), 1, 2);
   w2.write_file(rank_file(2), {{"head.b", b, {3}, {0}}});
   w2.finish_rank();
-  EXPECT_HAS(error_of([&] { CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2}); }),
+  EXPECT_HAS(error_of([&] {
+               CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2});
+             }),
              "comes from rank 1, which is not one of the writers");
   fs::remove(fs::path(dir / "step_00000001.tmp") / "shards-rank00001.json");
   CheckpointWriter::commit(dir.path(), 1, {}, {}, "", 0, {0, 2});

@@ -19,6 +19,9 @@ namespace {
 
 using nlohmann::json;
 
+/// The resolved config the checkpoint stores (config.yaml).
+const std::string kConfig = "model: {layers: 2}\n";
+
 struct ToolRun {
   int code = -1;
   std::string out;
@@ -90,7 +93,7 @@ struct Sharded {
       writer.finish_rank();
     }
     CheckpointWriter::commit(root, 30, state, {{"pp", 1}, {"dp", 2}, {"tp", 2}, {"ep", 1}},
-                             "cfg-42");
+                             kConfig);
   }
   std::string step_dir() const { return dir / "step_00000030"; }
   std::string file(const std::string& name) const { return step_dir() + "/" + name; }
@@ -130,7 +133,8 @@ TEST(HpCkptInspect, TextNamesStepLayoutAndEveryTensorsSplit) {
   EXPECT_NE(r.out.find("checkpoint   " + ckpt.step_dir()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step         30 (format version 1)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("layout       dp=2 ep=1 pp=1 tp=2"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("config hash  cfg-42"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("config       config.yaml, xxh64 " + xxh64_hex(kConfig)), std::string::npos)
+      << r.out;
   EXPECT_NE(
       r.out.find(
           "tensor              kind       global shape  dtype  bytes  split             shards"),
@@ -170,7 +174,8 @@ TEST(HpCkptInspect, JsonIsMachineReadable) {
   const json j = json::parse(r.out);
   EXPECT_EQ(j["step"], 30);
   EXPECT_EQ(j["layout"], json({{"dp", 2}, {"ep", 1}, {"pp", 1}, {"tp", 2}}));
-  EXPECT_EQ(j["config_hash"], "cfg-42");
+  EXPECT_EQ(j["config_hash"], xxh64_hex(kConfig));
+  EXPECT_EQ(j["config_file"], "config.yaml");
   EXPECT_EQ(j["totals"], json({{"tensors", 5},
                                {"model_tensors", 3},
                                {"optimizer_tensors", 2},
@@ -194,9 +199,10 @@ TEST(HpCkptVerify, GoodDirectoryIsOneOkLine) {
   Sharded ckpt;
   const ToolRun r = hp_ckpt({"verify", ckpt.dir.path()});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "OK " + ckpt.step_dir() +
-                       ": step 30, 5 tensors tile, 10 shards in 8 files (400 bytes) match their "
-                       "checksums, state.json matches its checksum\n");
+  EXPECT_EQ(r.out,
+            "OK " + ckpt.step_dir() +
+                ": step 30, 5 tensors tile, 10 shards in 8 files (400 bytes) match their "
+                "checksums, state.json matches its checksum, config.yaml matches its checksum\n");
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
@@ -305,7 +311,8 @@ TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
   const CheckpointReader reader(CheckpointReader::latest(out.path()));
   EXPECT_EQ(reader.step(), 30);
   EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 2}, {"tp", 4}, {"ep", 1}}));
-  EXPECT_EQ(reader.config_hash(), "cfg-42");
+  EXPECT_EQ(reader.config_hash(), xxh64_hex(kConfig));
+  EXPECT_EQ(reader.config_text(), kConfig);
   EXPECT_EQ(reader.state(), ckpt.state);
   for (const auto& [name, full] : ckpt.all()) {
     EXPECT_TRUE(bitwise_equal(reader.read_full(name), full)) << name;
@@ -382,7 +389,9 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
     EXPECT_EQ(r.code, 2) << (args.empty() ? "" : args[0]) << ": " << r.err;
     EXPECT_FALSE(r.err.empty());
   }
-  EXPECT_NE(hp_ckpt(cases[4]).err.find("ep 3 does not divide dp 2: expert parallel is carved out of data parallel, so ep must divide dp"), std::string::npos)
+  EXPECT_NE(hp_ckpt(cases[4]).err.find("ep 3 does not divide dp 2: expert parallel is carved out "
+                                       "of data parallel, so ep must divide dp"),
+            std::string::npos)
       << hp_ckpt(cases[4]).err;
   EXPECT_NE(hp_ckpt(cases[6]).err.find("--per-rank with --pp 2: pipeline stages hold blocks"),
             std::string::npos);
@@ -423,7 +432,7 @@ TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {
   const json config = json::parse(read_bytes(out / "full/config.json"));
   EXPECT_EQ(config["step"], 30);
   EXPECT_EQ(config["state_step"], 30);
-  EXPECT_EQ(config["config_hash"], "cfg-42");
+  EXPECT_EQ(config["config_hash"], xxh64_hex(kConfig));
   EXPECT_EQ(config["layout"]["tp"], 2);
   // A second consolidate into the same, non-empty, directory is refused.
   EXPECT_EQ(hp_ckpt({"convert", ckpt.dir.path(), "--to", out / "full", "--consolidate"}).code, 2);

@@ -1,0 +1,60 @@
+#pragma once
+// A resume compared with the checkpoint it resumes: the resolved config the
+// checkpoint stores (config.yaml) against the run's own, key by key.
+//
+//   model.*                  a changed key is refused before any process
+//                            starts, naming each key with both values, unless
+//                            the model declares it free to change
+//                            (ModelInfo::free_keys) or the load is partial
+//                            (checkpoint.strict: false);
+//   training.*, optimizer.*  a changed key is logged, one line.
+//
+// A checkpoint without a stored config (written before configs were stored,
+// or imported) is not compared; one log line says so. Free of LibTorch.
+#include <set>
+#include <string>
+#include <vector>
+
+namespace hp {
+
+class Config;
+class ConfigErrors;
+struct ModelInfo;
+
+struct KeyChange {
+  std::string key;
+  std::string before;  ///< the checkpoint's value, "(not recorded)" when its config lacks the key
+  std::string after;   ///< this run's value, "(not an option here)" when this build lacks it
+};
+
+struct ConfigDiff {
+  std::vector<KeyChange> model;  ///< model.* keys changed that are not free
+  std::vector<KeyChange>
+      model_free;  ///< model.* keys changed that the model declares free, or on one side only
+  std::vector<KeyChange> training;  ///< training.* and optimizer.* keys changed
+};
+
+/// Compares the model.*, training.* and optimizer.* keys of `stored_yaml`
+/// (a checkpoint's config.yaml) with `current`'s. Throws ConfigException
+/// when `stored_yaml` is not YAML.
+ConfigDiff diff_configs(const std::string& stored_yaml, const Config& current,
+                        const std::set<std::string>& free_keys);
+
+/// "model.layers 4 -> 2, model.hidden 64 -> 32"
+std::string describe_changes(const std::vector<KeyChange>& changes);
+
+/// Before any process starts (prepare()): when the run resumes (per
+/// checkpoint.resume) from a checkpoint that stores its config, adds one
+/// error on `checkpoint.resume` naming every changed model key that `model`
+/// does not declare free, unless checkpoint.strict is false. A checkpoint it
+/// cannot read is left to the resume itself to report.
+void check_resume_config(const Config& config, const ModelInfo& model, ConfigErrors& errors);
+
+/// At the resume: the lines to log about `stored_yaml` (the checkpoint's
+/// config, "" when it has none) against `config`: the config could not be
+/// compared; training/optimizer keys changed; free model keys changed; model
+/// keys changed under a partial load. Empty when nothing differs.
+std::vector<std::string> resume_config_notes(const std::string& stored_yaml, const Config& config,
+                                             const std::string& step_dir);
+
+}  // namespace hp
