@@ -10,8 +10,9 @@ source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 # Far enough that no round reaches the end before its kill (a round trains
-# a few steps), the same for every run so the schedule is the same.
-MAX=200
+# at most 4 commits of 2 steps past its resume, whatever the machine's
+# speed), the same for every run so the schedule is the same.
+MAX=120
 args=(--set checkpoint.interval=2 --set features.sharded_checkpoint.enabled=true
       --set features.sharded_checkpoint.async=true --set training.max_steps=$MAX)
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${args[@]}" --set run.output_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 \
@@ -20,12 +21,18 @@ at=""
 for i in $(seq 1 10); do
   "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${args[@]}" --set run.output_dir="$WORK/run" > "$WORK/log" 2>&1 &
   launcher=$!
-  # Training has (re)started once this round has committed a step of its own.
-  for _ in $(seq 1 500); do
-    [[ -f "$WORK/run/checkpoints/latest" && "$(cat "$WORK/run/checkpoints/latest")" != "$at" ]] && break
-    sleep 0.02
+  # Training has (re)started once this round has committed a step of its
+  # own; then 0-2 more commits and a random moment (saves are every 2 steps,
+  # written in the background, so the kill lands in a write or between).
+  seen=$at
+  for _ in $(seq 0 $(( RANDOM % 3 ))); do
+    for _ in $(seq 1 1000); do
+      [[ -f "$WORK/run/checkpoints/latest" && "$(cat "$WORK/run/checkpoints/latest")" != "$seen" ]] && break
+      sleep 0.01
+    done
+    seen=$(cat "$WORK/run/checkpoints/latest" 2>/dev/null)
   done
-  sleep "0.$(( RANDOM % 5 ))$(( RANDOM % 10 ))"
+  sleep "0.0$(( RANDOM % 10 ))"
   victim=$(pgrep -P "$launcher" | shuf -n 1 || true)  # the launcher's children are the workers
   [[ -n "$victim" ]] || { tail -20 "$WORK/log"; fail "round $i: no worker to kill (the run ended?)"; }
   kill -9 "$victim" 2>/dev/null

@@ -40,12 +40,12 @@ grep -q "^config error: checkpoint.resume = $ck: the checkpoint was written with
 
 echo "== changed training, optimizer and free model keys: logged"
 "$BIN/hp-train" "$WORK/c.yaml" "${four[@]}" --set training.max_steps=5 --set optimizer.lr=0.001 \
-  --set model.dropout=0.1 --set checkpoint.resume="$ck" --set run.output_dir="$WORK/d" > "$WORK/d.log" 2>&1 \
+  --set model.dropout=0.2 --set checkpoint.resume="$ck" --set run.output_dir="$WORK/d" > "$WORK/d.log" 2>&1 \
   || { tail -20 "$WORK/d.log"; fail "the resume with changed training keys"; }
 grep "resuming with changed" "$WORK/d.log"
 grep -q "resuming with changed training options: optimizer.lr 0.002 -> 0.001, training.max_steps 4 -> 5$" "$WORK/d.log" \
   || fail "the changed training keys are not logged in one line"
-grep -q "resuming with changed model options the model declares free to change: model.dropout 0.0 -> 0.1$" "$WORK/d.log" \
+grep -q "resuming with changed model options the model declares free to change: model.dropout 0.1 -> 0.2$" "$WORK/d.log" \
   || fail "the changed free model key is not logged"
 
 echo "== the same from a checkpoint without a stored config: refused at the load, by every rank"
