@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
       "Bar for the first compared value of loss, grad_norm and eval_loss (default 1e-5)");
   app.add_option("--loss-rtol", m.loss_rtol,
                  "Bar for every later value of loss, grad_norm and eval_loss (default 1e-4)");
+  app.add_option("--eval-rtol", m.eval_rtol,
+                 "Bar for every eval_loss value (default: the loss bars); evaluation at the same "
+                 "weights is held to 1e-5 by the parity tests");
   app.add_option("--grad-rtol", g.rtol,
                  "Bar for every gradient: max|a-b| / (max|ref| + 1e-12) (default 1e-5)");
   app.add_option(

@@ -178,7 +178,10 @@ int compare_metrics(const Metrics& ref, const Metrics& run, const MetricsOptions
       }
       if (!finite) continue;
       worst = std::max(worst, e);
-      const double bar = o.exact ? 0.0 : (first ? o.first_rtol : o.loss_rtol);
+      const double bar = o.exact                                  ? 0.0
+                         : (key == "eval_loss" && o.eval_rtol > 0) ? o.eval_rtol
+                         : first                                   ? o.first_rtol
+                                                                   : o.loss_rtol;
       if (o.exact ? !same_bits(va, vb) : e > bar) {
         std::string phase = o.phase;
         if (first && key == "loss") phase = "forward (the first step's loss already differs)";
@@ -205,8 +208,11 @@ int compare_metrics(const Metrics& ref, const Metrics& run, const MetricsOptions
                   static_cast<long long>(run_only));
     }
     if (compared > 0) {
+      const std::string key_bars = (!o.exact && key == "eval_loss" && o.eval_rtol > 0)
+                                       ? "every value " + fmt_bar(o.eval_rtol)
+                                       : bars;
       std::printf("compared %lld steps of %s, max relative error %.3e (bar: %s)\n",
-                  static_cast<long long>(compared), key.c_str(), worst, bars.c_str());
+                  static_cast<long long>(compared), key.c_str(), worst, key_bars.c_str());
     }
   }
   auto earliest = [](const std::vector<Problem>& ps) {

@@ -25,6 +25,8 @@ Metrics read_metrics(const std::string& run_dir);
 
 struct MetricsOptions {
   double first_rtol = 1e-5, loss_rtol = 1e-4;
+  /// When > 0, the bar for every eval_loss value instead of the loss bars.
+  double eval_rtol = 0;
   std::int64_t from_step = 0;
   bool exact = false;
   std::string phase = "optimizer";

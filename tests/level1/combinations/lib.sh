@@ -40,7 +40,7 @@ run() {
 # combinations against one process.
 parity() {
   echo "== $2 against $1"
-  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 \
+  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 \
     --phase "$3" > "$WORK/cmp" 2>&1
   report_cmp $? "$2 against $1 ($3)"
 }

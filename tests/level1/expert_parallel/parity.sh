@@ -16,7 +16,7 @@ run() {  # NAME NPROC ARGS...
 }
 compare() {  # REF RUN
   echo "== $2 against $1"
-  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 \
+  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 \
     --phase "expert dispatch, combine or gradient sync" || fail "$2 vs $1"
 }
 cap=(--set model.moe.capacity_factor=1.0)

@@ -18,7 +18,7 @@ run() {  # name nproc tp [extra args]
   set -- "$name" "$nproc" "$t"
   grep -q "mesh pp=1 dp=$(( $2 / $3 )) tp=$3" "$WORK/log" || fail "$1: wrong mesh"
   echo "== $1 against one process"
-  "$BIN/hp-compare" "$WORK/ref" "$WORK/$1" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
+  "$BIN/hp-compare" "$WORK/ref" "$WORK/$1" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
     --grad-rtol 1e-5 --phase "tensor-parallel optimizer steps" || fail "$1 parity"
 }
 run tp2 2 2
@@ -33,7 +33,7 @@ echo "== tp2 + recompute against tp2"
 # against one process; tp=4 with it; and with recompute.
 run tp2sp 2 2 --set features.tensor_parallel.sequence_parallel=true
 echo "== tp2 + sequence parallel against tp2"
-"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2sp" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
+"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2sp" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
   --grad-rtol 1e-5 --phase "sequence-parallel optimizer steps" || fail "tp2 sequence parallel vs tp2"
 run tp4sp 4 4 --set features.tensor_parallel.sequence_parallel=true
 run tp2sprc 2 2 --set features.tensor_parallel.sequence_parallel=true --set features.recompute.enabled=true

@@ -11,7 +11,7 @@ for r in a b; do
   "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${common[@]}" --set run.output_dir="$WORK/dp2$r" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "dp=2 run failed"; }
 done
 echo "== dp=2 against one process"
-"$BIN/hp-compare" "$WORK/ref" "$WORK/dp2a" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 \
+"$BIN/hp-compare" "$WORK/ref" "$WORK/dp2a" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 \
   --phase "gradient sync or optimizer" || fail "dp=2 parity"
 echo "== two dp=2 runs, same seed"
 "$BIN/hp-compare" "$WORK/dp2a" "$WORK/dp2b" --exact --phase "nondeterminism" || fail "same-seed runs differ"

@@ -88,6 +88,7 @@ runs = {
     "first_over": scaled(BASE, 1, "loss", 1 + 2e-5), "first_under": scaled(BASE, 1, "loss", 1 + 0.9e-5),
     "later_over": scaled(BASE, 2, "loss", 1 + 2e-4), "later_under": scaled(BASE, 2, "loss", 1 + 0.9e-4),
     "eval_over": scaled(BASE, 2, "eval_loss", 1 + 2e-5), "eval_under": scaled(BASE, 2, "eval_loss", 1 + 0.9e-5),
+    "eval_later": scaled(BASE, 3, "eval_loss", 1 + 2e-5),
     "gnorm_over": scaled(BASE, 3, "grad_norm", 1 + 2e-4), "gnorm_under": scaled(BASE, 3, "grad_norm", 1 + 0.9e-4),
     "ulp": scaled(BASE, 3, "loss", value=math.nextafter(2.0, 3.0)),
     "early_bad": scaled(scaled(BASE, 1, "loss", 1.5), 1, "grad_norm", float("nan")),
@@ -134,6 +135,9 @@ expect 0 "^PASS" ref later_under
 # The first eval loss: bar 1e-5.
 expect 1 "FAIL: first value over the bar: eval_loss at step 2 \(rel. error 2.000e-05 > 1.0e-05\)" ref eval_over
 expect 0 "^PASS" ref eval_under
+# A later eval loss 2e-5 off: within the later-loss bar, over --eval-rtol 1e-5.
+expect 0 "^PASS" ref eval_later
+expect 1 "FAIL: first value over the bar: eval_loss at step 3 \(rel. error 2.000e-05 > 1.0e-05\)" ref eval_later --eval-rtol 1e-5
 # A later gradient norm: bar 1e-4.
 expect 1 "FAIL: first value over the bar: grad_norm at step 3 \(rel. error 2.000e-04 > 1.0e-04\)" ref gnorm_over
 expect 0 "^PASS" ref gnorm_under
