@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Layout combinations of the dense GPT against one process (PARITY.md: 20
+# Layout combinations of the dense GPT against one process (docs/PARITY.md: 20
 # steps, dropout $DROPOUT, evaluation at steps 10 and 20, first-step loss
 # and every step-1 gradient within 1e-5, losses within 1e-4), all from one
 # reference run. To stay in budget, features are stacked in one run where

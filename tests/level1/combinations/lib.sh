@@ -1,8 +1,8 @@
 # Helpers for the layout-combination tests: runs from small_config with one
-# reference run per script, compared by hp-compare at PARITY.md's bars.
+# reference run per script, compared by hp-compare at docs/PARITY.md's bars.
 source "$(dirname "${BASH_SOURCE[0]}")/../../lib/common.sh"
 
-# Dropout of every run (PARITY.md: parity tests run with dropout on; masks
+# Dropout of every run (docs/PARITY.md: parity tests run with dropout on; masks
 # must not depend on the layout). HP_TEST_DROPOUT=0 shows whether a failure
 # is the dropout masks or something else.
 DROPOUT=${HP_TEST_DROPOUT:-0.1}
@@ -36,7 +36,7 @@ run() {
   echo "-- $name: $n processes, $((SECONDS - t0)) s"
 }
 
-# parity REF RUN PHASE: PARITY.md's bar for TP, DP, EP, ZeRO and their
+# parity REF RUN PHASE: docs/PARITY.md's bar for TP, DP, EP, ZeRO and their
 # combinations against one process.
 parity() {
   echo "== $2 against $1"

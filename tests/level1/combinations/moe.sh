@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Layout combinations of the MoE GPT (4 experts, top 2, z-loss) against one
-# process (PARITY.md: 20 steps, dropout $DROPOUT, evaluation at steps 10 and
+# process (docs/PARITY.md: 20 steps, dropout $DROPOUT, evaluation at steps 10 and
 # 20, first-step loss and every step-1 gradient within 1e-5, losses within
 # 1e-4), all from one reference run:
 #   ep=2 under interleaved 1F1B (pp=2, 2 chunks per rank; 4 processes);

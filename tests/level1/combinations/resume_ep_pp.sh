@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Resume and re-shard of ep=2 x pp=2 (MoE GPT, 4 processes, dropout
 # $DROPOUT): the step-10 checkpoint of a 20-step run resumes at ep=2 x pp=2
-# bitwise equal to the uninterrupted run (PARITY.md's resume row), and at
+# bitwise equal to the uninterrupted run (docs/PARITY.md's resume row), and at
 # one process and at ep=2 alone within 1e-4 (re-shard: the stacked experts
 # split over ep and the blocks split over stages are put back together).
 source "$(dirname "$0")/lib.sh"

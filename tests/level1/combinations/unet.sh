@@ -2,7 +2,7 @@
 # The unet model (skip-connection encoder-decoder on the field task; it has
 # no dropout) at dp=2, and at the layout of configs/unet_pp2.yaml
 # (interleaved pp=2, 2 chunks per rank) with tp=2, against one process
-# (PARITY.md: first-step loss and every step-1 gradient 1e-5, 20-step losses
+# (docs/PARITY.md: first-step loss and every step-1 gradient 1e-5, 20-step losses
 # 1e-4, evaluation at steps 10 and 20).
 source "$(dirname "$0")/lib.sh"
 BIN=$1
