@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   app.add_option("--eval-rtol", m.eval_rtol,
                  "Bar for every eval_loss value (default: the loss bars); evaluation at the same "
                  "weights is held to 1e-5 by the parity tests");
+  app.add_option("--norm-rtol", m.norm_rtol,
+                 "Bar for every grad_norm value (default: the loss bars); the pipeline tests hold "
+                 "losses to 1e-6 and the gradient norm to the gradient bar, 1e-5");
   app.add_option("--grad-rtol", g.rtol,
                  "Bar for every gradient: max|a-b| / (max|ref| + 1e-12) (default 1e-5)");
   app.add_option(

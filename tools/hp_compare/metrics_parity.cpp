@@ -180,6 +180,7 @@ int compare_metrics(const Metrics& ref, const Metrics& run, const MetricsOptions
       worst = std::max(worst, e);
       const double bar = o.exact                                  ? 0.0
                          : (key == "eval_loss" && o.eval_rtol > 0) ? o.eval_rtol
+                         : (key == "grad_norm" && o.norm_rtol > 0) ? o.norm_rtol
                          : first                                   ? o.first_rtol
                                                                    : o.loss_rtol;
       if (o.exact ? !same_bits(va, vb) : e > bar) {
@@ -210,6 +211,8 @@ int compare_metrics(const Metrics& ref, const Metrics& run, const MetricsOptions
     if (compared > 0) {
       const std::string key_bars = (!o.exact && key == "eval_loss" && o.eval_rtol > 0)
                                        ? "every value " + fmt_bar(o.eval_rtol)
+                                   : (!o.exact && key == "grad_norm" && o.norm_rtol > 0)
+                                       ? "every value " + fmt_bar(o.norm_rtol)
                                        : bars;
       std::printf("compared %lld steps of %s, max relative error %.3e (bar: %s)\n",
                   static_cast<long long>(compared), key.c_str(), worst, key_bars.c_str());

@@ -27,6 +27,8 @@ struct MetricsOptions {
   double first_rtol = 1e-5, loss_rtol = 1e-4;
   /// When > 0, the bar for every eval_loss value instead of the loss bars.
   double eval_rtol = 0;
+  /// When > 0, the bar for every grad_norm value instead of the loss bars.
+  double norm_rtol = 0;
   std::int64_t from_step = 0;
   bool exact = false;
   std::string phase = "optimizer";

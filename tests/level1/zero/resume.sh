@@ -2,7 +2,9 @@
 # A zero dp=2 checkpoint (sharded optimizer state, saved by global name)
 # resumes at dp=2 with zero bitwise, and at dp=1 without zero and at dp=4
 # with it within 1e-4 of the uninterrupted run; a plain dp=2 checkpoint
-# resumes under zero at dp=2 bitwise. 20 steps, checkpoint at 10.
+# resumes under zero at dp=2 within 1e-6 (zero's bar against plain dp: its
+# gradient norm sums the slices' squares in another order, 1 ulp apart, so
+# switching zero on is not the same configuration). 20 steps, checkpoint at 10.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -25,8 +27,9 @@ for r in d1 z4; do
   echo "== $r resumed from the zero dp=2 checkpoint"
   "$BIN/hp-compare" "$WORK/z2" "$WORK/$r" --from-step 11 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
 done
-echo "== zero dp=2 resumed from a plain dp=2 checkpoint (same layout)"
+echo "== zero dp=2 resumed from a plain dp=2 checkpoint (same layout, zero switched on)"
 run p2 2 --set checkpoint.interval=10
 run pz 2 "${zero[@]}" --set checkpoint.resume="$WORK/p2/checkpoints/step_00000010"
-"$BIN/hp-compare" "$WORK/p2" "$WORK/pz" --from-step 11 --exact --phase resume || fail "plain -> zero not bitwise"
+"$BIN/hp-compare" "$WORK/p2" "$WORK/pz" --from-step 11 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --norm-rtol 1e-6 \
+  --phase resume || fail "plain -> zero"
 echo PASS
