@@ -77,15 +77,19 @@ TEST(BlockAttention, MatchesEagerLongSequences) {
 
 TEST(BlockAttention, LargeScoresStayFinite) {
   // Scores of hundreds: a softmax without the running maximum overflows.
+  // The bar is 1e-5 here, not 1e-6: backward's exp(s - lse) carries the
+  // rounding of an lse of hundreds (about 1e-5 relative at fp32), as
+  // FlashAttention's does; at unit-scale scores (above) it meets 1e-6.
   torch::manual_seed(2);
   auto qkv = torch::randn({1, 50, 2, 3, 16}) * 8;
   auto dout = torch::randn({1, 50, 2 * 16});
   const Result eager = run(qkv, dout, 0), b = run(qkv, dout, 16);
   ASSERT_TRUE(torch::isfinite(b.out).all().item<bool>());
+  ASSERT_TRUE(torch::isfinite(b.dq).all().item<bool>());
   EXPECT_LE(rel(b.out, eager.out), 1e-6);
-  EXPECT_LE(rel(b.dq, eager.dq), 1e-6);
-  EXPECT_LE(rel(b.dk, eager.dk), 1e-6);
-  EXPECT_LE(rel(b.dv, eager.dv), 1e-6);
+  EXPECT_LE(rel(b.dq, eager.dq), 1e-5);
+  EXPECT_LE(rel(b.dk, eager.dk), 1e-5);
+  EXPECT_LE(rel(b.dv, eager.dv), 1e-5);
 }
 
 TEST(BlockAttention, RefusesBadArguments) {
