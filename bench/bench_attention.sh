@@ -2,20 +2,27 @@
 # Eager against block attention (model.attention) in the 4 x 256 GPT (4
 # heads): step time and peak resident memory (VmHWM, the
 # peak_resident_memory_bytes of metrics.jsonl) at each sequence length, at
-# about 4096 tokens per step (one micro-batch), 1 process x 2 threads,
-# synthetic data. Beside them PyTorch (Debian's python3-torch) running the
+# about 4096 tokens per step (one micro-batch), 1 process x THREADS
+# threads (default 2), synthetic data. Beside them PyTorch (Debian's python3-torch) running the
 # same model with eager attention, when python3 can import torch. Figures
 # are printed, never asserted. Eager at seq 4096 needs about 1 GiB of scores
 # per layer at batch 1: do not run it beside anything.
-#   bash bench/bench_attention.sh [steps=3] [seqs="512 1024 2048"] [block=128]
+#   bash bench/bench_attention.sh [steps=3] [seqs="512 1024 2048"] [block=128] [threads=2]
+# On a machine that other jobs load, use threads=1: with 2 threads every
+# small matmul waits for a descheduled OpenMP thread (measured: a
+# [32, 128, 64] x [32, 64, 128] bmm took 1.1 s at 2 threads and 10 ms at 1
+# under load 13 on 2 cores, python3-torch), which hits block attention's many small calls
+# hardest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
 STEPS=${1:-3}
 SEQS=${2:-512 1024 2048}
 BLOCK=${3:-128}
-H=256; L=4; HEADS=4; TOKENS=4096; THREADS=2
+THREADS=${4:-2}
+H=256; L=4; HEADS=4; TOKENS=4096
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+echo "GPT $L x $H, $HEADS heads, ~$TOKENS tokens per step, block $BLOCK, $THREADS thread(s)"
 printf '%-8s %-6s %-10s %10s %12s\n' seq batch attention "step s" "peak MiB"
 for T in $SEQS; do
   B=$(( TOKENS / T > 0 ? TOKENS / T : 1 ))
