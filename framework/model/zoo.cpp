@@ -203,8 +203,8 @@ void declare_decoder_options(Schema& s) {
   declare_once(s, "model.attention", [](Schema& sc) {
     sc.add_enum("model.attention", "eager", {"eager", "block"})
         .describe("How the gpt computes causal attention: eager forms the [batch, heads, seq, seq] scores; "
-                  "block walks key blocks with an online softmax and never forms them (same results "
-                  "within 1e-6, memory linear in seq).");
+                  "block walks key blocks with an online softmax and never forms them (the results of "
+                  "eager up to fp32 rounding; memory linear in seq).");
   });
   declare_once(s, "model.attention_block", [](Schema& sc) {
     sc.add_int("model.attention_block", 128)
