@@ -229,6 +229,12 @@ void grouped_against_loop(Routes how, std::int64_t first, std::int64_t count) {
         ASSERT_TRUE(got.grads[i].defined()) << kGradNames[i] << ", " << what;
         EXPECT_LE(rel(got.grads[i], ref.grads[i]), 1e-6)
             << "gradient of " << kGradNames[i] << ", " << what;
+        // Printed, not asserted: autograd does not promise the order in which a
+        // token's gradient contributions are accumulated.
+        if (!padded && !torch::equal(got.grads[i], ref.grads[i])) {
+          std::cout << "note: gradient of " << kGradNames[i] << " not bitwise, rel "
+                    << rel(got.grads[i], ref.grads[i]) << " (" << what << ")\n";
+        }
       }
     }
   }
