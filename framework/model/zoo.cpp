@@ -263,7 +263,7 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
                  "model.moe.capacity_factor"};
   // The attention algorithm computes the same function (up to fp32 rounding).
-  if (attention) m.free_keys.insert(m.free_keys.end(), {"model.attention", "model.attention_block"});
+  if (attention) m.free_keys.insert({"model.attention", "model.attention_block"});
   m.train_flops_per_token = decoder_train_flops_per_token(d, attention);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {
