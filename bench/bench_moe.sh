@@ -5,11 +5,14 @@
 # active parameters (FFN width 2 x the expert width); all-to-all bytes per
 # step beside the theory; expert-parameter bytes per rank; load imbalance
 # over the run with the aux loss, with the bias method, and with neither.
-#   bash bench/bench_moe.sh [steps=80]
+#   bash bench/bench_moe.sh [steps=80] [speed]
+# `speed` runs only the three throughput runs (MoE 1 x 2 threads, MoE ep=2,
+# dense 1 x 2 threads) and prints MoE over dense with the load imbalance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
 STEPS=${1:-80}
+ONLY=${2:-all}
 H=256; L=4; T=128; B=8; M=2; E=8; K=2
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cat > "$W/c.yaml" <<YAML
@@ -29,6 +32,25 @@ run() {  # NAME ENV ARGS...
 run moe_1p2t "HP_INTRA_OP_THREADS=2" "${moe[@]}"
 run moe_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}"
 run dense_1p2t "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
+if [ "$ONLY" = speed ]; then
+  python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+def rows(name):
+    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]
+def tps(name):
+    r = rows(name)
+    return sum(x["tokens_per_second"] for x in r) / len(r)
+dense = tps("dense_1p2t")
+print(f"{'run':44s} {'tokens/s':>10s} {'x dense':>8s} {'imbalance':>10s}")
+for name, label in [("moe_1p2t", "MoE, 1 process x 2 threads"), ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)"),
+                    ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2")]:
+    r = rows(name)
+    imb = sum(x.get("moe_load_imbalance_max", 0) for x in r) / len(r)
+    print(f"{label:44s} {tps(name):10.0f} {tps(name) / dense:8.2f} {imb:10.3f}")
+PY
+  exit 0
+fi
 run moe_dp2 "" --nproc 2 "${moe[@]}"
 run bal_aux "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0.01
 run bal_bias "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0 --set model.moe.bias_update_rate=0.001

@@ -1,5 +1,6 @@
 #include "framework/model/layers.h"
 
+#include "framework/model/block_attention.h"
 #include "framework/model/dropout.h"
 #include "framework/model/moe.h"
 
@@ -98,7 +99,12 @@ class DenseLayerNorm : public Layer {
 /// v of a head together; output projection row-split.
 class HeadsAttention : public Layer {
  public:
-  HeadsAttention(const LayerSpec& s, BuildContext& ctx) : head_dim_(s.in / s.heads) {
+  HeadsAttention(const LayerSpec& s, BuildContext& ctx)
+      : head_dim_(s.in / s.heads), block_(s.attention == "block" ? s.attention_block : 0) {
+    if (s.attention != "eager" && s.attention != "block") {
+      throw std::invalid_argument("model error: '" + s.name + "': attention '" + s.attention +
+                                  "' is unknown (legal: eager, block)");
+    }
     LayerSpec qkv{"linear.column", s.name + ".qkv", s.in, 3 * s.in};
     qkv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
     LayerSpec proj{"linear.row", s.name + ".proj", s.in, s.in};
@@ -113,20 +119,26 @@ class HeadsAttention : public Layer {
     // y.size(1), not x.size(1): under sequence parallel x is a slice of the
     // sequence and the projection gathered all of it.
     auto parts = y.view({y.size(0), y.size(1), local_heads, 3, head_dim_}).unbind(3);
+    // Eager or block attention; either may run inside the "attention.core"
+    // wrapper (selective recompute), which replays it in backward.
+    auto attend = [block = block_](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return block > 0 ? block_causal_attention(q, k, v, block) : causal_attention(q, k, v);
+    };
     at::Tensor ctx;
     if (core_wrapper_) {
-      ForwardFn core = [](const Activations& a) {
-        return make_activations({{"y", causal_attention(a["q"], a["k"], a["v"])}});
+      ForwardFn core = [attend](const Activations& a) {
+        return make_activations({{"y", attend(a["q"], a["k"], a["v"])}});
       };
       ctx = core_wrapper_(core, make_activations({{"q", parts[0]}, {"k", parts[1]}, {"v", parts[2]}}))["y"];
     } else {
-      ctx = causal_attention(parts[0], parts[1], parts[2]);
+      ctx = attend(parts[0], parts[1], parts[2]);
     }
     return proj_->forward(ctx);
   }
 
  private:
   std::int64_t head_dim_;
+  std::int64_t block_;  ///< block length of block attention; 0: eager
   std::shared_ptr<Layer> qkv_, proj_;
   Wrapper core_wrapper_;
 };

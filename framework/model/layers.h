@@ -43,6 +43,11 @@ struct LayerSpec {
                              ///< positions for embedding.position
   std::int64_t out = 0;      ///< output features; embedding width; FFN width for mlp
   std::int64_t heads = 0;    ///< attention.heads
+  /// attention.heads: "eager" (the [batch, heads, seq, seq] scores) or
+  /// "block" (block_causal_attention, framework/model/block_attention.h),
+  /// and the block length of the latter.
+  std::string attention = "eager";
+  std::int64_t attention_block = 128;
   bool bias = true;
   double init_std = 0.02;
   double dropout = 0.0;

@@ -29,12 +29,13 @@ MoeOptions MoeOptions::from(const Config& c) {
   o.aux_loss_coef = c.get_float("model.moe.aux_loss_coef");
   o.z_loss_coef = c.get_float("model.moe.z_loss_coef");
   o.bias_update_rate = c.get_float("model.moe.bias_update_rate");
+  o.padded = c.get_string("model.moe.expert_compute") == "padded";
   return o;
 }
 
 std::int64_t MoeOptions::capacity(std::int64_t seq) const {
-  return static_cast<std::int64_t>(
-      std::ceil(capacity_factor * static_cast<double>(top_k * seq) / static_cast<double>(num_experts)));
+  return static_cast<std::int64_t>(std::ceil(capacity_factor * static_cast<double>(top_k * seq) /
+                                             static_cast<double>(num_experts)));
 }
 
 void declare_moe_options(Schema& s) {
@@ -42,48 +43,75 @@ void declare_moe_options(Schema& s) {
     if (!s.find(path)) declare();
   };
   once("model.moe.num_experts", [&] {
-    s.add_int("model.moe.num_experts", 0).range(0, 65536)
-        .describe("Experts of each mixture-of-experts FFN.").note("0: a dense FFN in every block");
+    s.add_int("model.moe.num_experts", 0)
+        .range(0, 65536)
+        .describe("Experts of each mixture-of-experts FFN.")
+        .note("0: a dense FFN in every block");
   });
   once("model.moe.top_k", [&] {
     s.add_int("model.moe.top_k", 2).range(1, 64).describe("Experts each token is routed to.");
   });
   once("model.moe.every", [&] {
-    s.add_int("model.moe.every", 1).range(1, 1024)
-        .describe("Block i has a mixture-of-experts FFN when i is a multiple of this (1: every block).");
+    s.add_int("model.moe.every", 1)
+        .range(1, 1024)
+        .describe(
+            "Block i has a mixture-of-experts FFN when i is a multiple of this (1: every block).");
   });
   once("model.moe.ffn_hidden", [&] {
-    s.add_int("model.moe.ffn_hidden", 0).range(0, 262144)
-        .describe("An expert's FFN width.").note("0 means the model's FFN width");
+    s.add_int("model.moe.ffn_hidden", 0)
+        .range(0, 262144)
+        .describe("An expert's FFN width.")
+        .note("0 means the model's FFN width");
   });
   once("model.moe.shared_experts", [&] {
-    s.add_int("model.moe.shared_experts", 0).range(0, 64)
+    s.add_int("model.moe.shared_experts", 0)
+        .range(0, 64)
         .describe("Experts every token goes through besides its routed ones.");
   });
   once("model.moe.score", [&] {
-    s.add_enum("model.moe.score", "softmax", {"softmax", "sigmoid"}).describe("Router score function.");
+    s.add_enum("model.moe.score", "softmax", {"softmax", "sigmoid"})
+        .describe("Router score function.");
   });
   once("model.moe.renormalize", [&] {
-    s.add_bool("model.moe.renormalize", true).describe("Divide a token's top-k weights by their sum.");
+    s.add_bool("model.moe.renormalize", true)
+        .describe("Divide a token's top-k weights by their sum.");
   });
   once("model.moe.capacity_factor", [&] {
-    s.add_float("model.moe.capacity_factor", 0.0).range(0.0, 64.0)
-        .describe("Slots per expert and sequence: ceil(factor x top_k x seq_len / num_experts); an expert keeps "
-                  "the assignments of highest probability (ties: the earlier token) and drops the rest.")
+    s.add_float("model.moe.capacity_factor", 0.0)
+        .range(0.0, 64.0)
+        .describe(
+            "Slots per expert and sequence: ceil(factor x top_k x seq_len / num_experts); an "
+            "expert keeps "
+            "the assignments of highest probability (ties: the earlier token) and drops the rest.")
         .note("0: dropless");
   });
   once("model.moe.aux_loss_coef", [&] {
-    s.add_float("model.moe.aux_loss_coef", 0.01).range(0.0, 10.0)
+    s.add_float("model.moe.aux_loss_coef", 0.01)
+        .range(0.0, 10.0)
         .describe("Load-balancing loss coefficient (per sequence, then the mean).");
   });
   once("model.moe.z_loss_coef", [&] {
-    s.add_float("model.moe.z_loss_coef", 0.0).range(0.0, 10.0).describe("Router z-loss coefficient.");
+    s.add_float("model.moe.z_loss_coef", 0.0)
+        .range(0.0, 10.0)
+        .describe("Router z-loss coefficient.");
   });
   once("model.moe.bias_update_rate", [&] {
-    s.add_float("model.moe.bias_update_rate", 0.0).range(0.0, 1.0)
-        .describe("Aux-loss-free balancing: after each step every expert's selection bias moves by this rate "
-                  "towards the mean load (sign rule, over the global batch).")
+    s.add_float("model.moe.bias_update_rate", 0.0)
+        .range(0.0, 1.0)
+        .describe(
+            "Aux-loss-free balancing: after each step every expert's selection bias moves by this "
+            "rate "
+            "towards the mean load (sign rule, over the global batch).")
         .note("0: off");
+  });
+  once("model.moe.expert_compute", [&] {
+    s.add_enum("model.moe.expert_compute", "slices", {"slices", "padded"})
+        .describe(
+            "How a rank runs its experts on the tokens sorted by expert: slices (each expert's FFN "
+            "on its "
+            "contiguous rows) or padded (one batched matmul over [experts, most rows, hidden], "
+            "zero rows as "
+            "padding: load imbalance x the FLOPs). Same results within float rounding.");
   });
 }
 
@@ -91,12 +119,13 @@ void validate_moe_options(const Config& c, ConfigErrors& e) {
   if (!c.ok({"model.moe.num_experts", "model.moe.top_k"})) return;
   const auto E = c.get_int("model.moe.num_experts"), k = c.get_int("model.moe.top_k");
   if (E > 0 && k > E) {
-    e.add("model.moe.top_k", std::to_string(k), "is more than model.moe.num_experts = " + std::to_string(E),
-          "1 .. " + std::to_string(E));
+    e.add("model.moe.top_k", std::to_string(k),
+          "is more than model.moe.num_experts = " + std::to_string(E), "1 .. " + std::to_string(E));
   }
 }
 
-Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o, std::int64_t seq) {
+Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o,
+              std::int64_t seq) {
   Routing r;
   r.logits = logits.to(at::kFloat);
   r.probs = o.sigmoid ? at::sigmoid(r.logits) : at::softmax(r.logits, -1);
@@ -110,26 +139,23 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
   const std::int64_t N = logits.size(0), k = o.top_k;
   r.kept = at::ones({N, k}, at::kBool);
   if (o.capacity_factor > 0) {
-    const std::int64_t C = o.capacity(seq), E = o.num_experts;
-    const auto* ex = r.experts.data_ptr<std::int64_t>();
-    at::Tensor p = r.probs.detach().contiguous();
-    const auto* pp = p.data_ptr<float>();
-    auto* kept = r.kept.data_ptr<bool>();
-    // Per sequence and expert: the assignments by probability (desc), then token (asc).
-    std::vector<std::vector<std::pair<float, std::int64_t>>> by_expert(static_cast<std::size_t>(E));
-    for (std::int64_t s0 = 0; s0 < N; s0 += seq) {
-      for (auto& v : by_expert) v.clear();
-      for (std::int64_t t = s0; t < s0 + seq; ++t) {
-        for (std::int64_t j = 0; j < k; ++j) {
-          const std::int64_t e = ex[t * k + j];
-          by_expert[static_cast<std::size_t>(e)].push_back({pp[t * E + e], t * k + j});
-        }
-      }
-      for (auto& v : by_expert) {
-        std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-        for (std::size_t i = static_cast<std::size_t>(C); i < v.size(); ++i) kept[v[i].second] = false;
-      }
-    }
+    const std::int64_t C = o.capacity(seq), E = o.num_experts, S = N / seq, M = N * k;
+    // Per sequence and expert: the assignments by probability (desc), then
+    // token (asc), as tensor ops: a stable sort by probability, then a
+    // stable sort by (sequence, expert); an assignment's place in its group
+    // is its rank, and the first C of a group are kept.
+    at::Tensor flat_e = r.experts.reshape({-1});
+    at::Tensor p = r.probs.detach().gather(1, r.experts).reshape({-1});
+    at::Tensor group = at::div(at::arange(M, at::kLong), k * seq, "floor") * E + flat_e;
+    at::Tensor by_p = std::get<1>(at::sort(p, /*stable=*/true, /*dim=*/0, /*descending=*/true));
+    at::Tensor by_g =
+        std::get<1>(at::sort(group.index_select(0, by_p), /*stable=*/true, /*dim=*/0, false));
+    at::Tensor order = by_p.index_select(0, by_g);
+    at::Tensor g_sorted = group.index_select(0, order);
+    at::Tensor counts = at::bincount(g_sorted, {}, S * E);
+    at::Tensor start = counts.cumsum(0) - counts;
+    at::Tensor rank = at::arange(M, at::kLong) - start.index_select(0, g_sorted);
+    r.kept = at::empty({M}, at::kBool).index_copy_(0, order, rank.lt(C)).view({N, k});
     w = w * r.kept.to(w.scalar_type());
   }
   r.weights = w;
@@ -139,7 +165,8 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
 at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq) {
   const std::int64_t N = r.probs.size(0), E = r.probs.size(1), S = N / seq;
   // f: share of the sequence's k x T selections each expert got (no gradient).
-  at::Tensor counts = at::zeros({N, E}, at::kFloat).scatter_(1, r.experts, 1.0).view({S, seq, E}).sum(1);
+  at::Tensor counts =
+      at::zeros({N, E}, at::kFloat).scatter_(1, r.experts, 1.0).view({S, seq, E}).sum(1);
   at::Tensor f = counts / static_cast<double>(o.top_k * seq);
   at::Tensor p_sum = r.probs.view({S, seq, E}).sum(1);  // = T x P_e
   return o.aux_loss_coef * static_cast<double>(E) * (f * p_sum).sum();
@@ -153,29 +180,93 @@ at::Tensor ExpertWeights::forward(std::int64_t e, const at::Tensor& x) const {
   return at::linear(at::gelu(at::linear(x, w1[e], b1[e])), w2[e], b2[e]);
 }
 
-at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert, const at::Tensor& tokens,
-                            const Routing& r) {
-  at::Tensor out = at::zeros_like(tokens);
-  const std::int64_t count = w.w1.size(0);
-  at::Tensor flat_e = r.experts.reshape({-1}), flat_kept = r.kept.reshape({-1});
-  at::Tensor flat_w = r.weights.reshape({-1});
-  const std::int64_t k = r.experts.size(1);
-  for (std::int64_t j = 0; j < count; ++j) {
-    at::Tensor slots = at::nonzero(flat_e.eq(first_expert + j).logical_and(flat_kept)).reshape({-1});
-    if (slots.numel() == 0) continue;
-    at::Tensor tok = at::div(slots, k, "floor");
-    at::Tensor y = w.forward(j, tokens.index_select(0, tok));
-    out = out.index_add(0, tok, y * flat_w.index_select(0, slots).unsqueeze(1).to(y.scalar_type()));
+at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
+                                          const std::vector<std::int64_t>& counts,
+                                          bool padded) const {
+  const auto n = static_cast<std::int64_t>(counts.size());
+  const std::int64_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  // rows x 0 for no rows keeps the graph connected to `rows` (expert
+  // parallel needs every rank's backward to reach its exchanges).
+  if (most == 0) return rows * 0;
+  if (!padded) {
+    // unbind, not w1[j]: the backward of n selects would write n full-size
+    // zero gradients of [n, F, H] and add them up (n^2 F H per step); that
+    // of one unbind stacks the n slices once. Same values, bitwise.
+    const auto w1s = w1.unbind(0), b1s = b1.unbind(0), w2s = w2.unbind(0), b2s = b2.unbind(0);
+    std::vector<at::Tensor> out;
+    std::int64_t off = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t c = counts[static_cast<std::size_t>(j)];
+      if (c > 0) {
+        at::Tensor x = rows.narrow(0, off, c);
+        out.push_back(at::linear(at::gelu(at::linear(x, w1s[j], b1s[j])), w2s[j], b2s[j]));
+      }
+      off += c;
+    }
+    return out.size() == 1 ? out[0] : at::cat(out);
   }
+  // Row i of expert j goes to slot j x most + i of [n, most, H].
+  at::Tensor c = at::tensor(counts, at::kLong);
+  at::Tensor start = c.cumsum(0) - c;
+  at::Tensor expert_of = at::repeat_interleave(at::arange(n, at::kLong), c);
+  at::Tensor slot =
+      expert_of * most + at::arange(rows.size(0), at::kLong) - start.index_select(0, expert_of);
+  const std::int64_t H = rows.size(1);
+  at::Tensor x =
+      at::zeros({n * most, H}, rows.options()).index_copy(0, slot, rows).view({n, most, H});
+  at::Tensor h = at::gelu(at::baddbmm(b1.unsqueeze(1), x, w1.transpose(1, 2)));
+  at::Tensor y = at::baddbmm(b2.unsqueeze(1), h, w2.transpose(1, 2));
+  return y.view({n * most, H}).index_select(0, slot);
+}
+
+ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t count) {
+  at::Tensor flat_e = r.experts.reshape({-1});
+  at::Tensor mine = r.kept.reshape({-1});
+  if (first > 0 || count < r.probs.size(1)) {
+    mine = mine.logical_and(flat_e.ge(first)).logical_and(flat_e.lt(first + count));
+  }
+  at::Tensor slots = at::nonzero(mine).reshape({-1});  // ascending: by token, then slot
+  at::Tensor local = flat_e.index_select(0, slots) - first;
+  ExpertGroups g;
+  g.order = slots.index_select(0, std::get<1>(at::sort(local, /*stable=*/true, /*dim=*/0, false)));
+  at::Tensor c = at::bincount(local, {}, count).to(at::kLong).contiguous();
+  g.counts.assign(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + count);
+  return g;
+}
+
+at::Tensor combine_by_token(const at::Tensor& rows, const at::Tensor& order, std::int64_t n_tokens,
+                            std::int64_t k) {
+  const std::int64_t H = rows.size(1);
+  at::Tensor by_slot = at::zeros({n_tokens * k, H}, rows.options())
+                           .index_copy(0, order, rows)
+                           .view({n_tokens, k, H});
+  at::Tensor out = at::zeros({n_tokens, H}, rows.options());
+  for (std::int64_t j = 0; j < k; ++j) out = out + by_slot.select(1, j);
   return out;
 }
 
-MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidden_(s.in), ffn_(s.out), init_std_(s.init_std) {
-  if (!s.moe) throw std::logic_error("internal error: moe layer '" + s.name + "' built without options, please report");
+at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
+                            const at::Tensor& tokens, const Routing& r, bool padded) {
+  const std::int64_t k = r.experts.size(1);
+  ExpertGroups g = group_by_expert(r, first_expert, w.w1.size(0));
+  at::Tensor y =
+      w.forward_grouped(tokens.index_select(0, at::div(g.order, k, "floor")), g.counts, padded);
+  at::Tensor weight =
+      r.weights.reshape({-1}).index_select(0, g.order).unsqueeze(1).to(y.scalar_type());
+  return combine_by_token(y * weight, g.order, tokens.size(0), k);
+}
+
+MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
+    : name_(s.name), hidden_(s.in), ffn_(s.out), init_std_(s.init_std) {
+  if (!s.moe)
+    throw std::logic_error("internal error: moe layer '" + s.name +
+                           "' built without options, please report");
   o_ = *s.moe;
   const std::int64_t E = o_.num_experts;
-  router_ = ctx.param(*this, s.name + ".router.weight", "router", {E, hidden_}, Init::normal(s.init_std));
-  if (o_.bias_update_rate > 0) bias_ = ctx.buffer(*this, s.name + ".router.bias", "router_bias", {E});
+  router_ =
+      ctx.param(*this, s.name + ".router.weight", "router", {E, hidden_}, Init::normal(s.init_std));
+  if (o_.bias_update_rate > 0)
+    bias_ = ctx.buffer(*this, s.name + ".router.bias", "router_bias", {E});
   if (o_.shared_experts > 0) {
     LayerSpec m{"mlp", s.name + ".shared", hidden_, o_.shared_experts * ffn_};
     m.with_init_std(s.init_std);
@@ -193,7 +284,8 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidde
     const double total = counts.sum().item<double>();
     const double mean = total / static_cast<double>(o_.num_experts);
     const double imbalance = mean > 0 ? counts.max().item<double>() / mean : 0.0;
-    const double dropped = more[0].item<double>() > 0 ? more[1].item<double>() / more[0].item<double>() : 0.0;
+    const double dropped =
+        more[0].item<double>() > 0 ? more[1].item<double>() / more[0].item<double>() : 0.0;
     if (bias_.defined() && total > 0) {
       c10::NoGradGuard g;
       bias_.add_(at::sign(mean - counts).to(bias_.scalar_type()) * o_.bias_update_rate);
@@ -202,21 +294,28 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidde
       counts = counts.contiguous();
       const double* c = counts.data_ptr<double>();
       for (std::int64_t e = 0; e < o_.num_experts; ++e) {
-        sc.metrics->gauge("hp_moe_tokens_per_expert", "Token assignments an expert kept in the last step, global batch.",
-                          {{"layer", name_}, {"expert", std::to_string(e)}})
+        sc.metrics
+            ->gauge("hp_moe_tokens_per_expert",
+                    "Token assignments an expert kept in the last step, global batch.",
+                    {{"layer", name_}, {"expert", std::to_string(e)}})
             .set(c[e]);
       }
-      sc.metrics->gauge("hp_moe_load_imbalance", "Max over mean of the tokens per expert in the last step.",
-                        {{"layer", name_}})
+      sc.metrics
+          ->gauge("hp_moe_load_imbalance",
+                  "Max over mean of the tokens per expert in the last step.", {{"layer", name_}})
           .set(imbalance);
-      sc.metrics->gauge("hp_moe_dropped_fraction", "Share of token assignments capacity dropped in the last step.",
-                        {{"layer", name_}})
+      sc.metrics
+          ->gauge("hp_moe_dropped_fraction",
+                  "Share of token assignments capacity dropped in the last step.",
+                  {{"layer", name_}})
           .set(dropped);
     }
     if (sc.figures) {
       auto& fig = *sc.figures;
-      fig["moe_load_imbalance_max"] = std::max(fig.count("moe_load_imbalance_max") ? fig["moe_load_imbalance_max"] : 0.0, imbalance);
-      fig["moe_dropped_fraction_max"] = std::max(fig.count("moe_dropped_fraction_max") ? fig["moe_dropped_fraction_max"] : 0.0, dropped);
+      fig["moe_load_imbalance_max"] = std::max(
+          fig.count("moe_load_imbalance_max") ? fig["moe_load_imbalance_max"] : 0.0, imbalance);
+      fig["moe_dropped_fraction_max"] = std::max(
+          fig.count("moe_dropped_fraction_max") ? fig["moe_dropped_fraction_max"] : 0.0, dropped);
     }
     std::fill(stats_.tokens_per_expert.begin(), stats_.tokens_per_expert.end(), 0.0);
     stats_.selected = stats_.dropped = 0;
@@ -224,7 +323,8 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx) : name_(s.name), hidde
 }
 
 ExpertWeights MoeLayer::make_experts(BuildContext& ctx, std::int64_t first, std::int64_t count,
-                                     const std::string& split_group, const std::string& grad_sync_group) {
+                                     const std::string& split_group,
+                                     const std::string& grad_sync_group) {
   const std::int64_t E = o_.num_experts, H = hidden_, F = ffn_;
   const int dim = split_group.empty() ? -1 : 0;
   auto make = [&](const std::string& what, std::vector<std::int64_t> shape, Init init) {
@@ -255,7 +355,8 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     at::Tensor kept_e = r.experts.masked_select(r.kept);
     at::Tensor counts = at::bincount(kept_e, {}, o_.num_experts).to(at::kDouble).contiguous();
     const double* c = counts.data_ptr<double>();
-    for (std::int64_t e = 0; e < o_.num_experts; ++e) stats_.tokens_per_expert[static_cast<std::size_t>(e)] += c[e];
+    for (std::int64_t e = 0; e < o_.num_experts; ++e)
+      stats_.tokens_per_expert[static_cast<std::size_t>(e)] += c[e];
     stats_.selected += static_cast<double>(r.kept.numel());
     stats_.dropped += static_cast<double>(r.kept.numel() - kept_e.numel());
   }
@@ -274,7 +375,7 @@ class DenseMoe : public MoeLayer {
 
  protected:
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
-    return dispatch_locally(experts_, 0, tokens, r);
+    return dispatch_locally(experts_, 0, tokens, r, options().padded);
   }
 
  private:

@@ -22,17 +22,18 @@ class Schema;
 
 /// model.moe.*, read once.
 struct MoeOptions {
-  std::int64_t num_experts = 0;   ///< 0: no MoE
+  std::int64_t num_experts = 0;  ///< 0: no MoE
   std::int64_t top_k = 2;
-  std::int64_t every = 1;         ///< block i is MoE when i % every == 0
-  std::int64_t ffn_hidden = 0;    ///< an expert's FFN width; 0: the model's FFN width
+  std::int64_t every = 1;       ///< block i is MoE when i % every == 0
+  std::int64_t ffn_hidden = 0;  ///< an expert's FFN width; 0: the model's FFN width
   std::int64_t shared_experts = 0;
-  bool sigmoid = false;           ///< score function: softmax (false) or sigmoid
-  bool renormalize = true;        ///< divide the k weights by their sum
-  double capacity_factor = 0.0;   ///< 0: dropless
+  bool sigmoid = false;          ///< score function: softmax (false) or sigmoid
+  bool renormalize = true;       ///< divide the k weights by their sum
+  double capacity_factor = 0.0;  ///< 0: dropless
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.0;
   double bias_update_rate = 0.0;  ///< aux-loss-free balancing; 0: off
+  bool padded = false;            ///< expert compute: slices (false) or padded bmm (true)
   static MoeOptions from(const Config& c);
   bool enabled() const { return num_experts > 0; }
   /// Slots per expert and sequence of `seq` tokens (capacity_factor > 0).
@@ -57,7 +58,8 @@ struct Routing {
 /// to the lower expert index; weights from probs, renormalised when asked;
 /// capacity per sequence of `seq` tokens: each expert keeps the
 /// assignments with the highest probability, ties to the earlier token.
-Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o, std::int64_t seq);
+Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o,
+              std::int64_t seq);
 
 /// Load-balancing loss as a SUM over the sequences of aux_coef * E *
 /// sum_e f_e * P_e times the sequence length (so dividing by the global
@@ -73,7 +75,30 @@ struct ExpertWeights {
   at::Tensor w1, b1, w2, b2;
   /// gelu(x w1[e]^T + b1[e]) w2[e]^T + b2[e] for local expert e.
   at::Tensor forward(std::int64_t e, const at::Tensor& x) const;
+  /// Rows grouped by local expert (the first counts[0] rows for expert 0,
+  /// the next counts[1] for expert 1, ...): every expert's FFN on its
+  /// contiguous slice (padded = false), or all experts at once with a
+  /// batched matmul over [experts, max count, H] with zero rows as padding
+  /// (padded = true). [M, H] in the order of `rows`.
+  at::Tensor forward_grouped(const at::Tensor& rows, const std::vector<std::int64_t>& counts,
+                             bool padded) const;
 };
+
+/// The kept assignments of experts [first, first + count) grouped by
+/// expert: one stable sort of the flat assignment indices (token x k +
+/// slot) by expert, so that tokens stay ascending within an expert.
+struct ExpertGroups {
+  at::Tensor order;                  ///< [M] int64 flat assignment indices, by expert then token
+  std::vector<std::int64_t> counts;  ///< assignments per local expert (sum M)
+};
+ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t count);
+
+/// The un-permute and sum: `rows` [M, H] holds weighted expert outputs of the
+/// flat assignments `order` (of N tokens x k); returns [N, H] where token t
+/// gets the sum of its rows in slot order (= ascending expert order),
+/// starting from zero, as adding them one expert at a time would.
+at::Tensor combine_by_token(const at::Tensor& rows, const at::Tensor& order, std::int64_t n_tokens,
+                            std::int64_t k);
 
 /// Per-layer counts of one step (for metrics and the aux-free bias).
 struct MoeStats {
@@ -115,10 +140,12 @@ class MoeLayer : public Layer {
   MoeStats stats_;
 };
 
-/// Every expert on this rank: each expert's tokens in one batch, outputs
-/// weighted and added in ascending expert order.
-at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert, const at::Tensor& tokens,
-                            const Routing& r);
+/// Every expert on this rank: the kept assignments grouped by expert
+/// (group_by_expert), each expert's rows through its FFN
+/// (ExpertWeights::forward_grouped), outputs weighted, un-permuted and
+/// summed per token in ascending expert order (combine_by_token).
+at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
+                            const at::Tensor& tokens, const Routing& r, bool padded = false);
 
 std::shared_ptr<Layer> make_dense_moe(const LayerSpec& spec, BuildContext& ctx);
 

@@ -18,6 +18,8 @@ namespace {
 
 struct Dims {
   std::int64_t vocab, hidden, heads, ffn, seq, layers;
+  std::string attention;  ///< "eager" or "block"
+  std::int64_t attention_block = 128;
   double std, dropout;
   bool tied;
   std::shared_ptr<const MoeOptions> moe;  ///< null: dense FFNs
@@ -30,6 +32,8 @@ Dims dims_of(const Config& c) {
   d.vocab = c.get_int("model.vocab_size");
   d.hidden = c.get_int("model.hidden");
   d.heads = c.get_int("model.heads");
+  d.attention = c.get_string("model.attention");
+  d.attention_block = c.get_int("model.attention_block");
   d.ffn = c.get_int("model.ffn_hidden") == 0 ? 4 * d.hidden : c.get_int("model.ffn_hidden");
   d.seq = c.get_int("model.seq_len");
   d.layers = c.get_int("model.layers");
@@ -76,6 +80,8 @@ class ResidualBlock : public Block {
       ln1_ = register_module("ln1", ctx.layers().make(LayerSpec{"layer_norm", name + ".ln1", H}, ctx));
       LayerSpec a{"attention.heads", name + ".attn", H, H};
       a.heads = d.heads;
+      a.attention = d.attention;
+      a.attention_block = d.attention_block;
       a.with_init_std(d.std);
       attn_ = register_module("attn", ctx.layers().make(a, ctx));
     }
@@ -194,6 +200,17 @@ void declare_decoder_options(Schema& s) {
   declare_once(s, "model.dropout", [](Schema& sc) {
     sc.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
   });
+  declare_once(s, "model.attention", [](Schema& sc) {
+    sc.add_enum("model.attention", "eager", {"eager", "block"})
+        .describe("How the gpt computes causal attention: eager forms the [batch, heads, seq, seq] scores; "
+                  "block walks key blocks with an online softmax and never forms them (the results of "
+                  "eager up to fp32 rounding; memory linear in seq).");
+  });
+  declare_once(s, "model.attention_block", [](Schema& sc) {
+    sc.add_int("model.attention_block", 128)
+        .range(1, 1048576)
+        .describe("Query and key block length of model.attention: block; need not divide model.seq_len.");
+  });
   declare_moe_options(s);
 }
 
@@ -245,6 +262,8 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   // changes a tensor's shape or meaning.
   m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
                  "model.moe.capacity_factor"};
+  // The attention algorithm computes the same function (up to fp32 rounding).
+  if (attention) m.free_keys.insert({"model.attention", "model.attention_block"});
   m.train_flops_per_token = decoder_train_flops_per_token(d, attention);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {

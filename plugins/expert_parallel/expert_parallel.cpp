@@ -29,7 +29,8 @@ const char* kSize = "features.expert_parallel.size";
 
 class ExpertParallelMoe : public MoeLayer {
  public:
-  ExpertParallelMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx), g_(*ctx.group("ep")) {
+  ExpertParallelMoe(const LayerSpec& s, BuildContext& ctx)
+      : MoeLayer(s, ctx), g_(*ctx.group("ep")) {
     const std::int64_t E = options().num_experts, P = g_.size();
     per_rank_ = E / P;
     first_ = g_.rank() * per_rank_;
@@ -39,50 +40,44 @@ class ExpertParallelMoe : public MoeLayer {
  protected:
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
     const std::int64_t P = g_.size(), E = options().num_experts, k = r.experts.size(1);
-    if (P == 1) return dispatch_locally(experts_, 0, tokens, r);
-    // This rank's kept assignments, by expert, then token.
-    at::Tensor flat_e = r.experts.reshape({-1}), kept = r.kept.reshape({-1});
-    std::vector<at::Tensor> slots_by_expert;
-    std::vector<std::int64_t> per_expert(static_cast<std::size_t>(E));
-    for (std::int64_t e = 0; e < E; ++e) {
-      slots_by_expert.push_back(at::nonzero(flat_e.eq(e).logical_and(kept)).reshape({-1}));
-      per_expert[static_cast<std::size_t>(e)] = slots_by_expert.back().numel();
-    }
-    at::Tensor order = at::cat(slots_by_expert);
-    at::Tensor token_of = at::div(order, k, "floor");
+    if (P == 1) return dispatch_locally(experts_, 0, tokens, r, options().padded);
+    // This rank's kept assignments, by expert, then token (one stable sort).
+    ExpertGroups groups = group_by_expert(r, 0, E);
+    const auto& per_expert = groups.counts;
+    at::Tensor token_of = at::div(groups.order, k, "floor");
     // Counts first: how many rows each rank sends to each of my experts.
     at::Tensor counts = at::tensor(per_expert, at::kLong);
     std::vector<std::int64_t> even(static_cast<std::size_t>(P), per_rank_);
     at::Tensor got = g_.all_to_all(counts, even, even).view({P, per_rank_});
-    std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
+    std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0),
+        recv(static_cast<std::size_t>(P), 0);
     for (std::int64_t d = 0; d < P; ++d) {
-      for (std::int64_t j = 0; j < per_rank_; ++j) send[static_cast<std::size_t>(d)] += per_expert[static_cast<std::size_t>(d * per_rank_ + j)];
+      for (std::int64_t j = 0; j < per_rank_; ++j)
+        send[static_cast<std::size_t>(d)] +=
+            per_expert[static_cast<std::size_t>(d * per_rank_ + j)];
       recv[static_cast<std::size_t>(d)] = got[d].sum().item<std::int64_t>();
     }
     at::Tensor rows = dist::all_to_all(tokens.index_select(0, token_of), g_, send, recv);
-    // What arrived is by source rank, then by my expert: gather each
-    // expert's rows from every source, run it once, put them back.
-    // rows x 0, not zeros: every rank's graph must hold both exchanges, so
-    // that each backward all-to-all has every member, even a rank that got
-    // no rows or sent none.
-    at::Tensor y = rows * 0;
-    const auto* gc = got.data_ptr<std::int64_t>();
-    for (std::int64_t j = 0; j < per_rank_; ++j) {
-      std::vector<std::int64_t> idx;
-      std::int64_t base = 0;
-      for (std::int64_t s = 0; s < P; ++s) {
-        std::int64_t off = base;
-        for (std::int64_t jj = 0; jj < j; ++jj) off += gc[s * per_rank_ + jj];
-        for (std::int64_t i = 0; i < gc[s * per_rank_ + j]; ++i) idx.push_back(off + i);
-        for (std::int64_t jj = 0; jj < per_rank_; ++jj) base += gc[s * per_rank_ + jj];
-      }
-      if (idx.empty()) continue;
-      at::Tensor at_idx = at::tensor(idx, at::kLong);
-      y = y.index_add(0, at_idx, experts_.forward(j, rows.index_select(0, at_idx)));
-    }
+    // What arrived is by source rank, then by my expert: one stable sort by
+    // my expert makes each expert's rows contiguous (sources ascending), the
+    // experts run on their slices, and the outputs go back to arrival order.
+    // With no rows, forward_grouped returns rows x 0, not zeros: every
+    // rank's graph must hold both exchanges, so that each backward
+    // all-to-all has every member, even a rank that got no rows or sent none.
+    at::Tensor expert_of =
+        at::repeat_interleave(at::arange(per_rank_, at::kLong).repeat({P}), got.reshape({-1}));
+    at::Tensor by_expert =
+        std::get<1>(at::sort(expert_of, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+    at::Tensor mine = got.sum(0).contiguous();
+    std::vector<std::int64_t> mine_counts(mine.data_ptr<std::int64_t>(),
+                                          mine.data_ptr<std::int64_t>() + per_rank_);
+    at::Tensor y =
+        experts_.forward_grouped(rows.index_select(0, by_expert), mine_counts, options().padded);
+    if (rows.size(0) > 0) y = at::zeros_like(y).index_copy(0, by_expert, y);
     at::Tensor back = dist::all_to_all(y, g_, recv, send);
-    at::Tensor w = r.weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(back.scalar_type());
-    return at::zeros_like(tokens).index_add(0, token_of, back * w);
+    at::Tensor w =
+        r.weights.reshape({-1}).index_select(0, groups.order).unsqueeze(1).to(back.scalar_type());
+    return combine_by_token(back * w, groups.order, tokens.size(0), k);
   }
 
  private:
@@ -94,9 +89,12 @@ class ExpertParallelMoe : public MoeLayer {
 class ExpertParallelFeature : public Feature {
  public:
   void declare_options(Schema& s, const std::string& prefix) const override {
-    s.add_int(prefix + "size", 2).range(1, 1024)
-        .describe("Ranks the experts of every moe layer are split over (the ep mesh dimension, carved out of the "
-                  "data-parallel ranks: it must divide the data-parallel size and the expert count).");
+    s.add_int(prefix + "size", 2)
+        .range(1, 1024)
+        .describe(
+            "Ranks the experts of every moe layer are split over (the ep mesh dimension, carved "
+            "out of the "
+            "data-parallel ranks: it must divide the data-parallel size and the expert count).");
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
@@ -118,9 +116,10 @@ class ExpertParallelFeature : public Feature {
   }
 
   void install(FeatureRuntime& rt) override {
-    rt.model().layers().replace("moe", "expert_parallel", [](const LayerSpec& s, BuildContext& ctx) {
-      return std::make_shared<ExpertParallelMoe>(s, ctx);
-    });
+    rt.model().layers().replace("moe", "expert_parallel",
+                                [](const LayerSpec& s, BuildContext& ctx) {
+                                  return std::make_shared<ExpertParallelMoe>(s, ctx);
+                                });
   }
 };
 

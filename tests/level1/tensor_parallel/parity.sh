@@ -4,7 +4,9 @@
 # within 1e-5; 20-step losses, grad norms and eval losses within 1e-4), with
 # dropout 0.1 (small_config). The vocabulary (66) does not divide by 4, so the
 # uneven vocabulary split is part of the check. Sequence parallel: tp=2 with
-# it against tp=2 without and against one process, same bars.
+# it against tp=2 without and against one process, same bars. Block attention
+# (model.attention: block) on one process and at tp=2 with selective
+# recompute against the eager one-process reference, same bars.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -29,6 +31,18 @@ run tp2rc 2 2 --set features.recompute.enabled=true
 replayed_every_step "$WORK/tp2rc" || fail "recompute did not run at tp=2"
 echo "== tp2 + recompute against tp2"
 "$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2rc" --exact --grads-step 1 --grad-rtol 0 --phase recompute || fail "tp x recompute"
+# Block attention (model.attention: block, a block length of 12 that does not
+# divide seq_len 32) against the one-process eager reference: on one process,
+# and at tp=2 under selective recompute (which replays the block attention
+# function in backward), same bars.
+block=(--set model.attention=block --set model.attention_block=12)
+"$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" "${block[@]}" --set run.output_dir="$WORK/block" > "$WORK/log" 2>&1 \
+  || { cat "$WORK/log"; fail "one-process block attention run"; }
+echo "== one process, block attention against one process, eager"
+"$BIN/hp-compare" "$WORK/ref" "$WORK/block" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
+  --grad-rtol 1e-5 --phase "block-attention optimizer steps" || fail "block attention parity"
+run tp2block 2 2 "${block[@]}" --set features.recompute.enabled=true --set features.recompute.granularity=selective
+replayed_every_step "$WORK/tp2block" || fail "selective recompute did not run with block attention"
 # Sequence parallel: tp=2 with it against tp=2 without (the issue's bar) and
 # against one process; tp=4 with it; and with recompute.
 run tp2sp 2 2 --set features.tensor_parallel.sequence_parallel=true

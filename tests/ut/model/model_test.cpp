@@ -142,6 +142,16 @@ TEST(ModelRegistry, AFeatureChecksADeclaredSplitSizeOfAModelItDoesNotKnow) {
             "");
 }
 
+TEST(ModelRegistry, GptAttentionOptionsAreChecked) {
+  const std::string base = "data: {type: synthetic}\nmodel: {type: gpt, ";
+  EXPECT_EQ(config_errors(base + "attention: block, attention_block: 7}\n"), "");
+  const auto bad = config_errors(base + "attention: flash}\n");
+  EXPECT_NE(bad.find("config error: model.attention = flash"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("eager"), std::string::npos) << bad;
+  const auto zero = config_errors(base + "attention: block, attention_block: 0}\n");
+  EXPECT_NE(zero.find("config error: model.attention_block = 0"), std::string::npos) << zero;
+}
+
 TEST(DatasetRegistry, ModelInputsMustBeProduced) {
   EXPECT_NE(config_errors("model: {type: unet}\ndata: {type: synthetic}\n")
                 .find("data.type = synthetic: model 'unet' reads input 'field', which this dataset does not produce "

@@ -3,6 +3,8 @@
 // auxiliary losses against hand-computed values, and the expert-parallel
 // dispatch (the real plugin) against the dense layer on Gloo ranks, with
 // uneven counts, a rank that receives nothing and every token on one expert.
+#include "framework/model/moe.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,7 +12,6 @@
 #include "framework/config/config.h"
 #include "framework/model/build_context.h"
 #include "framework/model/extensions.h"
-#include "framework/model/moe.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
@@ -70,7 +71,14 @@ TEST(Router, CapacityKeepsTheMostProbableAndTheEarlierOnTies) {
   EXPECT_TRUE(torch::equal(r.kept.reshape({-1}), torch::tensor({false, true, false, true})));
   EXPECT_EQ(r.weights[0].item<float>(), 0.f) << "a dropped assignment weighs 0";
   // Two sequences of 2: each keeps its own C = 1.
-  auto r2 = hp::route(logits, {}, [&] { auto p = o; p.capacity_factor = 1.0; return p; }(), 2);
+  auto r2 = hp::route(
+      logits, {},
+      [&] {
+        auto p = o;
+        p.capacity_factor = 1.0;
+        return p;
+      }(),
+      2);
   EXPECT_TRUE(torch::equal(r2.kept.reshape({-1}), torch::tensor({false, true, false, true})));
 }
 
@@ -84,9 +92,200 @@ TEST(AuxLosses, LoadBalanceAndZLossAgainstHandComputedValues) {
   // f = (2/3, 1/3): tokens 0 and 2 choose expert 0; P = mean of p over tokens.
   const double P0 = p.select(1, 0).mean().item<double>(), P1 = p.select(1, 1).mean().item<double>();
   const double per_seq = 0.1 * 2 * (2.0 / 3 * P0 + 1.0 / 3 * P1);
-  EXPECT_NEAR(hp::load_balance_loss_sum(r, o, 3).item<double>(), per_seq * 3, 1e-6) << "times the sequence length";
+  EXPECT_NEAR(hp::load_balance_loss_sum(r, o, 3).item<double>(), per_seq * 3, 1e-6)
+      << "times the sequence length";
   const double z = 0.01 * torch::logsumexp(logits, -1).pow(2).sum().item<double>();
   EXPECT_NEAR(hp::z_loss_sum(r, o).item<double>(), z, 1e-6);
+}
+
+// ---- grouped expert compute against the per-expert loop ------------------------
+
+namespace {
+
+/// The per-expert loop the layer used before grouping (the reference): for
+/// each expert in ascending order, its kept assignments found with nonzero,
+/// its tokens gathered, its FFN run, the weighted outputs index_add-ed.
+torch::Tensor per_expert_loop(const hp::ExpertWeights& w, std::int64_t first,
+                              const torch::Tensor& tokens, const hp::Routing& r) {
+  torch::Tensor out = torch::zeros_like(tokens);
+  torch::Tensor flat_e = r.experts.reshape({-1}), flat_kept = r.kept.reshape({-1}),
+                flat_w = r.weights.reshape({-1});
+  const std::int64_t k = r.experts.size(1);
+  for (std::int64_t j = 0; j < w.w1.size(0); ++j) {
+    torch::Tensor slots = torch::nonzero(flat_e.eq(first + j).logical_and(flat_kept)).reshape({-1});
+    if (slots.numel() == 0) continue;
+    torch::Tensor tok = torch::div(slots, k, "floor");
+    torch::Tensor y = w.forward(j, tokens.index_select(0, tok));
+    out = out.index_add(0, tok, y * flat_w.index_select(0, slots).unsqueeze(1));
+  }
+  return out;
+}
+
+/// The capacity rule as the router computed it before (a host loop over
+/// tokens): per sequence and expert, a stable sort by probability (desc).
+torch::Tensor kept_by_host_loop(const hp::Routing& r, const hp::MoeOptions& o, std::int64_t seq) {
+  const std::int64_t N = r.probs.size(0), E = o.num_experts, k = o.top_k, C = o.capacity(seq);
+  auto ex = r.experts.accessor<std::int64_t, 2>();
+  torch::Tensor probs = r.probs.detach();
+  auto pp = probs.accessor<float, 2>();
+  torch::Tensor kept = torch::ones({N, k}, torch::kBool);
+  for (std::int64_t s0 = 0; s0 < N; s0 += seq) {
+    std::vector<std::vector<std::pair<float, std::int64_t>>> by_expert(static_cast<std::size_t>(E));
+    for (std::int64_t t = s0; t < s0 + seq; ++t) {
+      for (std::int64_t j = 0; j < k; ++j)
+        by_expert[static_cast<std::size_t>(ex[t][j])].emplace_back(pp[t][ex[t][j]], t * k + j);
+    }
+    for (auto& v : by_expert) {
+      std::stable_sort(v.begin(), v.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (std::size_t i = static_cast<std::size_t>(C); i < v.size(); ++i)
+        kept.view({-1})[v[i].second] = false;
+    }
+  }
+  return kept;
+}
+
+/// max |a - b| / max |b| (docs/PARITY.md).
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>() / (b.abs().max().item<double>() + 1e-12);
+}
+
+enum class Routes { kRandom, kOneExpertEmpty, kAllOnOne, kDrops, kTies };
+
+struct Case {
+  hp::MoeOptions o;
+  torch::Tensor logits;
+  std::int64_t seq = 0;
+};
+
+Case make_case(Routes how, std::uint64_t seed) {
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+  const std::int64_t E = 6, S = 3, T = 20;
+  Case c{opts(E, how == Routes::kAllOnOne ? 1 : 2), torch::randn({S * T, E}, gen), T};
+  if (how == Routes::kOneExpertEmpty) c.logits.select(1, 4).fill_(-30.f);  // expert 4 gets nothing
+  if (how == Routes::kAllOnOne) c.logits.select(1, 2).add_(30.f);  // every token on expert 2
+  if (how == Routes::kDrops) c.o.capacity_factor = 0.75;
+  if (how ==
+      Routes::kTies) {  // few distinct probabilities: capacity ties broken by the earlier token
+    c.logits = torch::randint(0, 3, {S * T, E}, gen).to(torch::kFloat);
+    c.o.capacity_factor = 1.0;
+  }
+  return c;
+}
+
+hp::ExpertWeights random_experts(std::int64_t n, std::int64_t H, std::int64_t F,
+                                 std::uint64_t seed) {
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+  hp::ExpertWeights w;
+  w.w1 = (torch::randn({n, F, H}, gen) * 0.3).requires_grad_(true);
+  w.b1 = (torch::randn({n, F}, gen) * 0.1).requires_grad_(true);
+  w.w2 = (torch::randn({n, H, F}, gen) * 0.3).requires_grad_(true);
+  w.b2 = (torch::randn({n, H}, gen) * 0.1).requires_grad_(true);
+  return w;
+}
+
+struct Result {
+  torch::Tensor out;
+  std::vector<torch::Tensor> grads;  // tokens, logits, w1, b1, w2, b2
+};
+
+/// Forward and backward of a dispatch on the case (k experts of E from `first`).
+template <class Dispatch>
+Result run_dispatch(const Case& c, std::int64_t first, std::int64_t count, Dispatch dispatch) {
+  const std::int64_t H = 16, F = 24;
+  auto tokens = torch::randn({c.logits.size(0), H}, torch::make_generator<at::CPUGeneratorImpl>(11))
+                    .requires_grad_(true);
+  auto logits = c.logits.clone().requires_grad_(true);
+  hp::ExpertWeights w = random_experts(count, H, F, 12 + static_cast<std::uint64_t>(first));
+  hp::Routing r = hp::route(logits, {}, c.o, c.seq);
+  torch::Tensor out = dispatch(w, first, tokens, r);
+  auto w_out = torch::randn(out.sizes(), torch::make_generator<at::CPUGeneratorImpl>(13));
+  (out * w_out).sum().backward();
+  return {out.detach(),
+          {tokens.grad(), logits.grad(), w.w1.grad(), w.b1.grad(), w.w2.grad(), w.b2.grad()}};
+}
+
+const char* kGradNames[] = {"tokens", "logits", "w1", "b1", "w2", "b2"};
+
+void grouped_against_loop(Routes how, std::int64_t first, std::int64_t count) {
+  for (std::uint64_t seed : {1, 2, 3}) {
+    Case c = make_case(how, seed);
+    Result ref = run_dispatch(c, first, count, per_expert_loop);
+    for (bool padded : {false, true}) {
+      Result got = run_dispatch(c, first, count,
+                                [&](const auto& w, std::int64_t f, const auto& t, const auto& r) {
+                                  return hp::dispatch_locally(w, f, t, r, padded);
+                                });
+      const std::string what =
+          std::string(padded ? "padded" : "slices") + ", seed " + std::to_string(seed);
+      if (!padded) {
+        // Same rows, same order, same matmul shapes, same summation order: bitwise.
+        EXPECT_TRUE(torch::equal(got.out, ref.out))
+            << "forward, " << what << ": rel " << rel(got.out, ref.out);
+      } else {
+        EXPECT_LE(rel(got.out, ref.out), 1e-6) << "forward, " << what;
+      }
+      for (std::size_t i = 0; i < ref.grads.size(); ++i) {
+        ASSERT_TRUE(got.grads[i].defined()) << kGradNames[i] << ", " << what;
+        EXPECT_LE(rel(got.grads[i], ref.grads[i]), 1e-6)
+            << "gradient of " << kGradNames[i] << ", " << what;
+        // Printed, not asserted: autograd does not promise the order in which a
+        // token's gradient contributions are accumulated.
+        if (!padded && !torch::equal(got.grads[i], ref.grads[i])) {
+          std::cout << "note: gradient of " << kGradNames[i] << " not bitwise, rel "
+                    << rel(got.grads[i], ref.grads[i]) << " (" << what << ")\n";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(GroupedExperts, RandomRoutingMatchesThePerExpertLoop) {
+  grouped_against_loop(Routes::kRandom, 0, 6);
+}
+TEST(GroupedExperts, AnExpertWithNoTokens) { grouped_against_loop(Routes::kOneExpertEmpty, 0, 6); }
+TEST(GroupedExperts, EveryTokenOnOneExpert) { grouped_against_loop(Routes::kAllOnOne, 0, 6); }
+TEST(GroupedExperts, CapacityDrops) { grouped_against_loop(Routes::kDrops, 0, 6); }
+TEST(GroupedExperts, ASliceOfTheExpertsAsOnAnExpertParallelRank) {
+  grouped_against_loop(Routes::kDrops, 2, 3);
+  grouped_against_loop(Routes::kOneExpertEmpty, 3, 3);
+}
+
+TEST(GroupedExperts, GroupsAreByExpertThenToken) {
+  Case c = make_case(Routes::kDrops, 4);
+  hp::Routing r = hp::route(c.logits, {}, c.o, c.seq);
+  hp::ExpertGroups g = hp::group_by_expert(r, 0, 6);
+  auto e = r.experts.reshape({-1}).index_select(0, g.order);
+  auto t = torch::div(g.order, 2, "floor");
+  std::int64_t off = 0;
+  for (std::int64_t j = 0; j < 6; ++j) {
+    const std::int64_t n = g.counts[static_cast<std::size_t>(j)];
+    EXPECT_TRUE(e.narrow(0, off, n).eq(j).all().item<bool>())
+        << "expert " << j << "'s rows are one slice";
+    if (n > 1)
+      EXPECT_TRUE((t.narrow(0, off + 1, n - 1) > t.narrow(0, off, n - 1)).all().item<bool>())
+          << "tokens ascend";
+    off += n;
+  }
+  EXPECT_EQ(off, r.kept.sum().item<std::int64_t>()) << "every kept assignment once, no dropped one";
+}
+
+TEST(Router, CapacityWithTensorOpsEqualsTheHostLoop) {
+  for (Routes how : {Routes::kDrops, Routes::kTies}) {
+    for (std::uint64_t seed : {1, 2, 3, 4, 5}) {
+      Case c = make_case(how, seed);
+      for (std::int64_t seq : {c.seq, c.seq / 2, std::int64_t{1}}) {
+        hp::Routing r = hp::route(c.logits, {}, c.o, seq);
+        torch::Tensor expect = kept_by_host_loop(r, c.o, seq);
+        EXPECT_TRUE(torch::equal(r.kept, expect)) << "seed " << seed << ", seq " << seq;
+        if (seq == c.seq)
+          EXPECT_LT(r.kept.sum().item<std::int64_t>(), r.kept.numel())
+              << "the case drops something";
+      }
+    }
+  }
 }
 
 // ---- expert parallel against dense ------------------------------------------
@@ -96,13 +295,15 @@ namespace {
 const hp::Setup& ep_setup(int ep) {
   static std::map<int, hp::Setup> cache;
   if (!cache.count(ep)) {
-    cache[ep] = hp::prepare(hp::RawConfig::parse_string(
-                                "data: {type: synthetic}\nmodel: {moe: {num_experts: 4, top_k: 2}}\n"
-                                "training: {global_batch_size: " + std::to_string(4 * ep) +
-                                    ", micro_batch_size: 1}\nfeatures: {expert_parallel: {enabled: true, size: " +
-                                    std::to_string(ep) + "}}\n",
-                                "t"),
-                            ep);
+    cache[ep] = hp::prepare(
+        hp::RawConfig::parse_string(
+            "data: {type: synthetic}\nmodel: {moe: {num_experts: 4, top_k: 2}}\n"
+            "training: {global_batch_size: " +
+                std::to_string(4 * ep) +
+                ", micro_batch_size: 1}\nfeatures: {expert_parallel: {enabled: true, size: " +
+                std::to_string(ep) + "}}\n",
+            "t"),
+        ep);
   }
   return cache[ep];
 }
@@ -153,15 +354,19 @@ void ep_against_dense(int ep, std::int64_t k, Steer how) {
     const int r = d.group("ep").rank();
     auto x = x_all.narrow(0, r * S, S).clone().requires_grad_(true);
     auto out = layer->forward(x);
-    EXPECT_TRUE(torch::allclose(out, dense_out.narrow(0, r * S, S), 1e-5, 1e-6)) << "forward on rank " << r;
+    EXPECT_TRUE(torch::allclose(out, dense_out.narrow(0, r * S, S), 1e-5, 1e-6))
+        << "forward on rank " << r;
     (out * w_out.narrow(0, r * S, S)).sum().backward();
-    EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad().narrow(0, r * S, S), 1e-5, 1e-6)) << "input gradient";
+    EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad().narrow(0, r * S, S), 1e-5, 1e-6))
+        << "input gradient";
     hp::make_bucketed_reducer({1 << 20}, ctx.params(), d)->reduce();
     for (std::size_t i = 0; i < ctx.params().size(); ++i) {
       const auto& p = ctx.params()[i];
       auto full = dctx.params()[i].tensor.grad();
-      auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
-      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6)) << p.spec.name << " on rank " << r;
+      auto expect =
+          p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+      EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6))
+          << p.spec.name << " on rank " << r;
     }
   });
 }
