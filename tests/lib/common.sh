@@ -18,6 +18,19 @@ checkpoint: {interval: 0}
 YAML
 }
 
+# unet_config FILE [MAX_STEPS]: the skip-connection model on the field task
+# (no dropout; 20 steps unless given).
+unet_config() {
+  cat > "$1" <<YAML
+run: {seed: 7}
+model: {type: unet, layers: 2, hidden: 32, seq_len: 16, channels: 4}
+data: {type: field}
+training: {max_steps: ${2:-20}, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
+optimizer: {type: adamw, lr: 0.003, warmup_steps: 2, grad_clip: 1.0}
+checkpoint: {interval: 0}
+YAML
+}
+
 # loss_at RUN_DIR STEP: the logged loss of a step (full precision).
 loss_at() {
   python3 -c 'import json,sys

@@ -130,10 +130,8 @@ void verify_file(const fs::path& step_dir, const std::string& file,
   counts.files += 1;
 }
 
-/// state.json against the manifest: its checksum (when the manifest has
-/// one) and its step.
-void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& checksummed) {
-  const std::string path = (step_dir / "state.json").string();
+/// The whole file at `path`; a file that cannot be opened is Bad.
+std::string read_whole(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     throw Bad(path + ": cannot open (" + std::strerror(errno) + ")");
@@ -143,6 +141,14 @@ void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& check
   std::size_t n = 0;
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
   std::fclose(f);
+  return text;
+}
+
+/// state.json against the manifest: its checksum (when the manifest has
+/// one) and its step.
+void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& checksummed) {
+  const std::string path = (step_dir / "state.json").string();
+  const std::string text = read_whole(path);
   checksummed = !m.state_xxh64.empty();
   if (checksummed) {
     const auto got = ckpt::format_xxh64(XXH64(text.data(), text.size(), 0));
@@ -168,15 +174,7 @@ void verify_state(const fs::path& step_dir, const ckpt::Manifest& m, bool& check
 void verify_config(const fs::path& step_dir, const ckpt::Manifest& m) {
   if (m.config_file.empty()) return;
   const std::string path = (step_dir / m.config_file).string();
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    throw Bad(path + ": cannot open (" + std::strerror(errno) + ")");
-  }
-  std::string text;
-  char buf[65536];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  std::fclose(f);
+  const std::string text = read_whole(path);
   const auto got = ckpt::xxh64_hex(text);
   if (got != m.config_hash) {
     throw Bad(path + ": checksum mismatch (manifest config_hash " + m.config_hash + ", file " +

@@ -7,14 +7,7 @@
 source "$(dirname "$0")/lib.sh"
 BIN=$1
 CONFIG="$WORK/u.yaml"
-cat > "$CONFIG" <<'YAML'
-run: {seed: 7}
-model: {type: unet, layers: 2, hidden: 32, seq_len: 16, channels: 4}
-data: {type: field}
-training: {max_steps: 20, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
-optimizer: {type: adamw, lr: 0.003, warmup_steps: 2, grad_clip: 1.0}
-checkpoint: {interval: 0}
-YAML
+unet_config "$CONFIG"
 COMMON=(--set training.eval_interval=10 --set training.dump_grads_at_step=1 --set metrics.peak_flops=1e10)
 t0=$SECONDS
 # shellcheck disable=SC2046

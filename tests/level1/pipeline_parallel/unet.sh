@@ -4,14 +4,7 @@
 # against one process: 50-step losses within 1e-6.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
-cat > "$WORK/u.yaml" <<'YAML'
-run: {seed: 7}
-model: {type: unet, layers: 2, hidden: 32, seq_len: 16, channels: 4}
-data: {type: field}
-training: {max_steps: 50, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
-optimizer: {type: adamw, lr: 0.003, warmup_steps: 2, grad_clip: 1.0}
-checkpoint: {interval: 0}
-YAML
+unet_config "$WORK/u.yaml" 50
 "$BIN/hp-train" "$WORK/u.yaml" --set run.output_dir="$WORK/ref" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "reference"; }
 read -r first last <<<"$(first_last "$WORK/ref")"
 echo "one process: loss $first -> $last"
