@@ -11,7 +11,7 @@ and inside the profiled steps every rank has a span of each GROUP:OP given
 """
 import sys
 
-from check_trace import load, ns
+from check_trace import load, step_windows
 
 
 def main():
@@ -22,11 +22,7 @@ def main():
     seen = {}
     for rank in range(ranks):
         events = spans[rank]
-        steps = {int(e["args"]["step"]): e for e in events if e["name"] == "step" and e["cat"] == "step"}
-        assert sorted(steps) == list(range(first, last + 1)), f"rank {rank}: profiled steps {sorted(steps)}"
-        for s, step in steps.items():
-            b, end = ns(step["ts"]), ns(step["ts"]) + ns(step["dur"])
-            inside = [e for e in events if b <= ns(e["ts"]) and ns(e["ts"]) + ns(e["dur"]) <= end]
+        for s, inside in step_windows(events, rank, first, last).items():
             for cat, name in (("compute", "forward"), ("compute", "backward"), ("comm", "grad_sync"),
                               ("optimizer", "optimizer_step")):
                 assert any(e["cat"] == cat and e["name"] == name for e in inside), \

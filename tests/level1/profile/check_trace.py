@@ -56,6 +56,18 @@ def load(path):
     return spans
 
 
+def step_windows(events, rank, first, last):
+    """{step: the rank's spans inside that step's span}; the profiled steps
+    must be exactly first..last."""
+    steps = {int(e["args"]["step"]): e for e in events if e["name"] == "step" and e["cat"] == "step"}
+    assert sorted(steps) == list(range(first, last + 1)), f"rank {rank}: profiled steps {sorted(steps)}"
+    out = {}
+    for s, step in steps.items():
+        b, end = ns(step["ts"]), ns(step["ts"]) + ns(step["dur"])
+        out[s] = [e for e in events if b <= ns(e["ts"]) and ns(e["ts"]) + ns(e["dur"]) <= end]
+    return out
+
+
 def main():
     path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     schedules = [open(p).read().split() for p in sys.argv[4:]]
@@ -64,11 +76,7 @@ def main():
     assert len(spans) == ranks, f"{len(spans)} tracks, expected {ranks}"
     for rank in range(ranks):
         events = spans[rank]
-        steps = {int(e["args"]["step"]): e for e in events if e["name"] == "step" and e["cat"] == "step"}
-        assert sorted(steps) == list(range(first, last + 1)), f"rank {rank}: profiled steps {sorted(steps)}"
-        for s, step in steps.items():
-            b, end = ns(step["ts"]), ns(step["ts"]) + ns(step["dur"])
-            inside = [e for e in events if b <= ns(e["ts"]) and ns(e["ts"]) + ns(e["dur"]) <= end]
+        for s, inside in step_windows(events, rank, first, last).items():
             compute = sorted((e for e in inside if e["cat"] == "compute" and e["name"] in ("forward", "backward")),
                              key=lambda e: ns(e["ts"]))
             got = [("F" if e["name"] == "forward" else "B") + f"{int(e['args']['chunk'])}.{int(e['args']['mb'])}"
@@ -85,6 +93,7 @@ def main():
             direction = "forward" if rank == 1 else "backward"
             assert any(w["args"]["direction"] == direction for w in waits), (rank, s, waits[:2])
         # The first profiled step evaluates and saves after its step span.
+        steps = {int(e["args"]["step"]): e for e in events if e["name"] == "step" and e["cat"] == "step"}
         nxt = ns(steps[first + 1]["ts"]) if first + 1 in steps else float("inf")
         after = [e for e in events if ns(steps[first]["ts"]) + ns(steps[first]["dur"]) <= ns(e["ts"]) < nxt]
         for name in ("evaluate", "checkpoint_save"):
