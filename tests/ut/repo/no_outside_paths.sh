@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The repository cites nothing outside itself: no file names a path a
-# fresh clone does not have (../shared/..., shared/design/..., /work/...),
+# fresh clone does not have (the design folder beside the checkout, the
+# machine's work directory),
 # and the project's own documents are cited as docs/PARITY.md,
 # docs/moe.md, docs/toolchain.md, docs/architecture.md and docs/style.md,
 # never by a bare or outside name (ARCHITECTURE.md, STYLE.md).
@@ -22,9 +23,9 @@ fi
 
 # rule|Perl regex; each match is reported with the rule.
 rules=(
-  'a path outside the repository (../shared)|\.\./shared'
-  'the outside design folder (shared/design)|shared/design'
-  'an absolute path of the machine the project was written on (/work/)|/work/'
+  'a path outside the repository (the shared folder beside the checkout)|\.\./shared'
+  'the outside design folder|shared[/]design'
+  'an absolute path of the machine the project was written on|[/]work[/]'
   'a bare PARITY.md: cite docs/PARITY.md|(?<!docs/)(?<![\w.-])PARITY\.md'
   'MOE.md: cite docs/moe.md|MOE\.md'
   'LIBTORCH-NOTES: cite docs/toolchain.md|LIBTORCH-NOTES'
