@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/dist/env.h"
 #include "framework/data/dataset.h"
 #include "framework/trainer/trainer.h"
 #include "framework/trainer/training_metrics.h"
@@ -160,10 +161,9 @@ double trainer_run(const Size& s, const std::string& recompute) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Same rule as the trainer: HP_INTRA_OP_THREADS, else every core.
-  const char* env_threads = std::getenv("HP_INTRA_OP_THREADS");
-  const int threads = env_threads ? std::atoi(env_threads)
-                                  : static_cast<int>(std::thread::hardware_concurrency());
+  // Same rule as the trainer: HP_INTRA_OP_THREADS, else OMP_NUM_THREADS, else
+  // the cores divided by the local ranks.
+  const int threads = hp::dist::choose_intra_op_threads(hp::dist::read_dist_env(), hp::dist::usable_cores()).threads;
   torch::set_num_threads(threads);
   hp::set_blas_threads(threads);
   Size s;

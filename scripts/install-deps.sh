@@ -20,6 +20,7 @@ PACKAGES=(
   fortunes
   curl python3
   procps
+  python3-torch openmpi-bin
 )
 
 missing=()

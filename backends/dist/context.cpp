@@ -76,18 +76,28 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
       } else {
         c10d::TCPStoreOptions so;
         so.port = static_cast<std::uint16_t>(env.master_port);
-        so.isServer = env.rank == 0;
+        // Under torchrun's static rendezvous its agent serves the store on
+        // this port already: every rank is a client, and each restart
+        // attempt keeps its keys apart under the prefix PyTorch's workers use.
+        so.isServer = env.rank == 0 && !env.agent_store;
         so.numWorkers = env.world_size;
         so.waitWorkers = false;
         so.timeout = options.timeout;
-        ctx->store_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+        auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+        if (env.agent_store) {
+          ctx->store_->store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, tcp);
+        } else {
+          ctx->store_->store = tcp;
+        }
       }
       ctx->store_->store->setTimeout(options.timeout);
     } catch (const std::exception& e) {
       throw CommError(who + "rendezvous at " +
                       (options.init_method == "file"
                            ? "file " + options.init_file
-                           : env.master_addr + ":" + std::to_string(env.master_port)) +
+                           : env.master_addr + ":" + std::to_string(env.master_port) +
+                                 (env.agent_store ? " (torchrun agent's store, as a client)"
+                                                  : env.rank == 0 ? " (served by rank 0)" : " (as a client)")) +
                       " failed: " + first_line(e.what()));
     }
   }

@@ -17,7 +17,8 @@ namespace hp::dist {
 struct ContextOptions {
   /// "gloo" or "nccl" ("auto" is resolved by the caller).
   std::string backend = "gloo";
-  /// "env": TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it);
+  /// "env": TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it, unless
+  /// torchrun's agent does: DistEnv::agent_store);
   /// "file": FileStore at `init_file`.
   std::string init_method = "env";
   std::string init_file;

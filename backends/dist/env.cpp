@@ -1,5 +1,9 @@
 #include "backends/dist/env.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -25,6 +29,42 @@ int first_number(const char* name, const char* value) {
   return parse_int(name, s.substr(0, end).c_str());
 }
 
+/// OMP_NUM_THREADS is "N" or OpenMP's nested list "N,M,...": the first level counts.
+int omp_threads(const char* value) {
+  std::string s(value);
+  const std::string first = s.substr(0, s.find(','));
+  char* end = nullptr;
+  const long v = std::strtol(first.c_str(), &end, 10);
+  if (first.empty() || *end != '\0' || v < 1 || v > 1 << 16) {
+    throw std::runtime_error(std::string("environment variable OMP_NUM_THREADS='") + value +
+                             "' is not a positive number of threads (OpenMP's form: N or N,M,...); set "
+                             "it to e.g. 1, or unset it to get the cores divided by the local ranks");
+  }
+  return static_cast<int>(v);
+}
+
+bool parse_bool(const char* name, const char* value) {
+  const std::string v(value);
+  if (v == "True" || v == "true" || v == "1") return true;
+  if (v == "False" || v == "false" || v == "0") return false;
+  throw std::runtime_error(std::string("environment variable ") + name + "='" + value +
+                           "' is neither True nor False (torchrun sets True for its static rendezvous, "
+                           "False for c10d); set one of them or unset it");
+}
+
+/// RANK/WORLD_SIZE set by hand (no launcher's mark) next to another
+/// launcher's own names: both must tell the same place.
+void check_agree(const char* name, int value, const char* other, const char* other_value,
+                 const std::string& launcher) {
+  const int o = parse_int(other, other_value);
+  if (o == value) return;
+  throw std::runtime_error(std::string(name) + "=" + std::to_string(value) + " and " + other + "=" +
+                           other_value + " disagree: " + name +
+                           " without a launcher's mark (HP_LAUNCHED, TORCHELASTIC_RUN_ID) would override " +
+                           launcher + "'s place for this process; unset " + name +
+                           " (often left exported in the shell) or make it equal to " + other);
+}
+
 }  // namespace
 
 DistEnv read_dist_env(const GetEnv& getenv_fn) {
@@ -42,21 +82,42 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
     const char* v = get(name);
     return v ? parse_int(name, v) : def;
   };
+  std::string origin = "nothing set";
 
   if (get("RANK") || get("WORLD_SIZE")) {
-    env.source = "torchrun";
+    // hp-launch and torchrun mark their workers; RANK without either mark is
+    // a plain environment (a Kubernetes PyTorchJob, or set by hand).
+    env.source = get("HP_LAUNCHED") ? "hp-launch" : get("TORCHELASTIC_RUN_ID") ? "torchrun" : "env";
+    origin = "RANK/WORLD_SIZE" + (env.source == "env" ? std::string() : " from " + env.source);
     env.rank = get("RANK") ? parse_int("RANK", get("RANK")) : need("RANK", "WORLD_SIZE");
     env.world_size = need("WORLD_SIZE", "RANK");
     env.local_rank = opt("LOCAL_RANK", env.rank);
     env.local_world_size = opt("LOCAL_WORLD_SIZE", env.world_size);
+    if (env.source == "env") {
+      // An inner launcher (hp-launch or torchrun under srun/mpirun) marks its
+      // workers, so only a hand-set RANK can contradict the outer launcher.
+      if (const char* r = get("OMPI_COMM_WORLD_RANK")) {
+        check_agree("RANK", env.rank, "OMPI_COMM_WORLD_RANK", r, "Open MPI");
+        if (const char* w = get("OMPI_COMM_WORLD_SIZE")) {
+          check_agree("WORLD_SIZE", env.world_size, "OMPI_COMM_WORLD_SIZE", w, "Open MPI");
+        }
+      } else if (const char* r2 = get("SLURM_PROCID")) {
+        check_agree("RANK", env.rank, "SLURM_PROCID", r2, "Slurm");
+        if (const char* w = get("SLURM_NTASKS")) check_agree("WORLD_SIZE", env.world_size, "SLURM_NTASKS", w, "Slurm");
+      }
+    }
   } else if (get("OMPI_COMM_WORLD_RANK")) {
+    // Open MPI before Slurm: mpirun inside an allocation is the inner launcher
+    // (its daemons' SLURM_PROCID numbers nodes, not ranks).
     env.source = "openmpi";
+    origin = "OMPI_COMM_WORLD_RANK/SIZE";
     env.rank = parse_int("OMPI_COMM_WORLD_RANK", get("OMPI_COMM_WORLD_RANK"));
     env.world_size = need("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
     env.local_rank = opt("OMPI_COMM_WORLD_LOCAL_RANK", env.rank);
     env.local_world_size = opt("OMPI_COMM_WORLD_LOCAL_SIZE", env.world_size);
   } else if (get("SLURM_PROCID")) {
     env.source = "slurm";
+    origin = "SLURM_PROCID/SLURM_NTASKS";
     env.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"));
     env.world_size = need("SLURM_NTASKS", "SLURM_PROCID");
     env.local_rank = opt("SLURM_LOCALID", env.rank);
@@ -74,26 +135,85 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
   if (const char* a = get("MASTER_ADDR")) env.master_addr = a;
   env.master_port = opt("MASTER_PORT", env.master_port);
   env.threads = opt("HP_INTRA_OP_THREADS", 0);
+  if (const char* t = get("OMP_NUM_THREADS")) env.omp_threads = omp_threads(t);
+
+  // torchrun's static rendezvous: its agent serves the store on the master
+  // port already and says so; PyTorch's workers then connect as clients and
+  // keep each restart attempt's keys apart under /worker/attempt_<n>.
+  if (const char* a = get("TORCHELASTIC_USE_AGENT_STORE")) {
+    env.agent_store = parse_bool("TORCHELASTIC_USE_AGENT_STORE", a);
+  }
+  if (env.agent_store) {
+    env.restart_count = need("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE=True");
+    env.store_prefix = "/worker/attempt_" + std::to_string(env.restart_count);
+    if (env.source == "single") {
+      throw std::runtime_error(
+          "TORCHELASTIC_USE_AGENT_STORE=True is set, but RANK and WORLD_SIZE are not; torchrun sets them all "
+          "for its workers: start hp-train through torchrun, or unset TORCHELASTIC_USE_AGENT_STORE");
+    }
+  } else {
+    env.restart_count = opt("TORCHELASTIC_RESTART_COUNT", 0);
+  }
 
   if (env.world_size < 1) {
-    throw std::runtime_error("world size is " + std::to_string(env.world_size) +
-                             " (from " + env.source + " variables); it must be >= 1");
+    throw std::runtime_error("world size is " + std::to_string(env.world_size) + " (from " + origin +
+                             "); it must be >= 1");
   }
   if (env.rank >= env.world_size) {
     throw std::runtime_error("rank " + std::to_string(env.rank) + " is not below the world size " +
-                             std::to_string(env.world_size) + " (from " + env.source +
-                             " variables)");
+                             std::to_string(env.world_size) + " (from " + origin +
+                             "); ranks count from 0 to the world size - 1");
   }
   if (env.local_world_size < 1 || env.local_rank >= env.local_world_size) {
     throw std::runtime_error("local rank " + std::to_string(env.local_rank) +
-                             " is not below the local world size " +
-                             std::to_string(env.local_world_size));
+                             " is not below the local world size " + std::to_string(env.local_world_size) +
+                             " (from " + origin + ")");
   }
   if (env.master_port < 1 || env.master_port > 65535) {
     throw std::runtime_error("MASTER_PORT=" + std::to_string(env.master_port) +
                              " is not a TCP port (1..65535)");
   }
   return env;
+}
+
+std::string describe_launch(const DistEnv& env) {
+  if (env.source == "single") return "one process (no launcher variables)";
+  std::string s = env.source + ": rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                  ", local " + std::to_string(env.local_rank) + " of " + std::to_string(env.local_world_size);
+  const std::string at = env.master_addr + ":" + std::to_string(env.master_port);
+  if (env.agent_store) {
+    s += ", store: torchrun's agent at " + at + " (client), keys under " + env.store_prefix;
+  } else {
+    s += ", store: served by rank 0 at " + at;
+    if (env.source == "torchrun") s += ", restart " + std::to_string(env.restart_count);
+  }
+  return s;
+}
+
+IntraOpThreads choose_intra_op_threads(const DistEnv& env, int cores) {
+  IntraOpThreads t;
+  if (env.threads > 0) {
+    t.threads = env.threads;
+    t.why = "HP_INTRA_OP_THREADS=" + std::to_string(env.threads) +
+            (env.source == "hp-launch" ? ", hp-launch's share" : "");
+  } else if (env.omp_threads > 0) {
+    t.threads = env.omp_threads;
+    t.why = "OMP_NUM_THREADS=" + std::to_string(env.omp_threads);
+  } else {
+    const int local = std::max(1, env.local_world_size);
+    cores = std::max(1, cores);
+    t.threads = std::max(1, cores / local);
+    t.why = std::to_string(cores) + (cores == 1 ? " core / " : " cores / ") + std::to_string(local) +
+            (local == 1 ? " local rank" : " local ranks");
+  }
+  return t;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
 }
 
 }  // namespace hp::dist

@@ -158,10 +158,12 @@ void TrainingRun::setup_process() {
   const Config& c = setup_.config;
   log::init(env_.rank, setup_.mesh.tag(env_.rank), c.get_string("logging.level"), c.get_string("logging.file"));
   auto log = log::logger();
-  // A launcher gives each rank its share of the cores; alone, take them all
-  // (LibTorch's default counts physical cores only, often half of them).
-  const int threads =
-      env_.threads > 0 ? env_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // A launcher gives each rank its share of the cores (hp-launch's
+  // HP_INTRA_OP_THREADS, OMP_NUM_THREADS from torchrun or the user); else the
+  // cores are split among the local ranks (LibTorch's default counts physical
+  // cores only, often half of them, and ignores the other ranks).
+  const dist::IntraOpThreads intra = dist::choose_intra_op_threads(env_, dist::usable_cores());
+  const int threads = intra.threads;
   at::set_num_threads(threads);
   set_blas_threads(threads);
   if (rank0()) warn_if_reference_blas(*log);
@@ -185,8 +187,9 @@ void TrainingRun::setup_process() {
     std::filesystem::create_directories(run_.output_dir);
     std::ofstream(run_.output_dir + "/config.yaml") << c.to_yaml();
     log->info("{}", data_->describe());
-    log->info("mesh {} over {} ranks ({} backend, {} threads per rank)", setup_.mesh.shape(), env_.world_size,
-              opts.backend, at::get_num_threads());
+    log->info("launch: {}", dist::describe_launch(env_));
+    log->info("mesh {} over {} ranks ({} backend, intra-op threads: {} ({}))", setup_.mesh.shape(),
+              env_.world_size, opts.backend, at::get_num_threads(), intra.why);
   }
   metrics_ = std::make_unique<TrainingMetrics>(c, env_.rank, env_.local_rank, rank0());
   if (!metrics_->url().empty()) log->info("metrics at {}", metrics_->url());
