@@ -163,7 +163,9 @@ double trainer_run(const Size& s, const std::string& recompute) {
 int main(int argc, char** argv) {
   // Same rule as the trainer: HP_INTRA_OP_THREADS, else OMP_NUM_THREADS, else
   // the cores divided by the local ranks.
-  const int threads = hp::dist::choose_intra_op_threads(hp::dist::read_dist_env(), hp::dist::usable_cores()).threads;
+  const int threads =
+      hp::dist::choose_intra_op_threads(hp::dist::read_dist_env(), hp::dist::usable_cores())
+          .threads;
   torch::set_num_threads(threads);
   hp::set_blas_threads(threads);
   Size s;

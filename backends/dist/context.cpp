@@ -97,7 +97,8 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
                            ? "file " + options.init_file
                            : env.master_addr + ":" + std::to_string(env.master_port) +
                                  (env.agent_store ? " (torchrun agent's store, as a client)"
-                                                  : env.rank == 0 ? " (served by rank 0)" : " (as a client)")) +
+                                  : env.rank == 0 ? " (served by rank 0)"
+                                                  : " (as a client)")) +
                       " failed: " + first_line(e.what()));
     }
   }

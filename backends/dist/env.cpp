@@ -36,9 +36,10 @@ int omp_threads(const char* value) {
   char* end = nullptr;
   const long v = std::strtol(first.c_str(), &end, 10);
   if (first.empty() || *end != '\0' || v < 1 || v > 1 << 16) {
-    throw std::runtime_error(std::string("environment variable OMP_NUM_THREADS='") + value +
-                             "' is not a positive number of threads (OpenMP's form: N or N,M,...); set "
-                             "it to e.g. 1, or unset it to get the cores divided by the local ranks");
+    throw std::runtime_error(
+        std::string("environment variable OMP_NUM_THREADS='") + value +
+        "' is not a positive number of threads (OpenMP's form: N or N,M,...); set "
+        "it to e.g. 1, or unset it to get the cores divided by the local ranks");
   }
   return static_cast<int>(v);
 }
@@ -47,9 +48,10 @@ bool parse_bool(const char* name, const char* value) {
   const std::string v(value);
   if (v == "True" || v == "true" || v == "1") return true;
   if (v == "False" || v == "false" || v == "0") return false;
-  throw std::runtime_error(std::string("environment variable ") + name + "='" + value +
-                           "' is neither True nor False (torchrun sets True for its static rendezvous, "
-                           "False for c10d); set one of them or unset it");
+  throw std::runtime_error(
+      std::string("environment variable ") + name + "='" + value +
+      "' is neither True nor False (torchrun sets True for its static rendezvous, "
+      "False for c10d); set one of them or unset it");
 }
 
 /// RANK/WORLD_SIZE set by hand (no launcher's mark) next to another
@@ -58,11 +60,12 @@ void check_agree(const char* name, int value, const char* other, const char* oth
                  const std::string& launcher) {
   const int o = parse_int(other, other_value);
   if (o == value) return;
-  throw std::runtime_error(std::string(name) + "=" + std::to_string(value) + " and " + other + "=" +
-                           other_value + " disagree: " + name +
-                           " without a launcher's mark (HP_LAUNCHED, TORCHELASTIC_RUN_ID) would override " +
-                           launcher + "'s place for this process; unset " + name +
-                           " (often left exported in the shell) or make it equal to " + other);
+  throw std::runtime_error(
+      std::string(name) + "=" + std::to_string(value) + " and " + other + "=" + other_value +
+      " disagree: " + name +
+      " without a launcher's mark (HP_LAUNCHED, TORCHELASTIC_RUN_ID) would override " + launcher +
+      "'s place for this process; unset " + name +
+      " (often left exported in the shell) or make it equal to " + other);
 }
 
 }  // namespace
@@ -103,7 +106,8 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
         }
       } else if (const char* r2 = get("SLURM_PROCID")) {
         check_agree("RANK", env.rank, "SLURM_PROCID", r2, "Slurm");
-        if (const char* w = get("SLURM_NTASKS")) check_agree("WORLD_SIZE", env.world_size, "SLURM_NTASKS", w, "Slurm");
+        if (const char* w = get("SLURM_NTASKS"))
+          check_agree("WORLD_SIZE", env.world_size, "SLURM_NTASKS", w, "Slurm");
       }
     }
   } else if (get("OMPI_COMM_WORLD_RANK")) {
@@ -148,16 +152,18 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
     env.store_prefix = "/worker/attempt_" + std::to_string(env.restart_count);
     if (env.source == "single") {
       throw std::runtime_error(
-          "TORCHELASTIC_USE_AGENT_STORE=True is set, but RANK and WORLD_SIZE are not; torchrun sets them all "
-          "for its workers: start hp-train through torchrun, or unset TORCHELASTIC_USE_AGENT_STORE");
+          "TORCHELASTIC_USE_AGENT_STORE=True is set, but RANK and WORLD_SIZE are not; torchrun "
+          "sets them all "
+          "for its workers: start hp-train through torchrun, or unset "
+          "TORCHELASTIC_USE_AGENT_STORE");
     }
   } else {
     env.restart_count = opt("TORCHELASTIC_RESTART_COUNT", 0);
   }
 
   if (env.world_size < 1) {
-    throw std::runtime_error("world size is " + std::to_string(env.world_size) + " (from " + origin +
-                             "); it must be >= 1");
+    throw std::runtime_error("world size is " + std::to_string(env.world_size) + " (from " +
+                             origin + "); it must be >= 1");
   }
   if (env.rank >= env.world_size) {
     throw std::runtime_error("rank " + std::to_string(env.rank) + " is not below the world size " +
@@ -166,8 +172,8 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
   }
   if (env.local_world_size < 1 || env.local_rank >= env.local_world_size) {
     throw std::runtime_error("local rank " + std::to_string(env.local_rank) +
-                             " is not below the local world size " + std::to_string(env.local_world_size) +
-                             " (from " + origin + ")");
+                             " is not below the local world size " +
+                             std::to_string(env.local_world_size) + " (from " + origin + ")");
   }
   if (env.master_port < 1 || env.master_port > 65535) {
     throw std::runtime_error("MASTER_PORT=" + std::to_string(env.master_port) +
@@ -178,8 +184,9 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
 
 std::string describe_launch(const DistEnv& env) {
   if (env.source == "single") return "one process (no launcher variables)";
-  std::string s = env.source + ": rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
-                  ", local " + std::to_string(env.local_rank) + " of " + std::to_string(env.local_world_size);
+  std::string s = env.source + ": rank " + std::to_string(env.rank) + " of " +
+                  std::to_string(env.world_size) + ", local " + std::to_string(env.local_rank) +
+                  " of " + std::to_string(env.local_world_size);
   const std::string at = env.master_addr + ":" + std::to_string(env.master_port);
   if (env.agent_store) {
     s += ", store: torchrun's agent at " + at + " (client), keys under " + env.store_prefix;
@@ -203,8 +210,8 @@ IntraOpThreads choose_intra_op_threads(const DistEnv& env, int cores) {
     const int local = std::max(1, env.local_world_size);
     cores = std::max(1, cores);
     t.threads = std::max(1, cores / local);
-    t.why = std::to_string(cores) + (cores == 1 ? " core / " : " cores / ") + std::to_string(local) +
-            (local == 1 ? " local rank" : " local ranks");
+    t.why = std::to_string(cores) + (cores == 1 ? " core / " : " cores / ") +
+            std::to_string(local) + (local == 1 ? " local rank" : " local ranks");
   }
   return t;
 }

@@ -1,10 +1,10 @@
+#include "backends/dist/env.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <memory>
 #include <string>
-
-#include "backends/dist/env.h"
 
 namespace {
 hp::dist::GetEnv from(std::map<std::string, std::string> vars) {
@@ -94,10 +94,16 @@ std::string error_of(std::map<std::string, std::string> vars) {
 }  // namespace
 
 TEST(DistEnv, HpLaunchWorker) {
-  auto e = hp::dist::read_dist_env(from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
-                                         {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"},
-                                         {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "41234"},
-                                         {"HP_LAUNCHED", "1"}, {"OMP_NUM_THREADS", "1"},
+  auto e = hp::dist::read_dist_env(from({{"RANK", "1"},
+                                         {"WORLD_SIZE", "2"},
+                                         {"LOCAL_RANK", "1"},
+                                         {"LOCAL_WORLD_SIZE", "2"},
+                                         {"GROUP_RANK", "0"},
+                                         {"GROUP_WORLD_SIZE", "1"},
+                                         {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", "41234"},
+                                         {"HP_LAUNCHED", "1"},
+                                         {"OMP_NUM_THREADS", "1"},
                                          {"HP_INTRA_OP_THREADS", "1"}}));
   EXPECT_EQ(e.source, "hp-launch");
   EXPECT_EQ(e.rank, 1);
@@ -110,13 +116,23 @@ TEST(DistEnv, HpLaunchWorker) {
 
 TEST(DistEnv, TorchrunStaticRendezvousUsesTheAgentStoreUnderTheAttemptPrefix) {
   // torchrun --nnodes 2 --node_rank 1 --nproc_per_node 2, third attempt.
-  auto e = hp::dist::read_dist_env(from({{"LOCAL_RANK", "1"}, {"RANK", "3"}, {"GROUP_RANK", "1"},
-                                         {"ROLE_RANK", "3"}, {"ROLE_NAME", "default"}, {"LOCAL_WORLD_SIZE", "2"},
-                                         {"WORLD_SIZE", "4"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_WORLD_SIZE", "4"},
-                                         {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29517"},
-                                         {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
-                                         {"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                                         {"NCCL_ASYNC_ERROR_HANDLING", "1"}, {"OMP_NUM_THREADS", "1"}}));
+  auto e = hp::dist::read_dist_env(from({{"LOCAL_RANK", "1"},
+                                         {"RANK", "3"},
+                                         {"GROUP_RANK", "1"},
+                                         {"ROLE_RANK", "3"},
+                                         {"ROLE_NAME", "default"},
+                                         {"LOCAL_WORLD_SIZE", "2"},
+                                         {"WORLD_SIZE", "4"},
+                                         {"GROUP_WORLD_SIZE", "2"},
+                                         {"ROLE_WORLD_SIZE", "4"},
+                                         {"MASTER_ADDR", "10.0.0.1"},
+                                         {"MASTER_PORT", "29517"},
+                                         {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                         {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                                         {"TORCHELASTIC_RUN_ID", "none"},
+                                         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                         {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                                         {"OMP_NUM_THREADS", "1"}}));
   EXPECT_EQ(e.source, "torchrun");
   EXPECT_EQ(e.rank, 3);
   EXPECT_EQ(e.world_size, 4);
@@ -131,18 +147,25 @@ TEST(DistEnv, TorchrunStaticRendezvousUsesTheAgentStoreUnderTheAttemptPrefix) {
   EXPECT_EQ(t.threads, 1);
   EXPECT_EQ(t.why, "OMP_NUM_THREADS=1");
   EXPECT_EQ(hp::dist::describe_launch(e),
-            "torchrun: rank 3 of 4, local 1 of 2, store: torchrun's agent at 10.0.0.1:29517 (client), keys under "
+            "torchrun: rank 3 of 4, local 1 of 2, store: torchrun's agent at 10.0.0.1:29517 "
+            "(client), keys under "
             "/worker/attempt_2");
 }
 
 TEST(DistEnv, TorchrunC10dRendezvousLetsRankZeroServe) {
   // torchrun --standalone --nproc_per_node 1: the agent picked host and port
   // for rank 0's store and left OMP_NUM_THREADS alone (one worker).
-  auto e = hp::dist::read_dist_env(from({{"LOCAL_RANK", "0"}, {"RANK", "0"}, {"GROUP_RANK", "0"},
-                                         {"LOCAL_WORLD_SIZE", "1"}, {"WORLD_SIZE", "1"},
-                                         {"MASTER_ADDR", "node-a.example"}, {"MASTER_PORT", "45113"},
-                                         {"TORCHELASTIC_RESTART_COUNT", "1"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
-                                         {"TORCHELASTIC_RUN_ID", "3f1c2d"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
+  auto e = hp::dist::read_dist_env(from({{"LOCAL_RANK", "0"},
+                                         {"RANK", "0"},
+                                         {"GROUP_RANK", "0"},
+                                         {"LOCAL_WORLD_SIZE", "1"},
+                                         {"WORLD_SIZE", "1"},
+                                         {"MASTER_ADDR", "node-a.example"},
+                                         {"MASTER_PORT", "45113"},
+                                         {"TORCHELASTIC_RESTART_COUNT", "1"},
+                                         {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                                         {"TORCHELASTIC_RUN_ID", "3f1c2d"},
+                                         {"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
   EXPECT_EQ(e.source, "torchrun");
   EXPECT_FALSE(e.agent_store);
   EXPECT_EQ(e.store_prefix, "");
@@ -155,8 +178,11 @@ TEST(DistEnv, TorchrunC10dRendezvousLetsRankZeroServe) {
 
 TEST(DistEnv, KubernetesPyTorchJobPlainEnv) {
   // A PyTorchJob's worker pod: the operator sets these five and nothing else.
-  auto e = hp::dist::read_dist_env(from({{"MASTER_ADDR", "train-master-0"}, {"MASTER_PORT", "23456"},
-                                         {"WORLD_SIZE", "3"}, {"RANK", "2"}, {"PYTHONUNBUFFERED", "0"}}));
+  auto e = hp::dist::read_dist_env(from({{"MASTER_ADDR", "train-master-0"},
+                                         {"MASTER_PORT", "23456"},
+                                         {"WORLD_SIZE", "3"},
+                                         {"RANK", "2"},
+                                         {"PYTHONUNBUFFERED", "0"}}));
   EXPECT_EQ(e.source, "env");
   EXPECT_EQ(e.rank, 2);
   EXPECT_EQ(e.world_size, 3);
@@ -169,10 +195,14 @@ TEST(DistEnv, KubernetesPyTorchJobPlainEnv) {
 
 TEST(DistEnv, OpenMpiInsideASlurmAllocationIsOpenMpi) {
   // mpirun in an sbatch script: its daemons' SLURM_PROCID numbers nodes.
-  auto e = hp::dist::read_dist_env(from({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                                         {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
-                                         {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29600"}}));
+  auto e = hp::dist::read_dist_env(from({{"OMPI_COMM_WORLD_RANK", "3"},
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                         {"SLURM_PROCID", "1"},
+                                         {"SLURM_NTASKS", "2"},
+                                         {"MASTER_ADDR", "10.0.0.5"},
+                                         {"MASTER_PORT", "29600"}}));
   EXPECT_EQ(e.source, "openmpi");
   EXPECT_EQ(e.rank, 3);
   EXPECT_EQ(e.local_rank, 1);
@@ -182,9 +212,12 @@ TEST(DistEnv, OpenMpiInsideASlurmAllocationIsOpenMpi) {
 }
 
 TEST(DistEnv, SlurmStepTasksAndMasterAddress) {
-  auto e = hp::dist::read_dist_env(from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "2"},
+  auto e = hp::dist::read_dist_env(from({{"SLURM_PROCID", "5"},
+                                         {"SLURM_NTASKS", "6"},
+                                         {"SLURM_LOCALID", "2"},
                                          {"SLURM_STEP_TASKS_PER_NODE", "3(x2)"},
-                                         {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"}, {"MASTER_ADDR", "10.2.2.2"}}));
+                                         {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"},
+                                         {"MASTER_ADDR", "10.2.2.2"}}));
   EXPECT_EQ(e.source, "slurm");
   EXPECT_EQ(e.local_rank, 2);
   EXPECT_EQ(e.local_world_size, 3);
@@ -194,46 +227,73 @@ TEST(DistEnv, SlurmStepTasksAndMasterAddress) {
 TEST(DistEnv, InnerLaunchersWinOverTheOuterOnes) {
   // torchrun (one agent per node) under srun, and hp-launch under mpirun:
   // the outer launcher numbers the agents, the inner one the workers.
-  auto t = hp::dist::read_dist_env(from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "j1"},
-                                         {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}));
+  auto t = hp::dist::read_dist_env(from({{"RANK", "3"},
+                                         {"WORLD_SIZE", "4"},
+                                         {"TORCHELASTIC_RUN_ID", "j1"},
+                                         {"SLURM_PROCID", "1"},
+                                         {"SLURM_NTASKS", "2"}}));
   EXPECT_EQ(t.source, "torchrun");
   EXPECT_EQ(t.rank, 3);
-  auto h = hp::dist::read_dist_env(from({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"HP_LAUNCHED", "1"},
-                                         {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  auto h = hp::dist::read_dist_env(from({{"RANK", "2"},
+                                         {"WORLD_SIZE", "4"},
+                                         {"HP_LAUNCHED", "1"},
+                                         {"OMPI_COMM_WORLD_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_SIZE", "2"}}));
   EXPECT_EQ(h.source, "hp-launch");
   EXPECT_EQ(h.rank, 2);
   // A hand-set RANK that agrees with the launcher is fine.
-  auto a = hp::dist::read_dist_env(from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
+  auto a = hp::dist::read_dist_env(from({{"RANK", "1"},
+                                         {"WORLD_SIZE", "2"},
+                                         {"OMPI_COMM_WORLD_RANK", "1"},
                                          {"OMPI_COMM_WORLD_SIZE", "2"}}));
   EXPECT_EQ(a.rank, 1);
 }
 
 TEST(DistEnv, ConflictingVariablesAreRefusedNamingBoth) {
-  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
-                      {"OMPI_COMM_WORLD_SIZE", "2"}}),
-            "RANK=0 and OMPI_COMM_WORLD_RANK=1 disagree: RANK without a launcher's mark (HP_LAUNCHED, "
-            "TORCHELASTIC_RUN_ID) would override Open MPI's place for this process; unset RANK (often left "
-            "exported in the shell) or make it equal to OMPI_COMM_WORLD_RANK");
-  auto w = error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  EXPECT_EQ(
+      error_of({{"RANK", "0"},
+                {"WORLD_SIZE", "2"},
+                {"OMPI_COMM_WORLD_RANK", "1"},
+                {"OMPI_COMM_WORLD_SIZE", "2"}}),
+      "RANK=0 and OMPI_COMM_WORLD_RANK=1 disagree: RANK without a launcher's mark (HP_LAUNCHED, "
+      "TORCHELASTIC_RUN_ID) would override Open MPI's place for this process; unset RANK (often "
+      "left "
+      "exported in the shell) or make it equal to OMPI_COMM_WORLD_RANK");
+  auto w = error_of({{"RANK", "1"},
+                     {"WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_RANK", "1"},
+                     {"OMPI_COMM_WORLD_SIZE", "2"}});
   EXPECT_NE(w.find("WORLD_SIZE=4 and OMPI_COMM_WORLD_SIZE=2 disagree"), std::string::npos) << w;
-  auto s = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+  auto s =
+      error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
   EXPECT_NE(s.find("RANK=0 and SLURM_PROCID=1 disagree"), std::string::npos) << s;
   EXPECT_NE(s.find("Slurm's place"), std::string::npos) << s;
-  auto n = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}});
+  auto n =
+      error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}});
   EXPECT_NE(n.find("WORLD_SIZE=2 and SLURM_NTASKS=3 disagree"), std::string::npos) << n;
 }
 
 TEST(DistEnv, TorchrunVariablesAreChecked) {
-  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"},
+  EXPECT_EQ(error_of({{"RANK", "0"},
+                      {"WORLD_SIZE", "2"},
+                      {"TORCHELASTIC_RUN_ID", "none"},
                       {"TORCHELASTIC_USE_AGENT_STORE", "True"}}),
-            "environment variable TORCHELASTIC_RESTART_COUNT is not set, but TORCHELASTIC_USE_AGENT_STORE=True is; "
+            "environment variable TORCHELASTIC_RESTART_COUNT is not set, but "
+            "TORCHELASTIC_USE_AGENT_STORE=True is; "
             "set both (hp-launch and torchrun set them all)");
   auto b = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "yes"}});
-  EXPECT_NE(b.find("TORCHELASTIC_USE_AGENT_STORE='yes' is neither True nor False"), std::string::npos) << b;
-  auto c = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+  EXPECT_NE(b.find("TORCHELASTIC_USE_AGENT_STORE='yes' is neither True nor False"),
+            std::string::npos)
+      << b;
+  auto c = error_of({{"RANK", "0"},
+                     {"WORLD_SIZE", "2"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                      {"TORCHELASTIC_RESTART_COUNT", "-1"}});
-  EXPECT_NE(c.find("TORCHELASTIC_RESTART_COUNT='-1' is not a non-negative integer"), std::string::npos) << c;
-  auto alone = error_of({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "0"}});
+  EXPECT_NE(c.find("TORCHELASTIC_RESTART_COUNT='-1' is not a non-negative integer"),
+            std::string::npos)
+      << c;
+  auto alone =
+      error_of({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "0"}});
   EXPECT_NE(alone.find("RANK and WORLD_SIZE are not"), std::string::npos) << alone;
 }
 
@@ -249,8 +309,9 @@ TEST(DistEnv, IntraOpThreadsRule) {
   EXPECT_EQ(hp::dist::choose_intra_op_threads(alone, 2).why, "2 cores / 1 local rank");
   for (const char* bad : {"0", "x", "", "2x"}) {
     auto m = error_of({{"OMP_NUM_THREADS", bad}});
-    EXPECT_NE(m.find(std::string("OMP_NUM_THREADS='") + bad + "' is not a positive number of threads"),
-              std::string::npos)
+    EXPECT_NE(
+        m.find(std::string("OMP_NUM_THREADS='") + bad + "' is not a positive number of threads"),
+        std::string::npos)
         << m;
   }
   EXPECT_GE(hp::dist::usable_cores(), 1);
