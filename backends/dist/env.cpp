@@ -184,7 +184,11 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
 
 std::string describe_launch(const DistEnv& env) {
   if (env.source == "single") return "one process (no launcher variables)";
-  std::string s = env.source + ": rank " + std::to_string(env.rank) + " of " +
+  const std::string who = env.source == "openmpi" ? "Open MPI"
+                          : env.source == "slurm" ? "Slurm"
+                          : env.source == "env"   ? "plain RANK/WORLD_SIZE (no launcher's mark)"
+                                                  : env.source;
+  std::string s = who + ": rank " + std::to_string(env.rank) + " of " +
                   std::to_string(env.world_size) + ", local " + std::to_string(env.local_rank) +
                   " of " + std::to_string(env.local_world_size);
   const std::string at = env.master_addr + ":" + std::to_string(env.master_port);

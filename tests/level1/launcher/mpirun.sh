@@ -14,8 +14,8 @@ threads=$((cores / 2 > 0 ? cores / 2 : 1))
 (unset OMP_NUM_THREADS RANK WORLD_SIZE HP_LAUNCHED
  exec timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
    "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/mpi") \
-  > "$WORK/mpi.log" 2>&1 || { tail -30 "$WORK/mpi.log"; fail "mpirun exited $?"; }
-expect_in "$WORK/mpi.log" "launch: openmpi: rank 0 of 2, local 0 of 2, store: served by rank 0 at 127.0.0.1:$port" "rank 0 start line"
+  > "$WORK/mpi.log" 2>&1 || { rc=$?; tail -30 "$WORK/mpi.log"; fail "mpirun exited $rc"; }
+expect_in "$WORK/mpi.log" "launch: Open MPI: rank 0 of 2, local 0 of 2, store: served by rank 0 at 127.0.0.1:$port" "rank 0 start line"
 expect_in "$WORK/mpi.log" "intra-op threads: $threads ($cores core$( ((cores > 1)) && echo s) / 2 local ranks)" "threads"
 show_start_lines "$WORK/mpi.log"
 "$BIN/hp-compare" "$WORK/ref" "$WORK/mpi" --phase "mpirun" || fail "losses differ from hp-launch"

@@ -13,7 +13,7 @@ port=$(free_port)
  exec timeout -k 5 120 "${TORCHRUN[@]}" --nnodes 1 --nproc_per_node 2 --rdzv_backend c10d \
    --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "hp-c10d-$$" --log_dir "$WORK/tlog" \
    --no_python "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/c10d") \
-  > "$WORK/c10d.log" 2>&1 || { tail -30 "$WORK/c10d.log"; fail "torchrun c10d exited $?"; }
+  > "$WORK/c10d.log" 2>&1 || { rc=$?; tail -30 "$WORK/c10d.log"; fail "torchrun c10d exited $rc"; }
 expect_in "$WORK/c10d.log" "launch: torchrun: rank 0 of 2, local 0 of 2, store: served by rank 0 at " "rank 0 start line"
 expect_in "$WORK/c10d.log" "intra-op threads: 1 (OMP_NUM_THREADS=1)" "threads"
 show_start_lines "$WORK/c10d.log"

@@ -39,7 +39,7 @@ for _ in $(seq 1 1200); do
 done
 [[ -n "$killed" ]] || { wait "$agent"; tail -30 "$WORK/elastic.log"; fail "no worker to kill after a checkpoint (the run ended first?)"; }
 echo "SIGKILLed rank 1 (pid $pid) with latest = $killed"
-wait "$agent" || { tail -40 "$WORK/elastic.log"; fail "torchrun did not finish the job after the restart (exit $?)"; }
+wait "$agent" || { rc=$?; tail -40 "$WORK/elastic.log"; fail "torchrun did not finish the job after the restart (exit $rc)"; }
 # torchrun reports the failure and restarts the group as attempt 1.
 expect_in "$WORK/elastic.log" "keys under /worker/attempt_1" "the restarted attempt's start line"
 grep -E "resumed from .*step_[0-9]+ at step [0-9]+" "$WORK/elastic.log" | sed 's/^.*\] \[info\] /  /' \

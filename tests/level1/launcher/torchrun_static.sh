@@ -19,7 +19,7 @@ for r in 0 1; do
   STARTED+=($!)
 done
 for r in 0 1; do
-  wait "${pids[$r]}" || { tail -30 "$WORK/node$r.log"; fail "torchrun node $r exited $?"; }
+  wait "${pids[$r]}" || { rc=$?; grep -m3 -E "failed|error" "$WORK/node$r.log"; fail "torchrun node $r exited $rc"; }
 done
 expect_in "$WORK/node0.log" "launch: torchrun: rank 0 of 2, local 0 of 1, store: torchrun's agent at 127.0.0.1:$port (client), keys under /worker/attempt_0" "rank 0 start line"
 # One worker per node and no OMP_NUM_THREADS from torchrun: all cores each.

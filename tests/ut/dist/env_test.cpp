@@ -189,6 +189,9 @@ TEST(DistEnv, KubernetesPyTorchJobPlainEnv) {
   EXPECT_EQ(e.master_addr, "train-master-0");
   EXPECT_EQ(e.master_port, 23456);
   EXPECT_FALSE(e.agent_store);
+  EXPECT_EQ(hp::dist::describe_launch(e),
+            "plain RANK/WORLD_SIZE (no launcher's mark): rank 2 of 3, local 2 of 3, store: served by rank "
+            "0 at train-master-0:23456");
   // No LOCAL_WORLD_SIZE: every rank is taken as local (the cautious split).
   EXPECT_EQ(hp::dist::choose_intra_op_threads(e, 6).why, "6 cores / 3 local ranks");
 }
@@ -208,6 +211,8 @@ TEST(DistEnv, OpenMpiInsideASlurmAllocationIsOpenMpi) {
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.master_addr, "10.0.0.5");
   EXPECT_EQ(e.master_port, 29600);
+  EXPECT_EQ(hp::dist::describe_launch(e),
+            "Open MPI: rank 3 of 4, local 1 of 2, store: served by rank 0 at 10.0.0.5:29600");
   EXPECT_EQ(hp::dist::choose_intra_op_threads(e, 4).why, "4 cores / 2 local ranks");
 }
 
