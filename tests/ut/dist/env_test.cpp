@@ -190,7 +190,8 @@ TEST(DistEnv, KubernetesPyTorchJobPlainEnv) {
   EXPECT_EQ(e.master_port, 23456);
   EXPECT_FALSE(e.agent_store);
   EXPECT_EQ(hp::dist::describe_launch(e),
-            "plain RANK/WORLD_SIZE (no launcher's mark): rank 2 of 3, local 2 of 3, store: served by rank "
+            "plain RANK/WORLD_SIZE (no launcher's mark): rank 2 of 3, local 2 of 3, store: served "
+            "by rank "
             "0 at train-master-0:23456");
   // No LOCAL_WORLD_SIZE: every rank is taken as local (the cautious split).
   EXPECT_EQ(hp::dist::choose_intra_op_threads(e, 6).why, "6 cores / 3 local ranks");
