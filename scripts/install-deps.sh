@@ -20,6 +20,7 @@ PACKAGES=(
   fortunes
   curl python3
   procps
+  munge slurmctld slurmd slurm-client
 )
 
 missing=()

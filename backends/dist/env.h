@@ -15,6 +15,9 @@ struct DistEnv {
   int master_port = 29500;
   /// "torchrun", "openmpi", "slurm" or "single" (nothing set: one process).
   std::string source = "single";
+  /// Where master_addr and master_port came from, e.g. "address from first
+  /// host of SLURM_STEP_NODELIST, port from 15000 + SLURM_JOB_ID mod 10000".
+  std::string master_from;
   /// Intra-op threads the launcher granted this worker (0: not set).
   int threads = 0;
 };
