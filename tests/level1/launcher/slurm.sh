@@ -162,7 +162,9 @@ cat >"$WORK/train.sbatch" <<EOF
 #SBATCH --job-name=hp-train
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
 #SBATCH --output=$WORK/sbatch.log
+export OMP_NUM_THREADS=\$SLURM_CPUS_PER_TASK HP_INTRA_OP_THREADS=\$SLURM_CPUS_PER_TASK
 srun "$BIN/hp-train" "$WORK/c.yaml" ${common[*]} --set run.output_dir="$WORK/sbatch"
 EOF
 SLURM_CONF=$CONF sbatch --wait "$WORK/train.sbatch" >"$WORK/sbatch.out" 2>&1 ||
