@@ -21,6 +21,7 @@ PACKAGES=(
   curl python3
   procps
   python3-torch openmpi-bin
+  munge slurmctld slurmd slurm-client
 )
 
 missing=()

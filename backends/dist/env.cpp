@@ -68,11 +68,71 @@ void check_agree(const char* name, int value, const char* other, const char* oth
       " (often left exported in the shell) or make it equal to " + other);
 }
 
+/// The first host of a Slurm host list: "gpu[07-09,12]-ib,cpu1" -> "gpu07-ib".
+/// Each bracket of the first name gives the first number of its first range,
+/// zero padding kept. Empty when the list is malformed.
+std::string first_slurm_host(const std::string& list) {
+  std::string host;
+  for (std::size_t i = 0; i < list.size() && list[i] != ','; ++i) {
+    if (list[i] != '[') {
+      if (list[i] == ']') return "";
+      host += list[i];
+      continue;
+    }
+    const std::size_t close = list.find(']', i);
+    if (close == std::string::npos) return "";
+    const std::string first = list.substr(i + 1, list.find_first_of("-,]", i + 1) - i - 1);
+    if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return "";
+    host += first;
+    i = close;
+  }
+  return host;
+}
+
+/// Where rank 0 listens when MASTER_ADDR / MASTER_PORT are not set: task 0
+/// runs on the first node of the step, and the port is 15000 + the job id
+/// mod 10000 (the job's last four digits; below Linux's ephemeral ports), so
+/// two jobs sharing a node do not collide. Says where each came from.
+void slurm_rendezvous(const GetEnv& get, DistEnv& env, std::string& addr_from,
+                      std::string& port_from) {
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (get("MASTER_ADDR")) break;
+    const char* list = get(name);
+    if (!list) continue;
+    env.master_addr = first_slurm_host(list);
+    if (env.master_addr.empty()) {
+      throw std::runtime_error(std::string("environment variable ") + name + "='" + list +
+                               "' is not a Slurm host list (node[01-04],other); set MASTER_ADDR to "
+                               "rank 0's host instead");
+    }
+    addr_from = std::string("first host of ") + name;
+    break;
+  }
+  if (addr_from.empty() && !get("MASTER_ADDR")) {
+    if (const char* ip = get("SLURM_LAUNCH_NODE_IPADDR")) {
+      env.master_addr = ip;
+      addr_from = "SLURM_LAUNCH_NODE_IPADDR";
+    }
+  }
+  const char* id = get("MASTER_PORT") ? nullptr : get("SLURM_JOB_ID");
+  if (id) {
+    const std::string s(id);
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) {
+      throw std::runtime_error("environment variable SLURM_JOB_ID='" + s +
+                               "' is not a job number; set MASTER_PORT instead");
+    }
+    const std::string last4 = s.size() > 4 ? s.substr(s.size() - 4) : s;
+    env.master_port = 15000 + std::stoi(last4);
+    port_from = "15000 + SLURM_JOB_ID mod 10000";
+  }
+}
+
 }  // namespace
 
 DistEnv read_dist_env(const GetEnv& getenv_fn) {
   GetEnv get = getenv_fn ? getenv_fn : GetEnv([](const char* n) { return std::getenv(n); });
   DistEnv env;
+  std::string addr_from, port_from;
   auto need = [&](const char* name, const char* because) -> int {
     const char* v = get(name);
     if (!v) {
@@ -132,12 +192,14 @@ DistEnv read_dist_env(const GetEnv& getenv_fn) {
     } else {
       env.local_world_size = env.world_size;
     }
-    if (!get("MASTER_ADDR") && get("SLURM_LAUNCH_NODE_IPADDR")) {
-      env.master_addr = get("SLURM_LAUNCH_NODE_IPADDR");
-    }
+    slurm_rendezvous(get, env, addr_from, port_from);
   }
   if (const char* a = get("MASTER_ADDR")) env.master_addr = a;
   env.master_port = opt("MASTER_PORT", env.master_port);
+  if (get("MASTER_ADDR")) addr_from = "MASTER_ADDR";
+  if (get("MASTER_PORT")) port_from = "MASTER_PORT";
+  env.master_from = "address from " + (addr_from.empty() ? "the default" : addr_from) +
+                    ", port from " + (port_from.empty() ? "the default" : port_from);
   env.threads = opt("HP_INTRA_OP_THREADS", 0);
   if (const char* t = get("OMP_NUM_THREADS")) env.omp_threads = omp_threads(t);
 

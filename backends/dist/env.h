@@ -27,6 +27,9 @@ struct DistEnv {
   /// "/worker/attempt_<restart_count>" with the agent's store (the prefix
   /// PyTorch's own workers use, so attempts never read each other's keys).
   std::string store_prefix;
+  /// Where master_addr and master_port came from, e.g. "address from first
+  /// host of SLURM_STEP_NODELIST, port from 15000 + SLURM_JOB_ID mod 10000".
+  std::string master_from;
   /// Intra-op threads the launcher granted this worker (HP_INTRA_OP_THREADS; 0: not set).
   int threads = 0;
   /// OMP_NUM_THREADS (its first number; 0: not set).

@@ -190,6 +190,10 @@ void TrainingRun::setup_process() {
     log->info("launch: {}", dist::describe_launch(env_));
     log->info("mesh {} over {} ranks ({} backend, intra-op threads: {} ({}))", setup_.mesh.shape(),
               env_.world_size, opts.backend, at::get_num_threads(), intra.why);
+    if (env_.world_size > 1 && opts.init_method != "file") {
+      log->info("ranks from {} variables; store at {}:{} ({})", env_.source, env_.master_addr,
+                env_.master_port, env_.master_from);
+    }
   }
   metrics_ = std::make_unique<TrainingMetrics>(c, env_.rank, env_.local_rank, rank0());
   if (!metrics_->url().empty()) log->info("metrics at {}", metrics_->url());
