@@ -108,7 +108,8 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
   std::string host = options.gloo_hostname;
   if (host.empty()) host = is_local_address(env.master_addr) ? "127.0.0.1" : "";
 
-  for (const auto& name : ProcessMesh::group_names()) {
+  ctx->self_ = std::make_unique<Group>("self", std::vector<int>{env.rank}, env.rank, nullptr, options.timeout);
+  for (const auto& name : mesh.group_names()) {
     const auto all = mesh.all_groups(name);
     for (std::size_t gi = 0; gi < all.size(); ++gi) {
       const auto& members = all[gi];
@@ -152,10 +153,24 @@ std::shared_ptr<DistributedContext> DistributedContext::single() {
   return create(env, ProcessMesh(), ContextOptions());
 }
 
+Group& DistributedContext::group(MeshRole role) {
+  if (role == MeshRole::kPartition) {
+    const auto dim = mesh_.partition_dim();
+    return dim.empty() ? *self_ : group(dim);
+  }
+  if (role == MeshRole::kReplicate) return group(ProcessMesh::data_dim());
+  throw std::logic_error(std::string("internal error: the ") + to_string(role) +
+                         " role has several groups (ProcessMesh::dims_with), please report");
+}
+
 Group& DistributedContext::group(const std::string& name) {
   auto it = groups_.find(name);
   if (it == groups_.end()) {
-    throw std::logic_error("internal error: no group named '" + name + "', please report");
+    std::string have;
+    for (const auto& [n, g] : groups_) have += (have.empty() ? "" : ", ") + n;
+    throw std::logic_error("no mesh group named '" + name + "' on rank " + std::to_string(env_.rank) + " (mesh " +
+                           mesh_.shape() + " has " + have +
+                           "): the feature that claims that dimension is not enabled, or it is misspelt");
   }
   return *it->second;
 }

@@ -1,7 +1,8 @@
 #pragma once
 // The distributed context: this process's place in the job, the store every
-// rank met at, and one Group per mesh dimension (world, tp, dp, pp, ep, edp),
-// each created once. A group of one rank has no process group and costs
+// rank met at, and one Group per mesh group kind (world, every dimension,
+// every view's dimensions, every flat group), all created at creation in the
+// mesh's group order, the same on every rank. A group of one rank has no process group and costs
 // nothing.
 #include <chrono>
 #include <map>
@@ -53,11 +54,12 @@ class DistributedContext {
   int world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
   const ProcessMesh& mesh() const { return mesh_; }
-  MeshCoord coord() const { return mesh_.coord(env_.rank); }
-  /// "world", "tp", "dp", "pp", "ep", "edp".
+  /// Any of mesh().group_names(): "world", a dimension, a view's dimension,
+  /// a flat group.
   Group& group(const std::string& name);
-  /// The group of a role that has one (partition, replicate).
-  Group& group(MeshRole role) { return group(ProcessMesh::role_group(role)); }
+  /// The partition group (this rank alone when nothing partitions), or the
+  /// data-parallel remainder's group for kReplicate.
+  Group& group(MeshRole role);
   const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
   /// This rank's flight recorder (null when ContextOptions::flight_entries is 0).
   const std::shared_ptr<flight::Recorder>& recorder() const { return recorder_; }
@@ -67,6 +69,7 @@ class DistributedContext {
   DistEnv env_;
   ProcessMesh mesh_;
   std::map<std::string, std::unique_ptr<Group>> groups_;
+  std::unique_ptr<Group> self_;  ///< this rank alone
   std::shared_ptr<flight::Recorder> recorder_;
   struct StoreHolder;
   std::unique_ptr<StoreHolder> store_;

@@ -1,9 +1,21 @@
 #pragma once
-// Rank arithmetic for the process mesh, in one small value class: nobody else
-// computes a rank. world = pp x dp x tp with tp fastest-varying, then dp, then
-// pp (as Megatron). Expert parallel groups are carved out of the data-parallel
-// ranks: ep divides dp, an ep group is ep consecutive dp indices, and the
-// expert-data-parallel group (edp) joins the ranks holding the same experts.
+// The process mesh: an n-dimensional named grid of ranks, in one small value
+// class (nobody else computes a rank). Features claim its dimensions (name,
+// size, role) while the mesh is planned; the one dimension the mesh owns is
+// the data-parallel remainder (data_dim()), whose size is what the world
+// leaves. The rank layout follows one order string, innermost (fastest-
+// varying) dimension first, as Megatron's "tp-cp-ep-dp-pp".
+//
+// A view is another factoring of some of the same ranks: the dimensions it
+// covers ("over") are flattened in mesh order and cut again into its own
+// named dimensions, innermost first (Megatron's "parallel folding": experts
+// see etp x ep x edp where attention sees tp x cp x dp). Expert parallel's
+// carve-out of dp is a view over dp with dims [ep, edp]. A flat group joins
+// several dimensions of one coordinate system into one group (a ZeRO shard
+// over dp x cp). Every group of every view and flat is created once, at the
+// context's creation, in one fixed order on every rank.
+//
+// Framework code works from roles and never names a dimension.
 #include <map>
 #include <string>
 #include <vector>
@@ -11,88 +23,123 @@
 namespace hp::dist {
 
 /// What a mesh dimension does to the model, declared by the feature that
-/// claims it. Framework code works from roles and never names a dimension.
+/// claims it.
 enum class MeshRole {
   kPartition,  ///< ranks hold different blocks (pp): loss, norms and parameter counts sum across it
-  kSplit,      ///< ranks hold slices of the same tensors (tp, ep): a ShardSpec's split group
-  kReplicate,  ///< ranks hold the same tensors and see different data (dp, and edp inside it)
+  kSplit,      ///< ranks hold slices of the same tensors (tp, ep)
+  kReplicate,  ///< ranks hold the same tensors and read different samples (dp, edp)
+  kSequence,   ///< ranks hold the same tensors and read different positions of the same samples (cp):
+               ///< gradients are summed over it as over replicate, the batch is not split over it
 };
 const char* to_string(MeshRole role);
 
-struct MeshCoord {
-  int pp = 0, dp = 0, tp = 0, ep = 0, edp = 0;
+struct MeshDim {
+  std::string name;
+  int size = 1;  ///< 0 in a plan: "what the covered ranks leave" (one per view)
+  MeshRole role = MeshRole::kSplit;
+  std::string by;  ///< the feature that claimed it ("" for the mesh's own)
+};
+
+/// Another factoring of the ranks of some base dimensions.
+struct MeshView {
+  std::string name;               ///< e.g. "experts"
+  std::vector<std::string> over;  ///< base dimensions it refactors (any order; used in mesh order)
+  std::vector<MeshDim> dims;      ///< its own dimensions, innermost first
+  std::string by;
+};
+
+/// Several dimensions of one coordinate system (all base, or all of one
+/// view) joined into one group, members in ascending rank.
+struct MeshFlat {
+  std::string name;
+  std::vector<std::string> dims;
+  std::string by;
 };
 
 class ProcessMesh {
  public:
-  ProcessMesh() = default;
-  /// Throws std::invalid_argument when a size is < 1 or ep does not divide dp.
-  ProcessMesh(int pp, int dp, int tp, int ep = 1);
+  /// One rank: only the data dimension, of size 1.
+  ProcessMesh();
+  /// `dims` innermost first; views and flats must be consistent (sizes
+  /// resolved, covered dimensions known): throws std::invalid_argument
+  /// naming the problem otherwise. Names are unique across all of them.
+  explicit ProcessMesh(std::vector<MeshDim> dims, std::vector<MeshView> views = {},
+                       std::vector<MeshFlat> flats = {});
 
-  static bool valid(int world, int pp, int dp, int tp, int ep = 1) noexcept {
-    return pp >= 1 && dp >= 1 && tp >= 1 && ep >= 1 && dp % ep == 0 &&
-           static_cast<long long>(pp) * dp * tp == world;
-  }
+  /// The name of the dimension the mesh owns: the data-parallel remainder.
+  static const std::string& data_dim();
 
-  int world_size() const noexcept { return pp_ * dp_ * tp_; }
-  int pp_size() const noexcept { return pp_; }
-  int dp_size() const noexcept { return dp_; }
-  int tp_size() const noexcept { return tp_; }
-  int ep_size() const noexcept { return ep_; }
-  int edp_size() const noexcept { return dp_ / ep_; }
+  int world_size() const noexcept { return world_; }
+  const std::vector<MeshDim>& dims() const noexcept { return dims_; }
+  const std::vector<MeshView>& views() const noexcept { return views_; }
+  const std::vector<MeshFlat>& flats() const noexcept { return flats_; }
+  /// "tp-dp-pp": base dimensions, innermost first.
+  std::string order() const;
 
-  MeshCoord coord(int rank) const noexcept;
-  int tp_rank(int rank) const noexcept { return rank % tp_; }
-  int dp_rank(int rank) const noexcept { return (rank / tp_) % dp_; }
-  int pp_rank(int rank) const noexcept { return rank / (tp_ * dp_); }
-  int rank_of(int pp, int dp, int tp) const noexcept { return (pp * dp_ + dp) * tp_ + tp; }
+  /// Whether `name` is a group of this mesh ("world", a base or view
+  /// dimension, a flat).
+  bool has(const std::string& name) const;
+  /// The base or view dimension called `name`; null for anything else.
+  const MeshDim* find(const std::string& name) const;
+  /// Every group kind: "world", base dimensions (mesh order), view
+  /// dimensions (declaration order), flats. The order groups are created in.
+  std::vector<std::string> group_names() const;
+  /// Members of each `name` group; 0 for a name the mesh does not have.
+  int group_size(const std::string& name) const;
+  /// Position of `rank` in its `name` group.
+  int group_index(const std::string& name, int rank) const;
+  /// Global ranks of the `name` group that `rank` belongs to, ascending.
+  std::vector<int> group_ranks(const std::string& name, int rank) const;
+  /// Every group of kind `name`, each as its global ranks; the same order on
+  /// every rank (by the lowest member).
+  std::vector<std::vector<int>> all_groups(const std::string& name) const;
 
-  /// The names of the groups every rank belongs to: world, tp, dp, pp, ep, edp.
-  static const std::vector<std::string>& group_names();
-  /// Global ranks of the `dim` group that `rank` belongs to, in group order.
-  std::vector<int> group_ranks(const std::string& dim, int rank) const;
-  /// Every group of kind `dim`, each as its global ranks; a stable order that
-  /// every rank computes the same way.
-  std::vector<std::vector<int>> all_groups(const std::string& dim) const;
-
-  /// The group of a role that has exactly one: partition -> the pipeline
-  /// group, replicate -> the data-parallel group.
-  static const std::string& role_group(MeshRole role);
-  /// Every group of the split role (tensor and expert parallel), in a fixed order.
-  static const std::vector<std::string>& split_groups();
-  /// This rank's index along the replicate role, and its size (which slice
-  /// of the global batch a rank reads).
-  int replica_rank(int rank) const noexcept { return dp_rank(rank); }
-  int replicas() const noexcept { return dp_; }
+  /// Base and view dimensions with `role`, base first, in mesh order.
+  std::vector<std::string> dims_with(MeshRole role) const;
+  /// The partition dimension, or "" when there is none (one stage).
+  std::string partition_dim() const;
+  /// The dimensions a replicated parameter's gradient is summed over: the
+  /// base dimensions with the replicate or sequence role, in mesh order.
+  std::vector<std::string> data_dims() const;
+  /// The dimensions that split tensors (base and view), in mesh order.
+  std::vector<std::string> split_groups() const { return dims_with(MeshRole::kSplit); }
+  /// Samples are split over the base replicate dimensions: this rank's index
+  /// along them (flattened, innermost first) and their product.
+  int replica_rank(int rank) const;
+  int replicas() const;
   /// One rank per partition (pipeline stage): the one at index 0 of every
-  /// other dimension. They write what their partition holds.
+  /// other base dimension. They write what their partition holds.
   std::vector<int> leaders() const;
-  bool is_leader(int rank) const noexcept { return dp_rank(rank) == 0 && tp_rank(rank) == 0; }
-  /// Size of every dimension by name, for checkpoint manifests.
+  bool is_leader(int rank) const;
+  /// Size of every base and view dimension by name (checkpoint layouts).
   std::map<std::string, int> sizes() const;
-  /// The dimensions a layout is given by (the keys of sizes()).
-  static const std::vector<std::string>& layout_dims();
-  /// The mesh of a layout given as sizes by dimension (a missing one is 1).
-  /// Throws std::invalid_argument naming an unknown dimension, a size below
-  /// 1, or an expert-parallel size that does not divide the data-parallel one.
-  static ProcessMesh from_sizes(const std::map<std::string, int>& sizes);
-  /// Members of each `dim` group (any of group_names()); 0 for another name.
-  int group_size(const std::string& dim) const;
-  /// Position of `rank` in its `dim` group (its coordinate along `dim`).
-  int group_index(const std::string& dim, int rank) const;
 
-  /// "pp=1 dp=2 tp=2 ep=1"
+  /// "pp=1 dp=2 tp=2 ep=1 edp=2": base dimensions outermost first, then views.
   std::string shape() const;
-  /// One line per rank: rank -> coordinates -> group members.
+  /// One line for the layout, then one per rank: coordinates -> group members.
   std::string describe() const;
-  /// "pp0 dp1 tp0" for log tags.
+  /// "pp0 dp1 tp0" for log tags (base dimensions, outermost first).
   std::string tag(int rank) const;
 
  private:
-  int pp_ = 1, dp_ = 1, tp_ = 1, ep_ = 1;
+  struct Where {
+    int view = -1;  ///< -1: base
+    std::vector<int> dims;  ///< indices into dims_ or views_[view].dims
+  };
+  bool locate(const std::string& name, Where& where) const;
+  std::vector<int> base_coords(int rank) const;
+  int rank_of(const std::vector<int>& base) const;
+  /// Coordinates of `rank` in view `v`: base dims outside it, then its own.
+  std::vector<int> view_coords(int v, const std::vector<int>& base) const;
+  std::vector<int> sizes_of(const Where& w) const;
+
+  std::vector<MeshDim> dims_;
+  std::vector<MeshView> views_;
+  std::vector<MeshFlat> flats_;
+  int world_ = 1;
 };
 
-/// What features claim while planning the mesh; the host turns it into a
+/// What features claim while planning the mesh; resolve_mesh turns it into a
 /// ProcessMesh once every feature has had its say.
 struct MeshPlan {
   struct Claim {
@@ -100,19 +147,35 @@ struct MeshPlan {
     std::string by;  ///< feature name
     MeshRole role = MeshRole::kSplit;
   };
-  std::map<std::string, Claim> claims;  ///< "tp", "pp", "ep", ...
-  /// Human-readable problems found by claim(): a dimension claimed twice, a
-  /// dimension the mesh does not serve, or one claimed with another role.
+  std::map<std::string, Claim> claims;  ///< base dimensions
+  std::vector<MeshView> views;
+  std::vector<MeshFlat> flats;
+  /// The rank layout, innermost first ("tp-dp-pp"); "" orders by role: split,
+  /// sequence, replicate, partition (names ascending within a role).
+  std::string order;
+  /// Human-readable problems found while claiming: a name claimed twice, a
+  /// second partition dimension, a reserved name.
   std::vector<std::string> conflicts;
-  /// The replicate (data-parallel) size once the host resolved it; 0 before.
+  /// The data-parallel size once resolved; 0 before.
   int replicas = 0;
 
-  /// Claims mesh dimension `dim` with `size` and `role` for `feature`.
+  /// Claims base dimension `dim` with `size` and `role` for `feature`.
   void claim(const std::string& dim, int size, const std::string& feature, MeshRole role);
+  /// Carves `dim` (`size`, innermost) out of the data dimension, the rest
+  /// of it becoming `remainder` (replicate): a view named after `feature`.
+  void carve(const std::string& dim, int size, const std::string& remainder, const std::string& feature,
+             MeshRole role);
+  /// Declares another factoring of the ranks of `view.over` (one of its
+  /// dimensions may have size 0: what the others leave).
+  void view(MeshView view);
+  /// Joins `dims` (all base, or all of one view) into one group `name`.
+  void flatten(const std::string& name, std::vector<std::string> dims, const std::string& feature);
+  /// Size of a claimed base or view dimension; 1 for one nobody claimed
+  /// (0 for a view's remainder before resolution).
   int size_of(const std::string& dim) const;
-  /// The dimensions this mesh serves, each with the only role it can take:
-  /// pp (partition), tp (split), ep (split, carved out of dp).
-  static const std::map<std::string, MeshRole>& served();
+
+ private:
+  bool name_taken(const std::string& name, const std::string& feature);
 };
 
 /// Why a plan does not make a mesh: the config key to blame, its value, the

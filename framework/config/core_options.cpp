@@ -92,7 +92,10 @@ void declare_core_options(Schema& s) {
   s.add_enum("distributed.backend", "auto", {"auto", "gloo", "nccl"})
       .describe("Communication backend; auto means gloo (the NCCL process group is not wired yet).");
   s.add_int("distributed.data_parallel_size", 0).range(0, 1e6)
-      .describe("Data-parallel size.").note("0 derives it as world / (pipeline x tensor)");
+      .describe("Data-parallel size.").note("0 derives it as world / (product of the feature-claimed mesh dimensions)");
+  s.add_string("distributed.mesh_order", "")
+      .describe("Rank layout of the mesh: its dimensions joined by '-', innermost (fastest-varying) first, e.g. tp-dp-pp.")
+      .note("empty orders by role: split dimensions, sequence, replicate (dp), partition; --dry-run prints it");
   s.add_float("distributed.timeout_seconds", 300.0).range(0.1, 86400.0)
       .describe("Timeout of every collective and of rendezvous.");
   s.add_float("distributed.bucket_size_mb", 25.0).range(0.001, 4096.0)

@@ -55,6 +55,12 @@ int BuildContext::group_size(const std::string& g) const { return dist_->group(g
 int BuildContext::group_rank(const std::string& g) const { return dist_->group(g).rank(); }
 dist::Group* BuildContext::group(const std::string& g) const { return &dist_->group(g); }
 
+std::string BuildContext::data_sync(const std::string& first) const {
+  std::string out = first;
+  for (const auto& d : dist_->mesh().data_dims()) out += (out.empty() ? "" : "+") + d;
+  return out;
+}
+
 at::Tensor BuildContext::param(torch::nn::Module& module, const std::string& global_name,
                                const std::string& local_name,
                                const std::vector<std::int64_t>& global_shape, Init init,
@@ -89,7 +95,7 @@ at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::strin
   ShardSpec spec;
   spec.name = global_name;
   spec.global_shape = global_shape;
-  if (!grad_sync_group.empty()) spec.grad_sync_group = grad_sync_group;
+  spec.grad_sync_group = grad_sync_group.empty() ? data_sync() : grad_sync_group;
   at::Tensor local = full;
   if (split_dim >= 0) {
     spec.split_dim = split_dim;

@@ -70,6 +70,11 @@ class BuildContext {
   int group_size(const std::string& group) const;
   int group_rank(const std::string& group) const;
   dist::Group* group(const std::string& group) const;
+  /// The groups a replicated parameter's gradient is summed over, as a
+  /// grad_sync_group: `first` (a split group whose ranks see different
+  /// positions, e.g. under sequence parallel; "" for none) then the mesh's
+  /// data dimensions (replicate and sequence roles).
+  std::string data_sync(const std::string& first = "") const;
 
   /// Creates, initialises and registers parameter `local_name` of `module`.
   /// With `split_dim` >= 0 the full tensor is split over `split_group` with

@@ -22,9 +22,11 @@ struct ShardSpec {
   /// all levels split the same dimension, so the slice is still one range.
   std::string split_group;
   /// Group(s) the gradient is summed over after backward, joined by '+'
-  /// in order: the replicate group normally, tp then dp for replicated
-  /// parameters used on a sequence slice, edp for expert parameters.
-  std::string grad_sync_group = dist::ProcessMesh::role_group(dist::MeshRole::kReplicate);
+  /// in order: the mesh's data dimensions normally (BuildContext fills them
+  /// in: replicate and sequence roles), a split group first for replicated
+  /// parameters used on a sequence slice, a view's replicate dimension for
+  /// parameters held along a view (experts).
+  std::string grad_sync_group = dist::ProcessMesh::data_dim();
 
   bool sharded() const { return split_dim >= 0; }
   /// split_group / grad_sync_group as a list.

@@ -22,7 +22,8 @@ std::vector<std::string> raw_plugin_paths(const RawConfig& raw) {
 
 void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
   const Config& c = s.config;
-  if (!c.ok({"distributed.data_parallel_size"})) return;
+  if (!c.ok({"distributed.data_parallel_size", "distributed.mesh_order"})) return;
+  plan.order = c.get_string("distributed.mesh_order");
   dist::MeshProblem problem;
   if (!dist::resolve_mesh(plan, c.world_size(),
                           static_cast<int>(c.get_int("distributed.data_parallel_size")), s.mesh,
@@ -150,7 +151,7 @@ Setup prepare(const RawConfig& raw, int world_size) {
     }
   }
   for (const auto& c : plan.conflicts)
-    errors.add("features", "", c, "enable one of them, or a feature the mesh serves");
+    errors.add("features", "", c, "enable only one of the features named, or give a dimension another name in its plugin");
   if (plan.conflicts.empty()) check_mesh(s, plan, errors);
 
   ModelInfo model;

@@ -17,8 +17,9 @@ namespace hp {
 std::vector<int> replicate_group(const dist::ProcessMesh& mesh, int rank, const ShardSpec& spec) {
   const auto groups = spec.split_groups();
   std::vector<int> out;
+  const std::string stages = mesh.partition_dim();
   for (int r = 0; r < mesh.world_size(); ++r) {
-    if (mesh.pp_rank(r) != mesh.pp_rank(rank)) continue;
+    if (!stages.empty() && mesh.group_index(stages, r) != mesh.group_index(stages, rank)) continue;
     bool same = true;
     for (const auto& g : groups) same = same && mesh.group_index(g, r) == mesh.group_index(g, rank);
     if (same) out.push_back(r);

@@ -98,7 +98,9 @@ class ExpertParallelFeature : public Feature {
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
-    plan.claim("ep", static_cast<int>(c.get_int(kSize)), "expert_parallel", dist::MeshRole::kSplit);
+    // ep is carved out of the data-parallel ranks (consecutive indices);
+    // edp, the rest, joins the ranks holding the same experts.
+    plan.carve("ep", static_cast<int>(c.get_int(kSize)), "edp", "expert_parallel", dist::MeshRole::kSplit);
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {

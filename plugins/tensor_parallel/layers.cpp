@@ -21,7 +21,9 @@ constexpr std::int64_t kSeqDim = 1;
 /// a sequence slice, each rank's gradient is partial: it is summed over tp
 /// too, with the data-parallel sync after backward (one bucketed
 /// all-reduce per step, as Megatron's layer-norm gradient all-reduce).
-std::string replicated_sync(bool sp) { return sp ? "tp+dp" : "dp"; }
+// Replicated parameters used on a sequence slice sum their gradient over tp
+// first, then over the data dimensions (the mesh's, never spelt here).
+std::string replicated_sync(const BuildContext& ctx, bool sp) { return ctx.data_sync(sp ? "tp" : ""); }
 
 class ColumnLinear : public Layer {
  public:
@@ -57,7 +59,7 @@ class RowLinear : public Layer {
       : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1, "tp");
     if (s.bias) {
-      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), -1, "tp", replicated_sync(sp));
+      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), -1, "tp", replicated_sync(ctx, sp));
     }
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -109,8 +111,8 @@ class VocabEmbedding : public Layer {
 class SequenceLayerNorm : public Layer {
  public:
   SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), -1, "tp", replicated_sync(true));
-    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), -1, "tp", replicated_sync(true));
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), -1, "tp", replicated_sync(ctx, true));
+    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), -1, "tp", replicated_sync(ctx, true));
   }
   at::Tensor forward(const at::Tensor& x) override { return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5); }
 
@@ -125,7 +127,7 @@ class SequencePositions : public Layer {
  public:
   SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), -1, "tp",
-                        replicated_sync(true));
+                        replicated_sync(ctx, true));
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);

@@ -11,7 +11,7 @@ moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set features.expert
 read -r first last <<<"$(first_last "$WORK/run")"
 echo "loss $first -> $last"
 python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "loss did not fall"
-grep -q "mesh pp=1 dp=2 tp=1 ep=2 over 2 ranks" "$WORK/log" || fail "mesh line missing"
+grep -q "mesh dp=2 ep=2 edp=1 over 2 ranks" "$WORK/log" || fail "mesh line missing"
 python3 - "$WORK/run/metrics.jsonl" <<'PY' || fail "MoE figures missing from metrics.jsonl"
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
@@ -33,7 +33,7 @@ out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.expert_p
 grep -qF "features.expert_parallel.enabled = true: model 'gpt' has no experts to split (it builds no moe layer) (legal: model.moe.num_experts > 0, or disable expert_parallel)" <<<"$out" || fail "$out"
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set features.expert_parallel.size=4 --set model.moe.num_experts=8 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "ep 4 over dp 2: expected exit 2, got $rc"
-grep -qF "distributed = ep=4 dp=2: the expert-parallel size must divide the data-parallel size (claimed by expert_parallel) (legal: an expert-parallel size dividing 2)" <<<"$out" || fail "$out"
+grep -qF "distributed = ep=4 dp=2: ep (claimed by expert_parallel) is carved out of dp and must divide its size (legal: a ep size dividing 2)" <<<"$out" || fail "$out"
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set model.moe.num_experts=4 --set features.tensor_parallel.enabled=true \
       --set features.tensor_parallel.sequence_parallel=true 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "sequence parallel with experts: expected exit 2, got $rc"

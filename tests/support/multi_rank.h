@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "backends/dist/context.h"
+#include "tools/hp_ckpt/layout.h"
 
 namespace hp::test {
 
@@ -16,10 +17,16 @@ void run_ranks(const dist::ProcessMesh& mesh,
                const std::function<void(dist::DistributedContext&)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+/// The mesh the shipped features build for these sizes (tp fastest, then
+/// dp, then pp; ep carved out of dp).
+inline dist::ProcessMesh grid(int pp, int dp, int tp, int ep = 1) {
+  return ckpt_tool::layout_mesh({{"pp", pp}, {"dp", dp}, {"tp", tp}, {"ep", ep}});
+}
+
 /// A world of `n` ranks, data parallel only.
 inline void run_ranks(int n, const std::function<void(dist::DistributedContext&)>& fn,
                       std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  run_ranks(dist::ProcessMesh(1, n, 1), fn, timeout);
+  run_ranks(grid(1, n, 1), fn, timeout);
 }
 
 }  // namespace hp::test

@@ -79,7 +79,7 @@ int run_consolidate(const std::string& dir, const std::string& out) {
 
 int run_per_rank(const std::string& dir, const std::string& out, const TargetLayout& target) {
   const auto mesh = target_mesh(target.sizes);
-  const std::string& stages = dist::ProcessMesh::role_group(dist::MeshRole::kPartition);
+  const std::string stages = mesh.partition_dim();
   if (mesh.group_size(stages) != 1) {
     throw UsageError("--per-rank with --" + stages + " " + std::to_string(mesh.group_size(stages)) +
                      ": pipeline stages hold blocks chosen by the trainer's cost-balanced split, "
@@ -117,7 +117,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
                              {"hp_coords", describe_rank(mesh, r)},
                              {"hp_slices", slices.dump()}});
     json entry = {{"rank", r}, {"dir", sub}};
-    for (const auto& g : dist::ProcessMesh::group_names()) {
+    for (const auto& g : mesh.group_names()) {
       if (g != "world") entry[g] = mesh.group_index(g, r);
     }
     ranks.push_back(entry);

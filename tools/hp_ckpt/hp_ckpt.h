@@ -42,7 +42,7 @@ std::string format_layout(const ckpt::Layout& layout);
 /// Fails with UsageError when `path` exists and is not an empty directory.
 void require_fresh_output(const std::string& path, const std::string& what);
 
-/// A target layout: sizes by mesh dimension (dist::ProcessMesh::layout_dims();
+/// A target layout: sizes by mesh dimension (layout_dims() in tools/hp_ckpt/layout.h;
 /// a dimension not given is 1).
 struct TargetLayout {
   std::map<std::string, int> sizes;

@@ -11,6 +11,7 @@
 #include "backends/dist/mesh.h"
 #include "checkpoint/error.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
+#include "tools/hp_ckpt/layout.h"
 
 namespace {
 
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
   convert->add_option("--to", out, "Output (see above)")->required();
   // One option per mesh dimension of a layout (--tp, --dp, --ep, --pp).
   std::vector<CLI::Option*> sizes;
-  for (const auto& dim : hp::dist::ProcessMesh::layout_dims()) {
+  for (const auto& dim : hp::ckpt_tool::layout_dims()) {
     target.sizes[dim] = 1;
     sizes.push_back(convert->add_option("--" + dim, target.sizes[dim], "Target " + dim + " size (default 1)"));
   }

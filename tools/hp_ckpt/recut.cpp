@@ -6,6 +6,7 @@
 
 #include "checkpoint/error.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
+#include "tools/hp_ckpt/layout.h"
 
 namespace hp::ckpt_tool {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 /// The groups a split may name: every group of the mesh but the world.
 std::vector<std::string> split_group_names() {
   std::vector<std::string> out;
-  for (const auto& g : dist::ProcessMesh::group_names()) {
+  for (const auto& g : layout_mesh({}).group_names()) {
     if (g != "world") out.push_back(g);
   }
   return out;
@@ -23,7 +24,7 @@ std::vector<std::string> split_group_names() {
 
 dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes) {
   try {
-    return dist::ProcessMesh::from_sizes(sizes);
+    return layout_mesh(sizes);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("target layout: ") + e.what());
   }

@@ -19,7 +19,7 @@ t0=$SECONDS
 run ref 1 ""
 run ppi2tp2sp 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(sp)
 run ppi2tp2sprcs 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(sp) $(rc selective)
-run ppi2dp2z 4 "pp=2 dp=2 tp=1" $(ppi 2) $(zero)
+run ppi2dp2z 4 "pp=2 dp=2" $(ppi 2) $(zero)
 run pp2tp2dp2 8 "pp=2 dp=2 tp=2" $(pp 2) $(tp 2)
 }
 parity ref ppi2tp2sp "interleaved pipeline x tensor parallel x sequence parallel"

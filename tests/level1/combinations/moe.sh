@@ -17,9 +17,9 @@ t0=$SECONDS
 # shellcheck disable=SC2046
 {
 run ref 1 ""
-run ppi2ep2 4 "pp=2 dp=2 tp=1" $(ppi 2) $(ep 2)
-run ppi2ep2rcs 4 "pp=2 dp=2 tp=1" $(ppi 2) $(ep 2) $(rc selective)
-run ep2dp4z 4 "pp=1 dp=4 tp=1" $(ep 2) $(zero)
+run ppi2ep2 4 "pp=2 dp=2 ep=2 edp=1" $(ppi 2) $(ep 2)
+run ppi2ep2rcs 4 "pp=2 dp=2 ep=2 edp=1" $(ppi 2) $(ep 2) $(rc selective)
+run ep2dp4z 4 "dp=4 ep=2 edp=2" $(ep 2) $(zero)
 }
 parity ref ppi2ep2 "interleaved pipeline x expert parallel"
 replayed_every_step "$WORK/ppi2ep2rcs" || fail "selective recompute did not run under interleaved pp x ep"

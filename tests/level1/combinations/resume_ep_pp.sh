@@ -14,11 +14,11 @@ t0=$SECONDS
 ck="$WORK/ep2pp2/checkpoints/step_00000010"
 # shellcheck disable=SC2046
 {
-run ep2pp2 4 "pp=2 dp=2 tp=1" $(ep 2) $(pp 2) --set checkpoint.interval=10
+run ep2pp2 4 "pp=2 dp=2 ep=2 edp=1" $(ep 2) $(pp 2) --set checkpoint.interval=10
 [[ -d "$ck" ]] || fail "no step-10 checkpoint in $WORK/ep2pp2/checkpoints"
-run same 4 "pp=2 dp=2 tp=1" $(ep 2) $(pp 2) --set checkpoint.resume="$ck"
+run same 4 "pp=2 dp=2 ep=2 edp=1" $(ep 2) $(pp 2) --set checkpoint.resume="$ck"
 run one 1 "" --set checkpoint.resume="$ck"
-run ep2 2 "pp=1 dp=2 tp=1" $(ep 2) --set checkpoint.resume="$ck"
+run ep2 2 "dp=2 ep=2 edp=1" $(ep 2) --set checkpoint.resume="$ck"
 }
 for r in same one ep2; do
   grep -q "resumed from .* at step 10" "$WORK/$r.log" || fail "$r did not resume from step 10"

@@ -13,7 +13,7 @@ t0=$SECONDS
 # shellcheck disable=SC2046
 {
 run ref 1 ""
-run dp2 2 "pp=1 dp=2 tp=1"
+run dp2 2 "dp=2 over"
 run ppi2tp2 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2)
 }
 parity ref dp2 "unet data parallel"

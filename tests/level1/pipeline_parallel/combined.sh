@@ -21,10 +21,10 @@ compare() {  # ref run args...
 }
 run pp2tp2 4 "pp=2 dp=1 tp=2" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 compare ref pp2tp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 --phase "pp x tp steps"
-run pp2dp2 4 "pp=2 dp=2 tp=1" --set features.pipeline_parallel.schedule=gpipe
+run pp2dp2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=gpipe
 compare ref pp2dp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 --phase "pp x dp steps"
-run pp2 2 "pp=2 dp=1 tp=1"
-run pp2rc 2 "pp=2 dp=1 tp=1" --set features.recompute.enabled=true
+run pp2 2 "pp=2 dp=1 over"
+run pp2rc 2 "pp=2 dp=1 over" --set features.recompute.enabled=true
 replayed_every_step "$WORK/pp2rc" || fail "recompute did not run at pp=2"
 compare pp2 pp2rc --exact --grads-step 1 --grad-rtol 0 --phase recompute
 echo PASS

@@ -17,7 +17,7 @@ for P in 2 4; do
       --set features.pipeline_parallel.size=$P --set features.pipeline_parallel.schedule=$s \
       --set features.pipeline_parallel.virtual_stages=$V --set run.output_dir="$WORK/$name" > "$WORK/log" 2>&1 \
       || { cat "$WORK/log"; fail "$name run"; }
-    grep -q "mesh pp=$P dp=1 tp=1" "$WORK/log" || fail "$name: wrong mesh"
+    grep -q "mesh pp=$P dp=1 over" "$WORK/log" || fail "$name: wrong mesh"
     grep "pipeline: " "$WORK/log" | head -1
     echo "== $name against one process"
     "$BIN/hp-compare" "$WORK/ref" "$WORK/$name" --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --norm-rtol 1e-5 --eval-rtol 1e-6 \

@@ -45,7 +45,7 @@ for _ in $(seq 1 1200); do
 done
 wait $pid || { cat "$WORK/log"; fail "the run failed"; }
 [[ -n "$got" ]] || { cat "$WORK/log"; fail "no scrape of all 4 ranks with training progress (the run ended first?)"; }
-grep -q "mesh pp=1 dp=2 tp=2 ep=2" "$WORK/log" || fail "wrong mesh: $(grep -m1 mesh "$WORK/log")"
+grep -q "mesh dp=2 tp=2 ep=2 edp=1 over" "$WORK/log" || fail "wrong mesh: $(grep -m1 mesh "$WORK/log")"
 echo "run: $((SECONDS - t0)) s"
 for r in 0 1 2 3; do
   problems=$(promtool check metrics < "$WORK/scrape$r" 2>&1); rc=$?

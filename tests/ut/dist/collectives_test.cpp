@@ -157,7 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 TEST(CollectiveGroups, SubgroupsReduceOnlyTheirMembers) {
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 2, 2), [&](DistributedContext& ctx) {
+  hp::test::run_ranks(hp::test::grid(1, 2, 2), [&](DistributedContext& ctx) {
     auto t = torch::full({1}, static_cast<float>(ctx.rank()));
     ctx.group("tp").all_reduce(t);
     const int base = ctx.rank() / 2 * 2;  // tp groups {0,1} and {2,3}
@@ -166,6 +166,38 @@ TEST(CollectiveGroups, SubgroupsReduceOnlyTheirMembers) {
     ctx.group("dp").all_reduce(d);  // dp groups {0,2} and {1,3}
     EXPECT_EQ(d.item<float>(), static_cast<float>(ctx.rank() % 2 * 2 + 2));
     EXPECT_EQ(ctx.group("pp").size(), 1);
+  });
+}
+
+// Groups of a view and of a flat group are real process groups: a view
+// refactoring tp x dp (2 x 2) into one 4-rank dimension reduces over all
+// four, its remainder over one; a flat group over tp x dp also over four.
+TEST(CollectiveGroups, ViewAndFlatGroupsReduceOverTheirMembers) {
+  hp::dist::MeshPlan plan;
+  plan.claim("tp", 2, "test", hp::dist::MeshRole::kSplit);
+  plan.view({"wide", {"tp", hp::dist::ProcessMesh::data_dim()},
+             {{"wide_tp", 4, hp::dist::MeshRole::kSplit, "test"}, {"wide_dp", 0, hp::dist::MeshRole::kReplicate, "test"}},
+             "test"});
+  plan.flatten("tp_dp", {"tp", hp::dist::ProcessMesh::data_dim()}, "test");
+  hp::dist::ProcessMesh mesh;
+  hp::dist::MeshProblem problem;
+  ASSERT_TRUE(hp::dist::resolve_mesh(plan, 4, 0, mesh, problem)) << problem.rule;
+  hp::test::run_ranks(mesh, [&](DistributedContext& ctx) {
+    auto t = torch::full({1}, static_cast<float>(ctx.rank() + 1));
+    ctx.group("wide_tp").all_reduce(t);
+    EXPECT_EQ(t.item<float>(), 10.0f);
+    EXPECT_EQ(ctx.group("wide_dp").size(), 1);
+    auto f = torch::full({1}, static_cast<float>(ctx.rank() + 1));
+    ctx.group("tp_dp").all_reduce(f);
+    EXPECT_EQ(f.item<float>(), 10.0f);
+    EXPECT_EQ(ctx.group("tp").global_ranks(), (std::vector<int>{ctx.rank() / 2 * 2, ctx.rank() / 2 * 2 + 1}));
+    EXPECT_EQ(ctx.group(hp::dist::MeshRole::kPartition).size(), 1) << "no partition dimension: this rank alone";
+    try {
+      ctx.group("cp");
+      ADD_FAILURE() << "an unknown group was returned";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no mesh group named 'cp' on rank"), std::string::npos) << e.what();
+    }
   });
 }
 

@@ -1,134 +1,264 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
+#include <set>
 #include <stdexcept>
 
-#include <set>
-
 #include "backends/dist/mesh.h"
+#include "tools/hp_ckpt/layout.h"
 
+using hp::dist::MeshPlan;
+using hp::dist::MeshProblem;
+using hp::dist::MeshRole;
 using hp::dist::ProcessMesh;
 
-TEST(ProcessMesh, TensorParallelIsFastestVarying) {
-  ProcessMesh m(2, 2, 2);  // pp, dp, tp
-  EXPECT_EQ(m.world_size(), 8);
-  EXPECT_EQ(m.group_ranks("tp", 0), (std::vector<int>{0, 1}));
-  EXPECT_EQ(m.group_ranks("dp", 0), (std::vector<int>{0, 2}));
-  EXPECT_EQ(m.group_ranks("pp", 0), (std::vector<int>{0, 4}));
-  EXPECT_EQ(m.group_ranks("pp", 3), (std::vector<int>{3, 7}));
-  auto c = m.coord(6);
-  EXPECT_EQ(c.pp, 1);
-  EXPECT_EQ(c.dp, 1);
-  EXPECT_EQ(c.tp, 0);
-  EXPECT_EQ(m.rank_of(1, 1, 0), 6);
+namespace {
+
+ProcessMesh grid(int pp, int dp, int tp, int ep = 1) {
+  return hp::ckpt_tool::layout_mesh({{"pp", pp}, {"dp", dp}, {"tp", tp}, {"ep", ep}});
 }
 
-TEST(ProcessMesh, EveryRankIsInExactlyOneGroupOfEachKind) {
-  for (auto [pp, dp, tp, ep] : std::vector<std::array<int, 4>>{
-           {1, 4, 1, 2}, {2, 2, 2, 1}, {1, 8, 1, 4}, {3, 2, 1, 2}, {1, 1, 1, 1}}) {
-    ProcessMesh m(pp, dp, tp, ep);
-    for (const auto& name : ProcessMesh::group_names()) {
-      std::multiset<int> seen;
-      for (const auto& g : m.all_groups(name)) seen.insert(g.begin(), g.end());
-      EXPECT_EQ(static_cast<int>(seen.size()), m.world_size()) << name << " " << m.shape();
-      for (int r = 0; r < m.world_size(); ++r) EXPECT_EQ(seen.count(r), 1u) << name << " " << r;
+ProcessMesh resolved(MeshPlan plan, int world, int dp = 0) {
+  ProcessMesh m;
+  MeshProblem problem;
+  if (!hp::dist::resolve_mesh(plan, world, dp, m, problem)) {
+    throw std::invalid_argument(problem.key + " = " + problem.value + ": " + problem.rule);
+  }
+  return m;
+}
+
+// Every rank is in exactly one group of each kind, each group has the kind's
+// size, and a group's members agree on every base coordinate the group does
+// not vary (checked through tag(), which prints the base coordinates).
+void expect_partition(const ProcessMesh& m) {
+  for (const auto& name : m.group_names()) {
+    std::multiset<int> seen;
+    for (const auto& g : m.all_groups(name)) {
+      EXPECT_EQ(static_cast<int>(g.size()), m.group_size(name)) << name << " " << m.shape();
+      EXPECT_TRUE(std::is_sorted(g.begin(), g.end())) << name;
+      seen.insert(g.begin(), g.end());
+      for (int r : g) EXPECT_EQ(m.group_ranks(name, r), g) << name << " rank " << r;
     }
+    for (int r = 0; r < m.world_size(); ++r) EXPECT_EQ(seen.count(r), 1u) << name << " rank " << r << " " << m.shape();
   }
 }
 
-TEST(ProcessMesh, ExpertGroupsAreCarvedOutOfDataParallel) {
-  ProcessMesh m(1, 4, 1, 2);
-  EXPECT_EQ(m.group_ranks("ep", 0), (std::vector<int>{0, 1}));
-  EXPECT_EQ(m.group_ranks("ep", 3), (std::vector<int>{2, 3}));
-  EXPECT_EQ(m.group_ranks("edp", 0), (std::vector<int>{0, 2}));
-  EXPECT_EQ(m.group_ranks("edp", 1), (std::vector<int>{1, 3}));
-  EXPECT_EQ(m.edp_size(), 2);
+}  // namespace
+
+// The layout of the shipped features is the one of the fixed grid it
+// replaces: rank = (pp * dp_size + dp) * tp_size + tp, ep = dp % ep_size,
+// edp = dp / ep_size; checked for every layout of 1 to 8 ranks.
+TEST(ProcessMesh, ShippedLayoutMatchesTheGridFormulaAtWorldSizes1To8) {
+  int layouts = 0;
+  for (int pp = 1; pp <= 8; ++pp)
+    for (int dp = 1; pp * dp <= 8; ++dp)
+      for (int tp = 1; pp * dp * tp <= 8; ++tp)
+        for (int ep = 1; ep <= dp; ++ep) {
+          if (dp % ep) continue;
+          const ProcessMesh m = grid(pp, dp, tp, ep);
+          ++layouts;
+          ASSERT_EQ(m.world_size(), pp * dp * tp);
+          EXPECT_EQ(m.order(), "tp-dp-pp");
+          auto rank_of = [&](int p, int d, int t) { return (p * dp + d) * tp + t; };
+          for (int r = 0; r < m.world_size(); ++r) {
+            const int t = r % tp, d = (r / tp) % dp, p = r / (tp * dp), e = d % ep, ed = d / ep;
+            std::vector<int> tpg, dpg, ppg, epg, edpg;
+            for (int i = 0; i < tp; ++i) tpg.push_back(rank_of(p, d, i));
+            for (int i = 0; i < dp; ++i) dpg.push_back(rank_of(p, i, t));
+            for (int i = 0; i < pp; ++i) ppg.push_back(rank_of(i, d, t));
+            for (int i = 0; i < ep; ++i) epg.push_back(rank_of(p, ed * ep + i, t));
+            for (int i = 0; i < dp / ep; ++i) edpg.push_back(rank_of(p, i * ep + e, t));
+            EXPECT_EQ(m.group_ranks("tp", r), tpg);
+            EXPECT_EQ(m.group_ranks("dp", r), dpg);
+            EXPECT_EQ(m.group_ranks("pp", r), ppg);
+            EXPECT_EQ(m.group_ranks("ep", r), epg);
+            EXPECT_EQ(m.group_ranks("edp", r), edpg);
+            EXPECT_EQ(m.group_index("ep", r), e);
+            EXPECT_EQ(m.group_index("edp", r), ed);
+            EXPECT_EQ(m.replica_rank(r), d);
+            EXPECT_EQ(m.is_leader(r), d == 0 && t == 0);
+          }
+          expect_partition(m);
+        }
+  EXPECT_GT(layouts, 40);
 }
 
-TEST(ProcessMesh, ValidChecksEveryRule) {
-  EXPECT_TRUE(ProcessMesh::valid(8, 2, 2, 2));
-  EXPECT_FALSE(ProcessMesh::valid(8, 2, 2, 1));
-  EXPECT_FALSE(ProcessMesh::valid(4, 1, 4, 1, 3));
-  EXPECT_FALSE(ProcessMesh::valid(0, 0, 1, 1));
-  EXPECT_THROW(ProcessMesh(1, 3, 1, 2), std::invalid_argument);
+// Every order string of three claimed dimensions and the data dimension,
+// at every size product up to 8: groups partition the ranks, and the
+// innermost dimension is the fastest-varying.
+TEST(ProcessMesh, EveryOrderStringPartitionsTheRanks) {
+  std::vector<std::string> names{"a", "b", "pp", "dp"};
+  std::sort(names.begin(), names.end());
+  int meshes = 0;
+  do {
+    const std::string order = names[0] + "-" + names[1] + "-" + names[2] + "-" + names[3];
+    for (int a = 1; a <= 2; ++a)
+      for (int b = 1; b <= 2; ++b)
+        for (int p = 1; p <= 2; ++p)
+          for (int d = 1; a * b * p * d <= 8; ++d) {
+            MeshPlan plan;
+            plan.claim("a", a, "fa", MeshRole::kSplit);
+            plan.claim("b", b, "fb", MeshRole::kSequence);
+            plan.claim("pp", p, "fp", MeshRole::kPartition);
+            plan.order = order;
+            const ProcessMesh m = resolved(plan, a * b * p * d);
+            ++meshes;
+            EXPECT_EQ(m.order(), order);
+            expect_partition(m);
+            const auto& inner = m.dims().front();
+            std::vector<int> first;
+            for (int i = 0; i < inner.size; ++i) first.push_back(i);
+            EXPECT_EQ(m.group_ranks(inner.name, 0), first) << order;
+          }
+  } while (std::next_permutation(names.begin(), names.end()));
+  EXPECT_EQ(meshes, 24 * 27);
 }
 
-// A layout given by sizes (hp-ckpt's target layouts): missing dimensions
-// are 1, and the group sizes and indices agree with the mesh's groups.
-TEST(ProcessMesh, FromSizesAndGroupIndices) {
-  const ProcessMesh m = ProcessMesh::from_sizes({{"tp", 2}, {"dp", 4}, {"ep", 2}});
-  EXPECT_EQ(m.sizes(), (std::map<std::string, int>{{"pp", 1}, {"dp", 4}, {"tp", 2}, {"ep", 2}}));
-  EXPECT_EQ(m.group_size("tp"), 2);
-  EXPECT_EQ(m.group_size("edp"), 2);
-  EXPECT_EQ(m.group_size("world"), 8);
-  EXPECT_EQ(m.group_size("cp"), 0);
-  for (int r = 0; r < m.world_size(); ++r) {
-    const auto c = m.coord(r);
-    EXPECT_EQ(m.group_index("tp", r), c.tp);
-    EXPECT_EQ(m.group_index("dp", r), c.dp);
-    EXPECT_EQ(m.group_index("ep", r), c.ep);
-    EXPECT_EQ(m.group_index("edp", r), c.edp);
-    EXPECT_EQ(m.group_index("pp", r), c.pp);
-  }
-  EXPECT_EQ(ProcessMesh::from_sizes({}).world_size(), 1);
-  try {
-    ProcessMesh::from_sizes({{"cp", 2}});
-    FAIL() << "an unknown dimension must be refused";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown mesh dimension 'cp' (a layout is given by tp, dp, ep and pp)");
-  }
-  EXPECT_THROW(ProcessMesh::from_sizes({{"tp", 0}}), std::invalid_argument);
-  EXPECT_THROW(ProcessMesh::from_sizes({{"dp", 2}, {"ep", 3}}), std::invalid_argument);
-}
-
-TEST(ProcessMesh, DescribeListsEveryRank) {
-  ProcessMesh m(1, 2, 2);
-  auto d = m.describe();
-  EXPECT_NE(d.find("rank 3 -> pp 0, dp 1, tp 1, ep 0, edp 1 -> tp[2,3] dp[1,3] pp[3]"),
-            std::string::npos) << d;
-}
-
-TEST(MeshPlan, SecondClaimIsAConflict) {
-  hp::dist::MeshPlan p;
-  p.claim("tp", 2, "tensor_parallel", hp::dist::MeshRole::kSplit);
-  p.claim("tp", 4, "other", hp::dist::MeshRole::kSplit);
-  ASSERT_EQ(p.conflicts.size(), 1u);
-  EXPECT_EQ(p.size_of("tp"), 2);
-  EXPECT_EQ(p.size_of("pp"), 1);
-}
-
-// A claim of a dimension the mesh does not serve is a problem, not dropped;
-// so is a served dimension claimed with another role.
-TEST(MeshPlan, UnservedDimensionAndWrongRoleAreRefused) {
-  hp::dist::MeshPlan p;
-  p.claim("cp", 2, "context_parallel", hp::dist::MeshRole::kSplit);
-  p.claim("pp", 2, "odd_feature", hp::dist::MeshRole::kSplit);
-  ASSERT_EQ(p.conflicts.size(), 2u);
-  EXPECT_EQ(p.conflicts[0],
-            "mesh dimension 'cp' claimed by 'context_parallel' is not served by the process mesh, so nothing would "
-            "act on it (served: ep (split), pp (partition), tp (split))");
-  EXPECT_EQ(p.conflicts[1], "mesh dimension 'pp' claimed by 'odd_feature' with role split, but the mesh serves it only "
-                            "as partition");
-  EXPECT_EQ(p.size_of("cp"), 1);
-  EXPECT_EQ(p.size_of("pp"), 1);
-}
-
-TEST(ProcessMesh, RolesNameTheirGroupsAndLeaders) {
-  ProcessMesh m(2, 2, 2);
-  EXPECT_EQ(ProcessMesh::role_group(hp::dist::MeshRole::kPartition), "pp");
-  EXPECT_EQ(ProcessMesh::role_group(hp::dist::MeshRole::kReplicate), "dp");
-  EXPECT_EQ(m.leaders(), (std::vector<int>{0, 4}));
-  EXPECT_TRUE(m.is_leader(4));
-  EXPECT_FALSE(m.is_leader(5));
+// The shape context parallel needs: a dimension that splits the sequence
+// while parameters are replicated over it. Gradients are summed over it and
+// over dp (data_dims), samples are split over dp only (replicas), and by
+// role it sits between the split and the replicate dimensions (as
+// Megatron's tp-cp-ep-dp-pp).
+TEST(ProcessMesh, SequenceDimensionReplicatesParametersButNotSamples) {
+  MeshPlan plan;
+  plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+  plan.claim("cp", 2, "context_parallel", MeshRole::kSequence);
+  plan.claim("pp", 2, "pipeline_parallel", MeshRole::kPartition);
+  const ProcessMesh m = resolved(plan, 16);
+  EXPECT_EQ(m.order(), "tp-cp-dp-pp");
+  EXPECT_EQ(m.data_dims(), (std::vector<std::string>{"cp", "dp"}));
   EXPECT_EQ(m.replicas(), 2);
-  EXPECT_EQ(m.replica_rank(6), 1);
-  hp::dist::MeshPlan plan;
-  plan.claim("pp", 2, "pipeline_parallel", hp::dist::MeshRole::kPartition);
-  ProcessMesh resolved;
-  hp::dist::MeshProblem problem;
-  ASSERT_TRUE(hp::dist::resolve_mesh(plan, 8, 0, resolved, problem));
-  EXPECT_EQ(plan.replicas, 4);
-  EXPECT_EQ(resolved.shape(), "pp=2 dp=4 tp=1 ep=1");
-  EXPECT_FALSE(hp::dist::resolve_mesh(plan, 7, 0, resolved, problem));
-  EXPECT_EQ(problem.key, "distributed");
+  EXPECT_EQ(m.group_ranks("cp", 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.replica_rank(5), 1);
+  EXPECT_EQ(m.replica_rank(9), 0);
+  EXPECT_EQ(m.replica_rank(7), m.replica_rank(5)) << "cp ranks read the same samples";
+  EXPECT_EQ(m.leaders(), (std::vector<int>{0, 8}));
+  expect_partition(m);
+}
+
+// Per-module degrees: two tensor-parallel views of different sizes over the
+// same ranks. Attention sees tp=2 x dp=4; the FFN view refactors tp x dp
+// into ffn_tp=4 x ffn_dp=2; the experts' view refactors dp into ep x edp.
+TEST(ProcessMesh, TwoTensorParallelViewsOfDifferentSizesOnTheSameRanks) {
+  MeshPlan plan;
+  plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+  plan.view({"ffn", {"tp", "dp"}, {{"ffn_tp", 4, MeshRole::kSplit, "t"}, {"ffn_dp", 0, MeshRole::kReplicate, "t"}}, "t"});
+  plan.carve("ep", 2, "edp", "expert_parallel", MeshRole::kSplit);
+  const ProcessMesh m = resolved(plan, 8);
+  EXPECT_EQ(m.group_size("ffn_dp"), 2);
+  EXPECT_EQ(m.group_ranks("tp", 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(m.group_ranks("ffn_tp", 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(m.group_ranks("ffn_dp", 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(m.group_ranks("ep", 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.group_ranks("edp", 5), (std::vector<int>{1, 5}));
+  for (int r = 0; r < 8; ++r) {
+    const auto small = m.group_ranks("tp", r), big = m.group_ranks("ffn_tp", r);
+    EXPECT_TRUE(std::includes(big.begin(), big.end(), small.begin(), small.end())) << "rank " << r;
+  }
+  expect_partition(m);
+  EXPECT_NE(m.describe().find("view ffn over tp x dp: ffn_tp = 4 split; ffn_dp = 2 replicate; (t)"), std::string::npos)
+      << m.describe();
+}
+
+// ZeRO over a flattened dp x cp: one shard group joining both.
+TEST(ProcessMesh, FlatGroupJoinsReplicateDimensions) {
+  MeshPlan plan;
+  plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+  plan.claim("cp", 2, "context_parallel", MeshRole::kSequence);
+  plan.flatten("dp_cp", {"dp", "cp"}, "zero");
+  const ProcessMesh m = resolved(plan, 8);
+  EXPECT_EQ(m.group_size("dp_cp"), 4);
+  EXPECT_EQ(m.group_ranks("dp_cp", 0), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(m.group_ranks("dp_cp", 3), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(m.group_index("dp_cp", 5), 2);
+  expect_partition(m);
+}
+
+TEST(ProcessMesh, OneRankAndDescribe) {
+  EXPECT_EQ(ProcessMesh().world_size(), 1);
+  EXPECT_EQ(ProcessMesh().order(), ProcessMesh::data_dim());
+  const ProcessMesh m = grid(1, 2, 2);
+  EXPECT_EQ(m.shape(), "pp=1 dp=2 tp=2 ep=1 edp=2");
+  EXPECT_EQ(m.tag(3), "pp0 dp1 tp1");
+  const auto d = m.describe();
+  EXPECT_NE(d.find("rank 3 -> pp 0, dp 1, tp 1, ep 0, edp 1 -> tp[2,3] dp[1,3] pp[3] ep[3] edp[1,3]"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("order tp-dp-pp (innermost first)"), std::string::npos) << d;
+  EXPECT_THROW(m.group_ranks("cp", 0), std::invalid_argument);
+  EXPECT_EQ(m.group_size("cp"), 0);
+}
+
+TEST(MeshPlan, ConflictsAreNamed) {
+  MeshPlan p;
+  p.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+  p.claim("tp", 4, "other", MeshRole::kSplit);
+  p.claim("dp", 2, "mine", MeshRole::kReplicate);
+  p.claim("pp", 2, "pipeline_parallel", MeshRole::kPartition);
+  p.claim("stages", 2, "odd", MeshRole::kPartition);
+  p.carve("ep", 2, "tp", "expert_parallel", MeshRole::kSplit);
+  ASSERT_EQ(p.conflicts.size(), 4u);
+  EXPECT_EQ(p.conflicts[0], "mesh dimension 'tp' is claimed by both 'tensor_parallel' and 'other'");
+  EXPECT_EQ(p.conflicts[1],
+            "mesh dimension 'dp' claimed by 'mine' is the mesh's own (world, and the data-parallel remainder dp); "
+            "pick another name");
+  EXPECT_EQ(p.conflicts[2],
+            "mesh dimension 'stages' claimed by 'odd' as partition, but 'pp' (pipeline_parallel) already partitions "
+            "the model: a mesh has one partition dimension");
+  EXPECT_EQ(p.conflicts[3], "mesh dimension 'tp' is claimed by both 'tensor_parallel' and 'expert_parallel'");
+  EXPECT_EQ(p.size_of("tp"), 2);
+  EXPECT_EQ(p.size_of("pp"), 2);
+  EXPECT_EQ(p.size_of("unclaimed"), 1);
+}
+
+TEST(MeshPlan, ResolveRefusesWhatDoesNotFit) {
+  MeshProblem problem;
+  ProcessMesh m;
+  {
+    MeshPlan p;
+    p.claim("pp", 2, "pipeline_parallel", MeshRole::kPartition);
+    ASSERT_TRUE(hp::dist::resolve_mesh(p, 8, 0, m, problem));
+    EXPECT_EQ(p.replicas, 4);
+    EXPECT_EQ(m.shape(), "pp=2 dp=4");
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 7, 0, m, problem));
+    EXPECT_EQ(problem.key, "distributed");
+    EXPECT_EQ(problem.rule,
+              "world size must equal dp x pp, but 7 is not a multiple of the claimed sizes' product 2 "
+              "[pp=2 (pipeline_parallel)]");
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 8, 3, m, problem));
+    EXPECT_EQ(problem.key, "distributed.data_parallel_size");
+    EXPECT_EQ(problem.rule, "world size 8 != dp x pp = 3 x 2 [pp=2 (pipeline_parallel)]");
+    EXPECT_EQ(problem.legal, "4 or 0 (derive)");
+  }
+  {
+    MeshPlan p;
+    p.carve("ep", 4, "edp", "expert_parallel", MeshRole::kSplit);
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 2, 0, m, problem));
+    EXPECT_EQ(problem.key + " = " + problem.value + ": " + problem.rule + " (legal: " + problem.legal + ")",
+              "distributed = ep=4 dp=2: ep (claimed by expert_parallel) is carved out of dp and must divide its size "
+              "(legal: a ep size dividing 2)");
+  }
+  {
+    MeshPlan p;
+    p.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+    p.order = "tp-pp";
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 4, 0, m, problem));
+    EXPECT_EQ(problem.key, "distributed.mesh_order");
+    EXPECT_EQ(problem.rule, "names 'pp', which is not a dimension of this run (or is named twice)");
+    EXPECT_EQ(problem.legal, "the dimensions tp, dp, each once, joined by '-', innermost first");
+    p.order = "tp";
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 4, 0, m, problem));
+    EXPECT_EQ(problem.rule, "leaves out 'dp'");
+    p.order = "dp-tp";
+    ASSERT_TRUE(hp::dist::resolve_mesh(p, 4, 0, m, problem));
+    EXPECT_EQ(m.group_ranks("tp", 0), (std::vector<int>{0, 2}));
+  }
+  {
+    MeshPlan p;
+    p.flatten("both", {"dp", "nowhere"}, "zero");
+    EXPECT_FALSE(hp::dist::resolve_mesh(p, 2, 0, m, problem));
+    EXPECT_EQ(problem.rule, "the flat group joins 'nowhere', which is not a mesh dimension");
+  }
 }

@@ -56,7 +56,7 @@ TEST(SingleRankContext, EveryGroupHasOneMemberAndCollectivesAreLocal) {
   auto ctx = hp::dist::DistributedContext::single();
   EXPECT_EQ(ctx->world_size(), 1);
   EXPECT_EQ(ctx->rank(), 0);
-  for (const auto& name : hp::dist::ProcessMesh::group_names()) EXPECT_EQ(ctx->group(name).size(), 1) << name;
+  for (const auto& name : ctx->mesh().group_names()) EXPECT_EQ(ctx->group(name).size(), 1) << name;
   EXPECT_EQ(ctx->group(hp::dist::MeshRole::kPartition).size(), 1);
   auto t = torch::full({2}, 3.0);
   ctx->group(hp::dist::MeshRole::kReplicate).all_reduce(t);

@@ -344,7 +344,7 @@ void ep_against_dense(int ep, std::int64_t k, Steer how) {
   auto x_dense = x_all.clone().requires_grad_(true);
   (dense->forward(x_dense) * w_out).sum().backward();
   auto dense_out = dense->forward(x_all).detach();
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, ep, 1, ep), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, ep, 1, ep), [&](hp::dist::DistributedContext& d) {
     hp::FeatureRuntime rt(setup.config, d);
     rt.install(setup.features);
     ASSERT_EQ(rt.model().layers().owner("moe"), "expert_parallel");

@@ -174,7 +174,7 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
 }  // namespace
 
 TEST(Zero, ShardedStepEqualsTheUnshardedStepAtDp2AndDp2Tp2) {
-  for (auto mesh : {hp::dist::ProcessMesh(1, 2, 1), hp::dist::ProcessMesh(1, 2, 2), hp::dist::ProcessMesh(1, 4, 1)}) {
+  for (auto mesh : {hp::test::grid(1, 2, 1), hp::test::grid(1, 2, 2), hp::test::grid(1, 4, 1)}) {
     static hp::Setup setup = zero_setup();
     ASSERT_EQ(setup.features.size(), 1u);
     hp::test::run_ranks(mesh, [&](hp::dist::DistributedContext& d) {
@@ -224,7 +224,7 @@ TEST(Zero, ShardedStepEqualsTheUnshardedStepAtDp2AndDp2Tp2) {
 // ShardSpecs) into the unsharded reducer's.
 TEST(Zero, ReportedGradientSlicesTileTheFullGradient) {
   static hp::Setup setup = zero_setup();
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 2, 1), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 2, 1), [&](hp::dist::DistributedContext& d) {
     auto ref = mesh_params(d);
     auto ours = mesh_params(d);
     hp::FeatureRuntime rt(setup.config, d);

@@ -35,7 +35,7 @@ void expect_equal(const hp::Activations& a, const hp::Activations& b) {
 }  // namespace
 
 TEST(StageLink, MessagesDescribeThemselvesAndHeadersFollowChanges) {
-  hp::test::run_ranks(hp::dist::ProcessMesh(2, 1, 1), [](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(2, 1, 1), [](hp::dist::DistributedContext& d) {
     auto& pp = d.group("pp");
     StageLink link(pp, 2, pp.rank());
     // Micro-batch sizes 2, 2, 2, 3 (a change), 3, then 1 (another change).
@@ -61,7 +61,7 @@ TEST(StageLink, MessagesDescribeThemselvesAndHeadersFollowChanges) {
 
 TEST(StageLink, ATimeoutNamesStageMicroBatchAndAction) {
   hp::test::run_ranks(
-      hp::dist::ProcessMesh(2, 1, 1),
+      hp::test::grid(2, 1, 1),
       [](hp::dist::DistributedContext& d) {
         auto& pp = d.group("pp");
         StageLink link(pp, 2, pp.rank());

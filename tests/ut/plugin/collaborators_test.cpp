@@ -39,18 +39,38 @@ TEST(Collaborators, EveryReplacedCollaboratorIsCalled) {
   std::filesystem::remove_all(out);
 }
 
-TEST(Collaborators, AnUnservedMeshClaimIsAConfigError) {
+TEST(Collaborators, ADoubleMeshClaimIsAConfigError) {
   try {
     hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\nplugins: {path: [" + kDir +
                                                 "]}\nfeatures: {test_collab: {enabled: true, claim_unserved: true}}\n",
                                             "t.yaml"),
                 2);
-    FAIL() << "a claim of 'cp' was accepted";
+    FAIL() << "a second claim of 'tp' was accepted";
   } catch (const hp::ConfigException& e) {
-    EXPECT_NE(std::string(e.what()).find("config error: features: mesh dimension 'cp' claimed by 'test_collab' is not "
-                                         "served by the process mesh, so nothing would act on it (served: ep (split), "
-                                         "pp (partition), tp (split))"),
+    EXPECT_NE(std::string(e.what()).find("config error: features: mesh dimension 'tp' is claimed by both 'test_collab' "
+                                         "and 'test_collab_again'"),
               std::string::npos)
         << e.what();
   }
+}
+
+// A plugin's own dimension, view and flat group: the mesh serves them with
+// no change outside the plugin (the dimension's role puts it between split
+// and replicate dimensions; its gradients are summed with dp's).
+TEST(Collaborators, APluginsOwnDimensionViewAndFlatGroupAreServed) {
+  const auto setup = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\nplugins: {path: [" + kDir +
+                                      "]}\nfeatures: {test_collab: {enabled: true, claim_dimension: true}}\n",
+                                  "t.yaml"),
+      8);
+  const auto& m = setup.mesh;
+  EXPECT_EQ(m.order(), "xp-dp");
+  EXPECT_EQ(m.group_size("dp"), 4);
+  EXPECT_EQ(m.group_ranks("xp", 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(m.group_size("xa"), 4);
+  EXPECT_EQ(m.group_ranks("xa", 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(m.group_ranks("xb", 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(m.group_size("xflat"), 8);
+  EXPECT_EQ(m.data_dims(), (std::vector<std::string>{"xp", "dp"}));
+  EXPECT_EQ(m.replicas(), 4);
 }

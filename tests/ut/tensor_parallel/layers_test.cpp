@@ -74,7 +74,7 @@ void expect_same(const Result& dense, const Result& par) {
 
 void check_kind(int T, const hp::LayerSpec& spec, const torch::Tensor& x) {
   auto dense = run(spec, hp::LayerRegistry::dense(), nullptr, x);
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel");
     expect_same(dense, run(spec, registry, &d, x));
@@ -117,7 +117,7 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
   auto dense_in = logits.clone().requires_grad_(true);
   auto dense = hp::LayerRegistry::dense().make_loss({"loss.cross_entropy", "loss", 0, 66}, dctx)->forward(dense_in, targets);
   dense.sum.backward();
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel");
     hp::BuildContext ctx(config(), d, registry, 1);
@@ -134,7 +134,7 @@ TEST_P(TensorParallelKinds, VocabularyParallelCrossEntropyNeverGathersLogits) {
 // The vocabulary-parallel loss needs the vocabulary size from the spec (it
 // never reads a model's options).
 TEST(TensorParallelLoss, WithoutTheVocabularySizeIsAModelError) {
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, 2), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, 2), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel");
     hp::BuildContext ctx(config(), d, registry, 1);
@@ -172,7 +172,7 @@ void check_sequence_parallel(int T, const hp::LayerSpec& spec, const torch::Tens
   auto w = torch::randn(dout.sizes(), torch::make_generator<at::CPUGeneratorImpl>(7));
   (dout * w).sum().backward();
   const auto seq = x.size(1);
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
     hp::BuildContext ctx(config(), d, registry, 99);
@@ -253,7 +253,7 @@ TEST_P(SequenceParallelKinds, DropoutMaskIsTheSliceOfTheDenseMask) {
   auto dense_layer = hp::LayerRegistry::dense().make(spec, dctx);
   const auto dense = dense_layer->forward(x);
   ASSERT_FALSE(torch::equal(dense, x)) << "dropout did nothing";
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
     hp::BuildContext ctx(config(), d, registry, 1);
@@ -282,7 +282,7 @@ TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
   auto dense = hp::build_model(desc, dctx);
   auto dloss = dense.loss->forward(dense.forward(hp::make_activations({{"tokens", tokens}})), hp::make_activations({{"labels", targets}}));
   dloss.sum.backward();
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 1, T), [&](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 1, T), [&](hp::dist::DistributedContext& d) {
     auto registry = hp::LayerRegistry::dense();
     hp::tensor_parallel::replace_kinds(registry, "tensor_parallel", {/*sequence_parallel=*/true});
     hp::BuildContext ctx(s.config, d, registry, 5);
@@ -303,7 +303,7 @@ INSTANTIATE_TEST_SUITE_P(T, SequenceParallelKinds, ::testing::Values(2, 4),
 // The gradient sync sums each parameter over its grad_sync_group; "tp+dp"
 // (sequence parallel's replicated parameters) over tp and then dp.
 TEST(GradSyncGroups, SumsOverEachNamedGroup) {
-  hp::test::run_ranks(hp::dist::ProcessMesh(1, 2, 2), [](hp::dist::DistributedContext& d) {
+  hp::test::run_ranks(hp::test::grid(1, 2, 2), [](hp::dist::DistributedContext& d) {
     std::vector<hp::ParamEntry> params;
     for (const char* group : {"dp", "tp", "tp+dp"}) {
       hp::ParamEntry e;
@@ -315,8 +315,8 @@ TEST(GradSyncGroups, SumsOverEachNamedGroup) {
     }
     hp::make_bucketed_reducer({8}, params, d)->reduce();  // 8 bytes: one tensor per bucket
     // Ranks 0..3 are (dp, tp) = (0,0) (0,1) (1,0) (1,1): values 1..4.
-    const double dp_sum = d.coord().tp == 0 ? 1 + 3 : 2 + 4;
-    const double tp_sum = d.coord().dp == 0 ? 1 + 2 : 3 + 4;
+    const double dp_sum = d.mesh().group_index("tp", d.rank()) == 0 ? 1 + 3 : 2 + 4;
+    const double tp_sum = d.mesh().group_index("dp", d.rank()) == 0 ? 1 + 2 : 3 + 4;
     EXPECT_TRUE(torch::allclose(params[0].tensor.grad(), torch::full({3}, dp_sum)));
     EXPECT_TRUE(torch::allclose(params[1].tensor.grad(), torch::full({3}, tp_sum)));
     EXPECT_TRUE(torch::allclose(params[2].tensor.grad(), torch::full({3}, 10.0)));

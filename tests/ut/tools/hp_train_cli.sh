@@ -15,8 +15,8 @@ out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --dry-run 2>&1); rc=$?
 [[ $rc -eq 0 ]] || fail "dry-run exit $rc: $out"
 grep -q "^  layers: 2$" <<<"$out" || fail "resolved config missing: $out"
 grep -q "^  lr: 0.001$" <<<"$out" || fail "defaults not filled in: $out"
-grep -q "mesh pp=1 dp=4 tp=1 ep=1 (world 4)" <<<"$out" || fail "mesh missing: $out"
-grep -q "rank 3 -> pp 0, dp 3, tp 0" <<<"$out" || fail "rank table missing: $out"
+grep -q "mesh dp=4 (world 4)" <<<"$out" || fail "mesh missing: $out"
+grep -q "rank 3 -> dp 3 ->" <<<"$out" || fail "rank table missing: $out"
 grep -q "hp-launch" <<<"$out" && fail "dry-run launched workers: $out"
 
 # Three different mistakes: unknown key, wrong type, cross-field rule.

@@ -1,0 +1,24 @@
+#pragma once
+// The layouts checkpoints of the shipped features are written under, as
+// meshes: tensor parallel (tp, split), pipeline parallel (pp, partition),
+// expert parallel (ep, split, carved out of the data-parallel dimension with
+// edp the rest), data parallel the remainder. The trainer builds its mesh
+// from what the enabled features claim; hp-ckpt and the tests build the same
+// mesh from a layout's sizes with the same claims.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/dist/mesh.h"
+
+namespace hp::ckpt_tool {
+
+/// The dimensions a layout is given by: tp, dp, ep, pp.
+const std::vector<std::string>& layout_dims();
+
+/// The mesh of a layout given as sizes by dimension (a missing one is 1).
+/// Throws std::invalid_argument naming an unknown dimension, a size below 1,
+/// or an expert-parallel size that does not divide the data-parallel one.
+dist::ProcessMesh layout_mesh(const std::map<std::string, int>& sizes);
+
+}  // namespace hp::ckpt_tool
