@@ -7,7 +7,12 @@
 # same model with eager attention, when python3 can import torch. Figures
 # are printed, never asserted. Eager at seq 4096 needs about 1 GiB of scores
 # per layer at batch 1: do not run it beside anything.
-#   bash bench/bench_attention.sh [steps=3] [seqs="512 1024 2048"] [block=128] [threads=2]
+#   bash bench/bench_attention.sh [steps=3] [seqs="512 1024 2048"] [block=128] [threads=2] [reps=1] [batch]
+# reps > 1 alternates eager and block runs that many times per seq and prints
+# the median over the runs of each one's mean steady step (on a shared
+# machine the load moves between runs); peaks are the largest. batch, when
+# given, fixes the batch at every seq instead of ~4096 tokens per step.
+# HP_BENCH_PYTORCH=0 skips the PyTorch run.
 # On a machine that other jobs load, use threads=1: with 2 threads every
 # small matmul waits for a descheduled OpenMP thread (measured: a
 # [32, 128, 64] x [32, 64, 128] bmm took 1.1 s at 2 threads and 10 ms at 1
@@ -20,12 +25,15 @@ STEPS=${1:-3}
 SEQS=${2:-512 1024 2048}
 BLOCK=${3:-128}
 THREADS=${4:-2}
+REPS=${5:-1}
+BATCH=${6:-}
 H=256; L=4; HEADS=4; TOKENS=4096
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 echo "GPT $L x $H, $HEADS heads, ~$TOKENS tokens per step, block $BLOCK, $THREADS thread(s)"
 printf '%-8s %-6s %-10s %10s %12s\n' seq batch attention "step s" "peak MiB"
 for T in $SEQS; do
   B=$(( TOKENS / T > 0 ? TOKENS / T : 1 ))
+  [[ -n "$BATCH" ]] && B=$BATCH
   cat > "$W/c.yaml" <<YAML
 model: {type: gpt, layers: $L, hidden: $H, heads: $HEADS, seq_len: $T, vocab_size: 256}
 data: {type: synthetic}
@@ -33,20 +41,29 @@ training: {max_steps: $STEPS, global_batch_size: $B, micro_batch_size: $B, log_i
 optimizer: {lr: 0.001, schedule: constant}
 checkpoint: {interval: 0, resume: never}
 YAML
+  for ((rep = 0; rep < REPS; rep++)); do
+    for A in eager block; do
+      HP_INTRA_OP_THREADS=$THREADS "$BIN/hp-train" "$W/c.yaml" --set model.attention=$A \
+        --set model.attention_block="$BLOCK" --set run.output_dir="$W/run_${T}_${A}_$rep" > "$W/$T$A.log" 2>&1 \
+        || { cat "$W/$T$A.log"; exit 1; }
+    done
+  done
   for A in eager block; do
-    HP_INTRA_OP_THREADS=$THREADS "$BIN/hp-train" "$W/c.yaml" --set model.attention=$A \
-      --set model.attention_block="$BLOCK" --set run.output_dir="$W/$T$A" > "$W/$T$A.log" 2>&1 \
-      || { cat "$W/$T$A.log"; exit 1; }
-    python3 - "$W/$T$A/metrics.jsonl" "$T" "$B" "$A" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-steady = rows[1:] or rows  # the first step warms up
-step = sum(r["step_seconds"] for r in steady) / len(steady)
-peak = max(r["peak_resident_memory_bytes"] for r in rows)
-print(f"{sys.argv[2]:8s} {sys.argv[3]:6s} {sys.argv[4]:10s} {step:10.3f} {peak / 2**20:12.0f}")
+    python3 - "$T" "$B" "$A" "$W/run_${T}_${A}_"* <<'PY'
+import json, statistics, sys
+steps, peaks = [], []
+for d in sys.argv[4:]:
+    rows = [json.loads(l) for l in open(d + "/metrics.jsonl") if l.strip()]
+    steady = rows[1:] or rows  # the first step warms up
+    steps.append(sum(r["step_seconds"] for r in steady) / len(steady))
+    peaks.append(max(r["peak_resident_memory_bytes"] for r in rows))
+runs = " ".join(f"{x:.2f}" for x in steps) if len(steps) > 1 else ""
+print(f"{sys.argv[1]:8s} {sys.argv[2]:6s} {sys.argv[3]:10s} {statistics.median(steps):10.3f} {max(peaks) / 2**20:12.0f}  {runs}")
 PY
   done
-  if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  if [[ ${HP_BENCH_PYTORCH:-1} == 0 ]]; then
+    :
+  elif /usr/bin/python3 -c "import torch" 2>/dev/null; then
     /usr/bin/python3 - "$T" "$B" "$STEPS" "$H" "$L" "$HEADS" "$THREADS" <<'PY'
 # The same GPT in PyTorch: pre-LayerNorm blocks, fused qkv, GELU MLP (4 h),
 # learned positions, untied head, AdamW; eager attention (scores [B, h, T, T]).

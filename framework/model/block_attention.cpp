@@ -1,6 +1,8 @@
 #include "framework/model/block_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 #include <torch/autograd.h>
 
 #include <cmath>
@@ -17,28 +19,39 @@ using torch::autograd::variable_list;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// [B, T, h, d] -> contiguous [B * h, T, d].
+/// [B, T, h, d] -> a new contiguous [B * h, T, d] (never the input's storage).
 at::Tensor to_rows(const at::Tensor& x) {
-  return x.transpose(1, 2).reshape({x.size(0) * x.size(2), x.size(1), x.size(3)}).contiguous();
+  const auto B = x.size(0), T = x.size(1), h = x.size(2), d = x.size(3);
+  auto r = at::empty({B, h, T, d}, x.options());
+  r.copy_(x.transpose(1, 2));
+  return r.view({B * h, T, d});
 }
 
-/// True where key column c0 + j lies after query row r0 + i (masked).
-/// Only blocks that cross the diagonal need it.
-at::Tensor future_mask(std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols,
-                       const at::TensorOptions& opts) {
-  auto r = at::arange(r0, r0 + rows, opts.dtype(at::kLong)).unsqueeze(1);
-  auto c = at::arange(c0, c0 + cols, opts.dtype(at::kLong)).unsqueeze(0);
-  return c > r;  // [rows, cols]
-}
-
-/// Scores of query rows [r0, r0 + rows) against key columns [c0, c0 + cols),
-/// the future masked to -inf. `qs` is already scaled by 1 / sqrt(d).
+/// Scores of query rows [r0, r0 + rows) of one head against key columns
+/// [c0, c0 + cols); `qs_i` is [rows, d], already scaled by 1 / sqrt(d). Key
+/// blocks start at multiples of the block length as query blocks do, so the
+/// only block that crosses the diagonal is c0 == r0, masked by `diag` (true
+/// above the diagonal, [min(block, seq)]²); blocks after it are never asked for.
 at::Tensor block_scores(const at::Tensor& qs_i, const at::Tensor& k, std::int64_t r0,
-                        std::int64_t rows, std::int64_t c0, std::int64_t cols) {
-  auto k_j = k.narrow(1, c0, cols);
-  auto s = at::bmm(qs_i, k_j.transpose(1, 2));  // [BH, rows, cols]
-  if (c0 + cols - 1 > r0) s.masked_fill_(future_mask(r0, rows, c0, cols, s.options()), kNegInf);
+                        std::int64_t rows, std::int64_t c0, std::int64_t cols,
+                        const at::Tensor& diag) {
+  auto s = at::mm(qs_i, k.narrow(0, c0, cols).t());  // [rows, cols]
+  if (c0 == r0) s.masked_fill_(diag.narrow(0, 0, rows).narrow(1, 0, cols), kNegInf);
   return s;
+}
+
+/// Runs f(bh) for every head row bh in [0, BH), heads split over the intra-op
+/// threads: one parallel region per call instead of one per small matmul
+/// (on a loaded machine every region waits for all its threads). Each head
+/// runs on one thread with single-threaded ops, so the numbers do not depend
+/// on the thread count. Autograd is off in the workers (the grad mode is per
+/// thread).
+template <class F>
+void for_each_head(std::int64_t BH, const F& f) {
+  at::parallel_for(0, BH, 1, [&](std::int64_t begin, std::int64_t end) {
+    c10::NoGradGuard no_grad;
+    for (std::int64_t bh = begin; bh < end; ++bh) f(bh);
+  });
 }
 
 struct BlockAttention : torch::autograd::Function<BlockAttention> {
@@ -46,73 +59,92 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
                             const at::Tensor& v_in, std::int64_t block) {
     const auto B = q_in.size(0), T = q_in.size(1), h = q_in.size(2), d = q_in.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    auto q = to_rows(q_in), k = to_rows(k_in), v = to_rows(v_in);  // [BH, T, d]
-    auto qs = q * scale;
-    auto out = at::empty_like(q);
+    // Saved for backward: q already scaled (one [B·h, T, d] copy, not two),
+    // k, v, the output itself (the tensor returned, in its [B, T, h·d]
+    // layout, which the output projection keeps anyway) and the row lse.
+    auto q = to_rows(q_in).mul_(scale), k = to_rows(k_in), v = to_rows(v_in);  // [BH, T, d]
+    auto out = at::empty({B, T, h * d}, q.options());
+    auto out_heads = out.view({B, T, h, d}).permute({0, 2, 1, 3});  // [B, h, T, d] view
     auto lse = at::empty({B * h, T}, q.options());
-    for (std::int64_t r0 = 0; r0 < T; r0 += block) {
-      const auto rows = std::min(block, T - r0);
-      auto qs_i = qs.narrow(1, r0, rows);
-      at::Tensor m, l, acc;  // running row max [BH, rows, 1], sum, unnormalised output
-      // Key blocks wholly after the last row of this query block are skipped.
-      for (std::int64_t c0 = 0; c0 < r0 + rows; c0 += block) {
-        const auto cols = std::min(block, T - c0);
-        auto s = block_scores(qs_i, k, r0, rows, c0, cols);
-        auto v_j = v.narrow(1, c0, cols);
-        if (!m.defined()) {
-          // The first key block holds column 0, which every row sees: m is finite.
-          m = std::get<0>(s.max(-1, /*keepdim=*/true));
-          auto p = (s - m).exp_();
-          l = p.sum(-1, /*keepdim=*/true);
-          acc = at::bmm(p, v_j);
-          continue;
+    const auto bd = std::min(block, T);
+    const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
+    for_each_head(B * h, [&](std::int64_t bh) {
+      const auto q_h = q[bh], k_h = k[bh], v_h = v[bh];  // [T, d]
+      auto o_h = out_heads[bh / h][bh % h];
+      auto lse_h = lse[bh];
+      for (std::int64_t r0 = 0; r0 < T; r0 += block) {
+        const auto rows = std::min(block, T - r0);
+        auto qs_i = q_h.narrow(0, r0, rows);
+        at::Tensor m, l, acc;  // running row max [rows, 1], sum, unnormalised output
+        // Key blocks wholly after the last row of this query block are skipped.
+        for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
+          const auto cols = std::min(block, T - c0);
+          auto s = block_scores(qs_i, k_h, r0, rows, c0, cols, diag);
+          auto v_j = v_h.narrow(0, c0, cols);
+          if (!m.defined()) {
+            // The first key block holds column 0, which every row sees: m is finite.
+            m = std::get<0>(s.max(-1, /*keepdim=*/true));
+            auto p = (s - m).exp_();
+            l = p.sum(-1, /*keepdim=*/true);
+            acc = at::mm(p, v_j);
+            continue;
+          }
+          auto m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+          auto alpha = (m - m_new).exp_();
+          auto p = (s - m_new).exp_();
+          l = l * alpha + p.sum(-1, /*keepdim=*/true);
+          acc = acc * alpha + at::mm(p, v_j);
+          m = m_new;
         }
-        auto m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-        auto alpha = (m - m_new).exp_();
-        auto p = (s - m_new).exp_();
-        l = l * alpha + p.sum(-1, /*keepdim=*/true);
-        acc = acc * alpha + at::bmm(p, v_j);
-        m = m_new;
+        o_h.narrow(0, r0, rows).copy_(acc / l);
+        lse_h.narrow(0, r0, rows).copy_((m + l.log()).squeeze(-1));
       }
-      out.narrow(1, r0, rows).copy_(acc / l);
-      lse.narrow(1, r0, rows).copy_((m + l.log()).squeeze(-1));
-    }
+    });
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["block"] = block;
-    ctx->saved_data["batch"] = B;
-    return out.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
+    ctx->saved_data["heads"] = h;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const auto block = ctx->saved_data["block"].toInt();
-    const auto B = ctx->saved_data["batch"].toInt();
-    const auto BH = q.size(0), T = q.size(1), d = q.size(2), h = BH / B;
+    const auto h = ctx->saved_data["heads"].toInt();
+    const auto BH = q.size(0), T = q.size(1), d = q.size(2), B = BH / h;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    // dO back to [BH, T, d].
-    auto dout = grads[0].reshape({B, T, h, d}).transpose(1, 2).reshape({BH, T, d}).contiguous();
-    auto D = (dout * out).sum(-1, /*keepdim=*/true);  // [BH, T, 1]: rowsum(dO * O)
-    auto qs = q * scale;
+    // dO and O as [B, h, T, d] views of their [B, T, h·d] tensors (no copies).
+    auto dout = grads[0].contiguous();
+    auto do_heads = dout.view({B, T, h, d}).permute({0, 2, 1, 3});
+    auto o_heads = out.view({B, T, h, d}).permute({0, 2, 1, 3});
     auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-    for (std::int64_t r0 = 0; r0 < T; r0 += block) {
-      const auto rows = std::min(block, T - r0);
-      auto qs_i = qs.narrow(1, r0, rows);
-      auto do_i = dout.narrow(1, r0, rows);
-      auto lse_i = lse.narrow(1, r0, rows).unsqueeze(-1);
-      auto D_i = D.narrow(1, r0, rows);
-      auto dq_i = dq.narrow(1, r0, rows);
-      for (std::int64_t c0 = 0; c0 < r0 + rows; c0 += block) {
-        const auto cols = std::min(block, T - c0);
-        auto p =
-            block_scores(qs_i, k, r0, rows, c0, cols).sub_(lse_i).exp_();  // masked: exp(-inf) = 0
-        auto k_j = k.narrow(1, c0, cols), v_j = v.narrow(1, c0, cols);
-        dv.narrow(1, c0, cols).add_(at::bmm(p.transpose(1, 2), do_i));
-        auto ds = p.mul_(at::bmm(do_i, v_j.transpose(1, 2)).sub_(D_i));  // dS = P * (dP - D)
-        dq_i.add_(at::bmm(ds, k_j));
-        dk.narrow(1, c0, cols).add_(at::bmm(ds.transpose(1, 2), qs_i));
+    const auto bd = std::min(block, T);
+    const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
+    for_each_head(BH, [&](std::int64_t bh) {
+      const auto q_h = q[bh], k_h = k[bh], v_h = v[bh];
+      const auto do_h = do_heads[bh / h][bh % h], o_h = o_heads[bh / h][bh % h];
+      auto dq_h = dq[bh], dk_h = dk[bh], dv_h = dv[bh];
+      auto D = (do_h * o_h).sum(-1, /*keepdim=*/true);  // [T, 1]: rowsum(dO * O)
+      auto lse_h = lse[bh].unsqueeze(-1);
+      for (std::int64_t r0 = 0; r0 < T; r0 += block) {
+        const auto rows = std::min(block, T - r0);
+        auto qs_i = q_h.narrow(0, r0, rows);
+        auto do_i = do_h.narrow(0, r0, rows);
+        auto lse_i = lse_h.narrow(0, r0, rows);
+        auto D_i = D.narrow(0, r0, rows);
+        auto dq_i = dq_h.narrow(0, r0, rows);
+        for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
+          const auto cols = std::min(block, T - c0);
+          // Masked entries: exp(-inf) = 0.
+          auto p = block_scores(qs_i, k_h, r0, rows, c0, cols, diag).sub_(lse_i).exp_();
+          auto k_j = k_h.narrow(0, c0, cols), v_j = v_h.narrow(0, c0, cols);
+          dv_h.narrow(0, c0, cols).add_(at::mm(p.t(), do_i));
+          auto ds = p.mul_(at::mm(do_i, v_j.t()).sub_(D_i));  // dS = P * (dP - D)
+          dq_i.add_(at::mm(ds, k_j));
+          dk_h.narrow(0, c0, cols).add_(at::mm(ds.t(), qs_i));
+        }
       }
-    }
+    });
     dq.mul_(scale);
     auto back = [&](const at::Tensor& g) {
       return g.view({B, h, T, d}).transpose(1, 2);
@@ -134,6 +166,11 @@ at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, cons
         "block_causal_attention: q, k and v must all be [batch, seq, heads, head_dim]");
   }
   return BlockAttention::apply(q, k, v, block);
+}
+
+std::string resolve_attention(const std::string& option, std::int64_t seq, std::int64_t auto_seq) {
+  if (option != "auto") return option;
+  return seq >= auto_seq ? "block" : "eager";
 }
 
 }  // namespace hp

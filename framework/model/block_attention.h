@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace hp {
 
@@ -16,5 +17,15 @@ namespace hp {
 /// Differentiable in q, k and v.
 at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   std::int64_t block);
+
+/// model.attention_auto_seq's default: the shortest sequence at which
+/// model.attention: auto picks block attention (the measured crossover,
+/// docs/rfc/0011-block-attention.md section 9.1).
+constexpr std::int64_t kAutoBlockSeq = 512;
+
+/// The attention path of model.attention = `option` ("auto", "eager" or
+/// "block") at sequence length `seq`: "auto" is "block" when seq >=
+/// `auto_seq`, else "eager"; the others are themselves.
+std::string resolve_attention(const std::string& option, std::int64_t seq, std::int64_t auto_seq);
 
 }  // namespace hp

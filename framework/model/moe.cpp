@@ -193,15 +193,15 @@ at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
     // zero gradients of [n, F, H] and add them up (n^2 F H per step); that
     // of one unbind stacks the n slices once. Same values, bitwise.
     const auto w1s = w1.unbind(0), b1s = b1.unbind(0), w2s = w2.unbind(0), b2s = b2.unbind(0);
+    // One split, not a narrow per expert: the backward of n narrows would
+    // write n zero [M, H] gradients and add them up; that of one split
+    // concatenates the slices once. Same values, bitwise.
+    const auto xs = rows.split_with_sizes(counts);
     std::vector<at::Tensor> out;
-    std::int64_t off = 0;
     for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t c = counts[static_cast<std::size_t>(j)];
-      if (c > 0) {
-        at::Tensor x = rows.narrow(0, off, c);
+      const auto& x = xs[static_cast<std::size_t>(j)];
+      if (x.size(0) > 0)
         out.push_back(at::linear(at::gelu(at::linear(x, w1s[j], b1s[j])), w2s[j], b2s[j]));
-      }
-      off += c;
     }
     return out.size() == 1 ? out[0] : at::cat(out);
   }
@@ -240,9 +240,11 @@ at::Tensor combine_by_token(const at::Tensor& rows, const at::Tensor& order, std
   at::Tensor by_slot = at::zeros({n_tokens * k, H}, rows.options())
                            .index_copy(0, order, rows)
                            .view({n_tokens, k, H});
-  at::Tensor out = at::zeros({n_tokens, H}, rows.options());
-  for (std::int64_t j = 0; j < k; ++j) out = out + by_slot.select(1, j);
-  return out;
+  // Slot 0 plus the others in slot order: the sum from zero without the
+  // zero (0 + x is x), so no [N, H] zero-fill and one add fewer.
+  at::Tensor out = by_slot.select(1, 0);
+  for (std::int64_t j = 1; j < k; ++j) out = out + by_slot.select(1, j);
+  return k == 1 ? out.contiguous() : out;
 }
 
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,

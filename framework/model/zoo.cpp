@@ -7,6 +7,7 @@
 
 #include "framework/config/config.h"
 #include "framework/config/schema.h"
+#include "framework/model/block_attention.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
 #include "framework/model/moe.h"
@@ -18,7 +19,7 @@ namespace {
 
 struct Dims {
   std::int64_t vocab, hidden, heads, ffn, seq, layers;
-  std::string attention;  ///< "eager" or "block"
+  std::string attention;  ///< "eager" or "block" (model.attention: auto resolved)
   std::int64_t attention_block = 128;
   double std, dropout;
   bool tied;
@@ -32,10 +33,10 @@ Dims dims_of(const Config& c) {
   d.vocab = c.get_int("model.vocab_size");
   d.hidden = c.get_int("model.hidden");
   d.heads = c.get_int("model.heads");
-  d.attention = c.get_string("model.attention");
   d.attention_block = c.get_int("model.attention_block");
   d.ffn = c.get_int("model.ffn_hidden") == 0 ? 4 * d.hidden : c.get_int("model.ffn_hidden");
   d.seq = c.get_int("model.seq_len");
+  d.attention = resolve_attention(c.get_string("model.attention"), d.seq, c.get_int("model.attention_auto_seq"));
   d.layers = c.get_int("model.layers");
   d.std = c.get_float("model.init_std");
   d.dropout = c.get_float("model.dropout");
@@ -201,10 +202,17 @@ void declare_decoder_options(Schema& s) {
     sc.add_float("model.dropout", 0.0).range(0.0, 0.9).describe("Dropout probability.");
   });
   declare_once(s, "model.attention", [](Schema& sc) {
-    sc.add_enum("model.attention", "eager", {"eager", "block"})
+    sc.add_enum("model.attention", "auto", {"auto", "eager", "block"})
         .describe("How the gpt computes causal attention: eager forms the [batch, heads, seq, seq] scores; "
                   "block walks key blocks with an online softmax and never forms them (the results of "
-                  "eager up to fp32 rounding; memory linear in seq).");
+                  "eager up to fp32 rounding; memory linear in seq); auto is block when model.seq_len >= "
+                  "model.attention_auto_seq, else eager.");
+  });
+  declare_once(s, "model.attention_auto_seq", [](Schema& sc) {
+    sc.add_int("model.attention_auto_seq", kAutoBlockSeq)
+        .range(1, 1073741824)
+        .describe("Shortest model.seq_len at which model.attention: auto picks block attention "
+                  "(docs/rfc/0011-block-attention.md: the measured crossover).");
   });
   declare_once(s, "model.attention_block", [](Schema& sc) {
     sc.add_int("model.attention_block", 128)
@@ -263,7 +271,7 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
                  "model.moe.capacity_factor"};
   // The attention algorithm computes the same function (up to fp32 rounding).
-  if (attention) m.free_keys.insert({"model.attention", "model.attention_block"});
+  if (attention) m.free_keys.insert({"model.attention", "model.attention_block", "model.attention_auto_seq"});
   m.train_flops_per_token = decoder_train_flops_per_token(d, attention);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {

@@ -18,6 +18,9 @@ tp() { echo --set features.tensor_parallel.enabled=true --set features.tensor_pa
 sp() { echo --set features.tensor_parallel.sequence_parallel=true; }
 ep() { echo --set features.expert_parallel.enabled=true --set features.expert_parallel.size="$1"; }
 zero() { echo --set features.zero.enabled=true; }
+# Block attention (model.attention: block) with a block length (12) that does
+# not divide small_config's seq_len (32).
+blk() { echo --set model.attention=block --set model.attention_block=12; }
 rc() { echo --set features.recompute.enabled=true --set features.recompute.granularity="$1"; }
 
 # run NAME NPROC MESH ARGS...: one run of $CONFIG into $WORK/NAME; MESH, when

@@ -2,7 +2,8 @@
 # docs/PARITY.md for expert parallel: every layout against one process with the
 # same global batch and micro-batches (first-step loss and every gradient
 # by global name within 1e-5, 50-step losses within 1e-4), dropless and
-# with capacity dropping; recompute on vs off bitwise.
+# with capacity dropping; recompute on vs off bitwise; ep=2 with block
+# attention (model.attention: block) against the eager reference.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -39,8 +40,9 @@ run ep2zero 2 $(ep 2) --set features.zero.enabled=true
 run tp2 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 run ep2rc 2 $(ep 2) --set features.recompute.enabled=true
 run ep2_var 2 $(ep 2) "${var[@]}"
+run ep2block 2 $(ep 2) --set model.attention=block --set model.attention_block=12
 }
-for r in ep2 ep2dp4 ep4 ep2tp2 ep2pp2 ep2zero tp2; do compare ref $r; done
+for r in ep2 ep2dp4 ep4 ep2tp2 ep2pp2 ep2zero tp2 ep2block; do compare ref $r; done
 compare ref_cap ep2_cap
 compare ref_var ep2_var
 python3 - "$WORK/ref_cap" <<'PY' || fail "capacity dropped nothing: the capacity run tests nothing"

@@ -2,7 +2,9 @@
 # docs/PARITY.md for pipeline parallel: pp=2 and pp=4, every schedule, against one
 # process with the same micro-batches (4 per step): 20-step losses within
 # 1e-6 relative, and the first step's gradients (reassembled by global name
-# from every stage) within 1e-5.
+# from every stage) within 1e-5. Block attention (model.attention: block) at
+# pp=2 1F1B against the eager one-process reference, at B4's bars (the two
+# attention paths differ by fp32 rounding).
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -24,4 +26,10 @@ for P in 2 4; do
       --grad-rtol 1e-5 --phase "pipeline optimizer steps" | tail -3 || fail "$name parity"
   done
 done
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${common[@]}" --set features.pipeline_parallel.enabled=true \
+  --set features.pipeline_parallel.size=2 --set model.attention=block --set model.attention_block=12 \
+  --set run.output_dir="$WORK/pp2_block" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "pp2_block run"; }
+echo "== pp2_block (1F1B, block attention) against one process, eager"
+"$BIN/hp-compare" "$WORK/ref" "$WORK/pp2_block" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
+  --grad-rtol 1e-5 --phase "pipeline optimizer steps or block attention" | tail -3 || fail "pp2_block parity"
 echo PASS

@@ -6,7 +6,8 @@
 # uneven vocabulary split is part of the check. Sequence parallel: tp=2 with
 # it against tp=2 without and against one process, same bars. Block attention
 # (model.attention: block) on one process and at tp=2 with selective
-# recompute against the eager one-process reference, same bars.
+# recompute against the eager one-process reference, same bars; the
+# one-process run reaches it through model.attention: auto.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -35,12 +36,20 @@ echo "== tp2 + recompute against tp2"
 # divide seq_len 32) against the one-process eager reference: on one process,
 # and at tp=2 under selective recompute (which replays the block attention
 # function in backward), same bars.
+# The one-process run gets it from model.attention: auto (the default) at
+# model.attention_auto_seq = seq_len; the reference ran the default below
+# the threshold (512), i.e. eager: the two must differ in their bits (only
+# the attention path tells them apart), which shows auto picked each path.
 block=(--set model.attention=block --set model.attention_block=12)
-"$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" "${block[@]}" --set run.output_dir="$WORK/block" > "$WORK/log" 2>&1 \
+"$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" --set model.attention=auto --set model.attention_auto_seq=32 \
+  --set model.attention_block=12 --set run.output_dir="$WORK/block" > "$WORK/log" 2>&1 \
   || { cat "$WORK/log"; fail "one-process block attention run"; }
-echo "== one process, block attention against one process, eager"
+echo "== one process, block attention (auto at the threshold) against one process, eager (auto below it)"
 "$BIN/hp-compare" "$WORK/ref" "$WORK/block" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 \
   --grad-rtol 1e-5 --phase "block-attention optimizer steps" || fail "block attention parity"
+if "$BIN/hp-compare" "$WORK/ref" "$WORK/block" --exact --grads-step 1 --grad-rtol 0 > /dev/null 2>&1; then
+  fail "model.attention: auto ran the same path below and at model.attention_auto_seq"
+fi
 run tp2block 2 2 "${block[@]}" --set features.recompute.enabled=true --set features.recompute.granularity=selective
 replayed_every_step "$WORK/tp2block" || fail "selective recompute did not run with block attention"
 # Sequence parallel: tp=2 with it against tp=2 without (the issue's bar) and

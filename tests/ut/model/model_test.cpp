@@ -150,6 +150,9 @@ TEST(ModelRegistry, GptAttentionOptionsAreChecked) {
   EXPECT_NE(bad.find("eager"), std::string::npos) << bad;
   const auto zero = config_errors(base + "attention: block, attention_block: 0}\n");
   EXPECT_NE(zero.find("config error: model.attention_block = 0"), std::string::npos) << zero;
+  EXPECT_EQ(config_errors(base + "attention: auto, attention_auto_seq: 64}\n"), "");
+  const auto none = config_errors(base + "attention: auto, attention_auto_seq: 0}\n");
+  EXPECT_NE(none.find("config error: model.attention_auto_seq = 0"), std::string::npos) << none;
 }
 
 TEST(DatasetRegistry, ModelInputsMustBeProduced) {
