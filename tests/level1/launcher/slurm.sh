@@ -188,7 +188,7 @@ EOF
 SLURM_CONF=$CONF sbatch --wait "$WORK/launch.sbatch" >"$WORK/sbatch.out" 2>&1 ||
   { cat "$WORK/sbatch.out" "$WORK/launch.log"; die "the sbatch job with hp-launch failed"; }
 port=$((15000 + (FIRST_JOB + 2) % 10000))
-grep -qF "ranks from torchrun variables; store at localhost:$port (address from MASTER_ADDR, port from MASTER_PORT)" "$WORK/launch.log" ||
+grep -qF "ranks from hp-launch variables; store at localhost:$port (address from MASTER_ADDR, port from MASTER_PORT)" "$WORK/launch.log" ||
   { cat "$WORK/launch.log"; die "launch.log: rank 0 is not at localhost:$port"; }
 "$BIN/hp-compare" "$WORK/ref" "$WORK/launch" --exact --phase "Slurm placement" || die "$WORK/launch differs from the hp-launch run"
 echo PASS
