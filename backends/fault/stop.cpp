@@ -21,14 +21,19 @@ std::atomic<int> g_requested{0};
 std::atomic<int> g_sender_pid{0};
 std::atomic<int> g_rank{-1};
 int g_wake[2] = {-1, -1};
+/// stderr, duplicated at install: exit() closes fd 2 with the stdio
+/// streams, and a SIGTERM may arrive while the process is exiting anyway.
+int g_err = STDERR_FILENO;
 
+// Never destroyed: the stop thread may use them while exit() runs the
+// static destructors.
 std::mutex& notes_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::map<int, std::function<std::string()>>& notes() {
-  static std::map<int, std::function<std::string()>> n;
-  return n;
+  static auto* n = new std::map<int, std::function<std::string()>>;
+  return *n;
 }
 int g_next_id = 1;  // under notes_mutex()
 
@@ -57,7 +62,7 @@ std::string head() {
 [[noreturn]] void leave(const std::string& line) {
   std::size_t done = 0;
   while (done < line.size()) {
-    const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+    const ssize_t n = ::write(g_err, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += static_cast<std::size_t>(n);
@@ -102,6 +107,10 @@ void install(int rank) {
   static std::once_flag once;
   std::call_once(once, [] {
     if (::pipe2(g_wake, O_CLOEXEC) != 0) return;  // SIGTERM keeps its default action
+    const int err = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    if (err >= 0) g_err = err;
+    notes_mutex();  // created before any thread can need them
+    notes();
     std::thread(stop_thread).detach();
     struct sigaction action {};
     action.sa_sigaction = on_sigterm;

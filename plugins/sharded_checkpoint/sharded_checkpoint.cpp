@@ -94,11 +94,6 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
                     std::int64_t step, const std::atomic<bool>& cancel) {
   const auto deadline = Clock::now() + timeout;
   for (int r = 0; r < world;) {
-    if (cancel) {
-      throw std::runtime_error("checkpoint step " + std::to_string(step) +
-                               " abandoned: the run ended while waiting for rank " +
-                               std::to_string(r) + "'s part; not committed");
-    }
     const fs::path failed = fs::path(staging) / rank_name("failed-rank%05d.txt", r);
     std::error_code ec;
     if (fs::exists(failed, ec)) {
@@ -111,6 +106,11 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
     if (fs::exists(fs::path(staging) / rank_name("shards-rank%05d.json", r), ec)) {
       ++r;
       continue;
+    }
+    if (cancel) {
+      throw std::runtime_error("checkpoint step " + std::to_string(step) +
+                               " abandoned: the run ended while waiting for rank " +
+                               std::to_string(r) + "'s part; not committed");
     }
     if (Clock::now() > deadline) {
       throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: rank " +

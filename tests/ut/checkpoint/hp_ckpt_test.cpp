@@ -268,10 +268,12 @@ TEST(HpCkptVerify, EditedStateJson) {
   expect_verify_fails(ckpt, "state.json", "", "checksum mismatch");
 }
 
-// The manifest's checksum (manifest.json.xxh64): 50 positions over the whole
-// manifest, drawn with a fixed seed, each flipped alone; verify refuses each
-// in one line naming manifest.json and the fix, and accepts it once restored.
-TEST(HpCkptVerify, FiftyFlippedManifestBytesAreEachOneLine) {
+// The manifest's checksum (manifest.json.xxh64): 50 positions drawn with a
+// fixed seed, as ut.ManifestIntegrity flips them for the reader in-process;
+// here every tenth is flipped alone, as an hp-ckpt process costs a second or
+// more: verify refuses each in one line naming manifest.json and the fix,
+// and accepts the file once restored.
+TEST(HpCkptVerify, FlippedManifestBytesAreEachOneLine) {
   Sharded ckpt;
   const std::string path = ckpt.file("manifest.json");
   const std::string good = read_bytes(path);
@@ -279,7 +281,9 @@ TEST(HpCkptVerify, FiftyFlippedManifestBytesAreEachOneLine) {
   std::uniform_int_distribution<std::size_t> where(0, good.size() - 1);
   std::set<std::size_t> positions;
   while (positions.size() < 50) positions.insert(where(rng));
+  std::size_t i = 0;
   for (const auto at : positions) {
+    if (i++ % 10 != 0) continue;
     std::string bad = good;
     bad[at] = static_cast<char>(bad[at] ^ 0x5a);
     write_bytes(path, bad);
