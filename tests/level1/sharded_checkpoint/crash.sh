@@ -9,7 +9,7 @@
 # (hp-ckpt verify, then the next round's resume). A last run resumes from
 # the last `latest` and finishes, and from there on it is bitwise equal to
 # one uninterrupted run of the same config, layout and checkpoint cadence.
-#   crash.sh BIN [dp2 | pp2tp2]   (dp2: 2 processes, 10 rounds; pp2tp2: 4, 4 rounds)
+#   crash.sh BIN [dp2 | pp2tp2]   (dp2: 2 processes, 10 rounds, 120 steps; pp2tp2: 4, 4 rounds, 60 steps)
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 LAYOUT=${2:-dp2}
@@ -19,14 +19,15 @@ small_config "$WORK/c.yaml"
 # speed), the same for every run so the schedule is the same.
 MAX=120
 args=(--set checkpoint.interval=2 --set features.sharded_checkpoint.enabled=true
-      --set features.sharded_checkpoint.async=true --set training.max_steps=$MAX)
+      --set features.sharded_checkpoint.async=true)
 case $LAYOUT in
   dp2) NPROC=2; ROUNDS=10 ;;
-  pp2tp2) NPROC=4; ROUNDS=4
+  pp2tp2) NPROC=4; ROUNDS=4; MAX=60  # 4 rounds of at most 8 steps each stay below it
     args+=(--set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
            --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2) ;;
   *) fail "unknown layout $LAYOUT (dp2 or pp2tp2)" ;;
 esac
+args+=(--set training.max_steps=$MAX)
 "$BIN/hp-train" "$WORK/c.yaml" --nproc $NPROC "${args[@]}" --set run.output_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 \
   || { tail -20 "$WORK/ref.log"; fail "the uninterrupted run"; }
 at=""
