@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/detail/fs.h"
@@ -15,13 +16,22 @@ namespace {
 using detail::format_shape;
 using nlohmann::json;
 
+/// A JSON value quoted in an error message: never throws (a damaged string
+/// may not be valid UTF-8), at most 80 characters.
+std::string quote(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 80) + "...";
+  return text;
+}
+
 /// Validating accessors that name the file and the key path on failure.
 class Parser {
  public:
   explicit Parser(std::string source) : source_(std::move(source)) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    throw CheckpointError("bad manifest " + source_ + ": " + key + " " + problem);
+    throw CheckpointError("bad manifest " + source_ + ": " + key + " " + problem + "; " +
+                          kDamagedFix);
   }
   const json& field(const json& obj, const std::string& key, const std::string& path) const {
     if (!obj.is_object() || !obj.contains(key)) {
@@ -32,14 +42,14 @@ class Parser {
   std::int64_t integer(const json& obj, const std::string& key, const std::string& path) const {
     const auto& v = field(obj, key, path);
     if (!v.is_number_integer()) {
-      fail(path + key, "is not an integer: " + v.dump());
+      fail(path + key, "is not an integer: " + quote(v));
     }
     return v.get<std::int64_t>();
   }
   std::string string(const json& obj, const std::string& key, const std::string& path) const {
     const auto& v = field(obj, key, path);
     if (!v.is_string()) {
-      fail(path + key, "is not a string: " + v.dump());
+      fail(path + key, "is not a string: " + quote(v));
     }
     return v.get<std::string>();
   }
@@ -47,12 +57,12 @@ class Parser {
                                  const std::string& path) const {
     const auto& v = field(obj, key, path);
     if (!v.is_array()) {
-      fail(path + key, "is not an array of non-negative integers: " + v.dump());
+      fail(path + key, "is not an array of non-negative integers: " + quote(v));
     }
     std::vector<std::int64_t> out;
     for (const auto& d : v) {
       if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
-        fail(path + key, "is not an array of non-negative integers: " + v.dump());
+        fail(path + key, "is not an array of non-negative integers: " + quote(v));
       }
       out.push_back(d.get<std::int64_t>());
     }
@@ -130,6 +140,7 @@ json manifest_to_json(const Manifest& m) {
               {"tensors", tensors}};
   if (!m.state_xxh64.empty()) out["state_xxh64"] = m.state_xxh64;
   if (!m.config_file.empty()) out["config_file"] = m.config_file;
+  if (!m.checksum_file.empty()) out["checksum_file"] = m.checksum_file;
   return out;
 }
 
@@ -165,6 +176,12 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
       p.fail("config_hash", "is not 16 lowercase hex digits (the xxh64 of " + m.config_file + ")");
     }
   }
+  if (j.contains("checksum_file")) {
+    m.checksum_file = p.string(j, "checksum_file", "");
+    if (m.checksum_file != kManifestChecksumFile) {
+      p.fail("checksum_file", "is '" + m.checksum_file + "', not " + kManifestChecksumFile);
+    }
+  }
   const auto& layout = p.field(j, "layout", "");
   if (!layout.is_object()) {
     p.fail("layout", "is not an object");
@@ -192,11 +209,11 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
       const auto dim = p.integer(split, "dim", path + "split.");
       const auto& groups = p.field(split, "groups", path + "split.");
       if (!groups.is_array()) {
-        p.fail(path + "split.groups", "is not an array of group names: " + groups.dump());
+        p.fail(path + "split.groups", "is not an array of group names: " + quote(groups));
       }
       for (const auto& g : groups) {
         if (!g.is_string()) {
-          p.fail(path + "split.groups", "is not an array of group names: " + groups.dump());
+          p.fail(path + "split.groups", "is not an array of group names: " + quote(groups));
         }
         t.split_groups.push_back(g.get<std::string>());
       }
@@ -240,7 +257,7 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
       };
       if (!range.is_array() || range.size() != 2 || !non_negative(range[0]) ||
           !non_negative(range[1])) {
-        p.fail(sp + "byte_range", "is not [begin, end]: " + range.dump());
+        p.fail(sp + "byte_range", "is not [begin, end]: " + quote(range));
       }
       s.byte_begin = range[0].get<std::uint64_t>();
       s.byte_end = range[1].get<std::uint64_t>();
@@ -249,7 +266,7 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
           s.byte_end - s.byte_begin !=
               static_cast<std::uint64_t>(count) * c10::elementSize(t.dtype)) {
         p.fail(sp + "byte_range", "does not hold lengths " + format_shape(s.lengths) + " of " +
-                                      dtype_name + ": " + range.dump());
+                                      dtype_name + ": " + quote(range));
       }
       s.xxh64 = p.string(sj, "xxh64", sp);
       if (s.xxh64.size() != 16 ||
@@ -263,15 +280,64 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
   return m;
 }
 
+std::string manifest_checksum_path(const std::string& manifest_path) {
+  return manifest_path + ".xxh64";
+}
+
+std::string manifest_checksum_text(const std::string& manifest_text) {
+  return xxh64_hex(manifest_text) + "  manifest.json\n";
+}
+
+bool check_manifest_checksum(const std::string& manifest_path, const std::string& manifest_text) {
+  const std::string sum_path = manifest_checksum_path(manifest_path);
+  std::error_code ec;
+  if (!std::filesystem::exists(sum_path, ec)) return false;
+  const std::string sum = detail::read_text_file(sum_path);
+  const std::string stored = sum.substr(0, 16);
+  if (sum.size() != 16 + std::string("  manifest.json\n").size() ||
+      stored.find_first_not_of("0123456789abcdef") != std::string::npos ||
+      sum.compare(16, std::string::npos, "  manifest.json\n") != 0) {
+    throw CheckpointError("bad manifest checksum file " + sum_path +
+                          ": it must hold one line '<16 hex digits>  manifest.json'; it was "
+                          "damaged or edited; " + kDamagedFix);
+  }
+  const std::string got = xxh64_hex(manifest_text);
+  if (got != stored) {
+    throw CheckpointError("bad manifest " + manifest_path + ": its xxh64 is " + got + " but " +
+                          kManifestChecksumFile + " says " + stored +
+                          ": the manifest (or its checksum) was damaged or edited; " + kDamagedFix);
+  }
+  return true;
+}
+
 Manifest load_manifest(const std::string& path) {
   const std::string text = detail::read_text_file(path);
+  const bool checked = check_manifest_checksum(path, text);
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw CheckpointError("bad manifest " + path + ": not valid JSON (" + e.what() + ")");
+    // The parser may quote what it read last: keep the message one short line.
+    std::string why = e.what();
+    if (why.size() > 160) why = why.substr(0, 160) + "...";
+    for (auto& c : why) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    throw CheckpointError("bad manifest " + path + ": not valid JSON (" + why + "); " +
+                          kDamagedFix);
   }
-  return manifest_from_json(j, path);
+  Manifest m;
+  try {
+    m = manifest_from_json(j, path);
+  } catch (const json::exception& e) {
+    throw CheckpointError("bad manifest " + path + ": unreadable (" + e.what() + "); " +
+                          kDamagedFix);
+  }
+  if (!m.checksum_file.empty() && !checked) {
+    throw CheckpointError("bad manifest " + path + ": it names its checksum file " +
+                          manifest_checksum_path(path) + ", which is missing; " + kDamagedFix);
+  }
+  return m;
 }
 
 std::string split_problem(int split_dim, const std::vector<std::string>& split_groups,

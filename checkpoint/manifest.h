@@ -4,6 +4,7 @@
 //
 //   {"format_version": 1, "step": 100, "config_hash": "<xxh64 of config.yaml>",
 //    "config_file": "config.yaml", "state_xxh64": "<xxh64 of state.json>",
+//    "checksum_file": "manifest.json.xxh64",
 //    "layout": {"pp": 2, "dp": 1, "tp": 2, "ep": 1},
 //    "tensors": {"<name>": {"global_shape": [8, 4], "dtype": "F32",
 //       "shards": [{"file": "model-rank00000.safetensors",
@@ -16,6 +17,16 @@
 // gathered writer stores a split tensor whole.
 // dtype names are those of safetensors; file names are relative to the step
 // directory; byte ranges are absolute within the file.
+//
+// The manifest's own integrity: the xxh64 of its raw bytes is stored outside
+// it, in manifest.json.xxh64 beside it ("<16 hex digits>  manifest.json\n",
+// the line `xxh64sum` writes, so `xxh64sum -c manifest.json.xxh64` checks it
+// too), written before the step directory is committed. load_manifest checks
+// it before parsing, so any damaged byte is refused in one line naming the
+// file. "checksum_file" says the manifest has one, so a lost checksum file is
+// refused too; a manifest without the key (written before checksums) loads
+// unchecked, as before. The format version stays 1: older builds ignore the
+// key and the extra file.
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -70,6 +81,9 @@ struct Manifest {
   /// xxh64 of state.json (step, RNG, data position, counters), so the run
   /// state is protected like the tensors; "" in manifests written before it.
   std::string state_xxh64;
+  /// kManifestChecksumFile when the step directory holds the manifest's
+  /// checksum, "" in manifests written before it (and in the ranks' parts).
+  std::string checksum_file;
   std::map<std::string, TensorRecord> tensors;
 };
 
@@ -78,8 +92,21 @@ nlohmann::json manifest_to_json(const Manifest& manifest);
 /// that hold exactly their box). `source` names the file in error messages.
 /// Another format_version is refused with a CheckpointError.
 Manifest manifest_from_json(const nlohmann::json& json, const std::string& source);
-/// Reads and parses a manifest file.
+/// Reads a manifest file, checks its bytes against its checksum file (when
+/// there, or when the manifest says it has one) and parses it. Every problem
+/// is a CheckpointError of one line naming the file, ending in the fix.
 Manifest load_manifest(const std::string& path);
+
+/// The checksum file of the manifest at `manifest_path`: the same path with
+/// ".xxh64" appended.
+std::string manifest_checksum_path(const std::string& manifest_path);
+/// The contents of the checksum file for manifest bytes `manifest_text`:
+/// "<xxh64>  manifest.json\n".
+std::string manifest_checksum_text(const std::string& manifest_text);
+/// Throws CheckpointError (one line, naming both files and the fix) unless
+/// `manifest_text`, read from `manifest_path`, matches its checksum file.
+/// Returns false, having checked nothing, when there is no checksum file.
+bool check_manifest_checksum(const std::string& manifest_path, const std::string& manifest_text);
 
 /// Why the shards of `tensor` do not tile its global shape exactly (a gap or
 /// an overlap), or "" when they do.
@@ -98,5 +125,9 @@ std::string xxh64_hex(const std::string& bytes);
 
 /// The name of the resolved config in a step directory.
 constexpr const char* kConfigFileName = "config.yaml";
+/// The name of the manifest's checksum file in a step directory.
+constexpr const char* kManifestChecksumFile = "manifest.json.xxh64";
+/// What to do about a damaged step directory, the end of every such error.
+constexpr const char* kDamagedFix = "resume from another step";
 
 }  // namespace hp::ckpt

@@ -186,11 +186,12 @@ void CheckpointWriter::write_file(const std::string& file_name,
                           " already called finish_rank()");
   }
   if (file_name.empty() || file_name.find('/') != std::string::npos || file_name[0] == '.' ||
-      file_name == "manifest.json" || file_name == "state.json" || file_name == kConfigFileName ||
-      part_rank(file_name) >= 0) {
+      file_name == "manifest.json" || file_name == kManifestChecksumFile ||
+      file_name == "state.json" || file_name == kConfigFileName || part_rank(file_name) >= 0) {
     throw CheckpointError("cannot write checkpoint file '" + file_name + "' in " + staging_ +
                           ": the name must be a plain file name, not starting with '.', and not "
-                          "manifest.json, state.json, config.yaml or shards-rank*.json");
+                          "manifest.json, manifest.json.xxh64, state.json, config.yaml or "
+                          "shards-rank*.json");
   }
   if (std::find(files_.begin(), files_.end(), file_name) != files_.end()) {
     throw CheckpointError("cannot write " + path + ": rank " + std::to_string(rank_) +
@@ -383,8 +384,13 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
     throw CheckpointError(what + "the state is not valid UTF-8 JSON (" + e.what() + ")");
   }
   manifest.state_xxh64 = format_xxh64(XXH64(state_text.data(), state_text.size(), 0));
-  detail::write_file_durable((staging / "manifest.json").string(),
-                             manifest_to_json(manifest).dump(2));
+  manifest.checksum_file = kManifestChecksumFile;
+  // The manifest's own checksum lives beside it (a file cannot hold the hash
+  // of its own bytes); both are in place before the rename commits the step.
+  const std::string manifest_text = manifest_to_json(manifest).dump(2);
+  detail::write_file_durable((staging / "manifest.json").string(), manifest_text);
+  detail::write_file_durable((staging / kManifestChecksumFile).string(),
+                             manifest_checksum_text(manifest_text));
   detail::write_file_durable((staging / "state.json").string(), state_text);
   if (!config_text.empty()) {
     detail::write_file_durable((staging / kConfigFileName).string(), config_text);

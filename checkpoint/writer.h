@@ -16,8 +16,9 @@
 // Fault points (backends/fault/fault.h; HP_FAULT_INJECT=<point>, each kills
 // the process with SIGKILL there):
 //   checkpoint.after_files    in write_file, after the file's data is written
-//   checkpoint.before_rename  in commit, after manifest.json, state.json and
-//                             config.yaml are written, before the rename
+//   checkpoint.before_rename  in commit, after manifest.json (and its checksum
+//                             file), state.json and config.yaml are written,
+//                             before the rename
 //   checkpoint.before_latest  in commit, after the rename, before `latest` is written
 #include <ATen/core/Tensor.h>
 
@@ -69,7 +70,7 @@ class CheckpointWriter {
   void finish_rank();
 
   /// Rank 0, after every rank's finish_rank (a barrier): merges the ranks'
-  /// parts into manifest.json, checking that every tensor's shards tile its
+  /// parts into manifest.json (its xxh64 in manifest.json.xxh64), checking that every tensor's shards tile its
   /// global shape exactly and that the parts agree on its global shape, dtype
   /// and split (else CheckpointInternalError naming the tensor),
   /// writes state.json and, when `config_text` is not empty, config.yaml (the

@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -106,10 +105,6 @@ Heartbeat heartbeat_from(const nlohmann::json& j) {
   }
   return h;
 }
-
-std::atomic<int> g_sigterm{0};
-
-extern "C" void on_sigterm(int) { g_sigterm.store(1); }
 
 void write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -356,12 +351,6 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
     l.unlock();
-    if (g_sigterm.load()) {
-      const std::string path = dump("terminated by SIGTERM (hp-launch stops the job: another rank failed)");
-      std::fprintf(stderr, "flight record written to %s\n", path.c_str());
-      std::fflush(stderr);
-      std::_Exit(128 + SIGTERM);
-    }
     const double now = now_seconds();
     const Action a = current_action();
     const bool moved = a.step != last_action.step || a.phase != last_action.phase ||
@@ -385,7 +374,5 @@ void Watchdog::loop() {
     cv_.wait_for(l, std::chrono::duration<double>(tick), [this] { return stop_; });
   }
 }
-
-void dump_on_sigterm() { std::signal(SIGTERM, on_sigterm); }
 
 }  // namespace hp::dist::flight

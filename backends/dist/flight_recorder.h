@@ -160,9 +160,4 @@ class Watchdog {
   std::thread thread_;
 };
 
-/// Installs a SIGTERM handler that makes every live Watchdog write its
-/// record and end the process (hp-launch stops the other ranks with
-/// SIGTERM when one fails).
-void dump_on_sigterm();
-
 }  // namespace hp::dist::flight

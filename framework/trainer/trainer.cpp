@@ -11,6 +11,7 @@
 
 #include "backends/dist/context.h"
 #include "backends/dist/flight_recorder.h"
+#include "backends/fault/stop.h"
 #include "backends/profile/trace.h"
 #include "checkpoint/safetensors.h"
 #include "framework/data/dataset.h"
@@ -117,6 +118,10 @@ class TrainingRun {
   CheckpointOptions ckpt_;
   std::shared_ptr<dist::DistributedContext> ctx_;
   std::unique_ptr<dist::flight::Watchdog> watchdog_;
+  // What a SIGTERM's line says about this rank (backends/fault/stop.h):
+  // the action, then where the flight record went. Removed before what
+  // they read.
+  std::unique_ptr<stop::Note> action_note_, flight_note_;
   std::unique_ptr<TrainingMetrics> metrics_;
   std::unique_ptr<RunProfiler> profiler_;
   std::unique_ptr<Throughput> throughput_;
@@ -144,6 +149,8 @@ TrainingRun::TrainingRun(const RawConfig& raw) {
 }
 
 TrainingRun::~TrainingRun() {
+  flight_note_.reset();
+  action_note_.reset();
   watchdog_.reset();
   checkpoint_.reset();
   reducer_.reset();
@@ -158,6 +165,10 @@ void TrainingRun::setup_process() {
   const Config& c = setup_.config;
   log::init(env_.rank, setup_.mesh.tag(env_.rank), c.get_string("logging.level"), c.get_string("logging.file"));
   auto log = log::logger();
+  // A launcher's SIGTERM ends this rank promptly in every state, a
+  // background save in flight included (abandoned, never committed).
+  stop::install(env_.rank);
+  action_note_ = std::make_unique<stop::Note>([] { return "at " + dist::flight::describe(dist::flight::current_action()); });
   // A launcher gives each rank its share of the cores (hp-launch's
   // HP_INTRA_OP_THREADS, OMP_NUM_THREADS from torchrun or the user); else the
   // cores are split among the local ranks (LibTorch's default counts physical
@@ -181,7 +192,10 @@ void TrainingRun::setup_process() {
     wo.abort_on_stall = c.get_string("distributed.on_stall") == "abort";
     watchdog_ = std::make_unique<dist::flight::Watchdog>(ctx_->recorder(), wo,
                                                          [log](const std::string& line) { log->warn("{}", line); });
-    dist::flight::dump_on_sigterm();
+    flight_note_ = std::make_unique<stop::Note>([this] {
+      const std::string path = watchdog_->dump("terminated by SIGTERM from " + stop::sender());
+      return path.empty() ? std::string("no flight record (it could not be written)") : "flight record written to " + path;
+    });
   }
   if (rank0()) {
     std::filesystem::create_directories(run_.output_dir);

@@ -25,6 +25,7 @@
 #include "backends/dist/context.h"
 #include "backends/dist/group.h"
 #include "backends/fault/fault.h"
+#include "backends/fault/stop.h"
 #include "checkpoint/checkpoint.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
@@ -83,10 +84,14 @@ struct Held {
   const ParamEntry* entry = nullptr;
 };
 
+/// Where the background save is: what a SIGTERM's line says about it.
+enum class Phase { kIdle, kWriting, kWaitingForParts, kCommitting };
+
 /// Waits until every rank's manifest part is in `staging` (a rank that
 /// failed leaves a failed-rank file instead, and its reason is thrown).
+/// `cancel` set: the run is ending on an error, the save is abandoned.
 void wait_for_parts(const std::string& staging, int world, std::chrono::milliseconds timeout,
-                    std::int64_t step) {
+                    std::int64_t step, const std::atomic<bool>& cancel) {
   const auto deadline = Clock::now() + timeout;
   for (int r = 0; r < world;) {
     const fs::path failed = fs::path(staging) / rank_name("failed-rank%05d.txt", r);
@@ -102,6 +107,11 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
       ++r;
       continue;
     }
+    if (cancel) {
+      throw std::runtime_error("checkpoint step " + std::to_string(step) +
+                               " abandoned: the run ended while waiting for rank " +
+                               std::to_string(r) + "'s part; not committed");
+    }
     if (Clock::now() > deadline) {
       throw std::runtime_error("checkpoint step " + std::to_string(step) + " not committed: rank " +
                                std::to_string(r) + " did not finish writing its part into " +
@@ -114,6 +124,10 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
 
 struct Shared {
   BackgroundJob job;
+  std::atomic<Phase> phase{Phase::kIdle};
+  std::atomic<std::int64_t> step{-1};
+  /// Set when the run ends without waiting for the save (an error).
+  std::atomic<bool> cancel{false};
   metrics::Gauge* write_seconds = nullptr;
   metrics::Gauge* written_bytes = nullptr;
 };
@@ -126,14 +140,36 @@ class ShardedCheckpointIO : public CheckpointIO {
         config_(config),
         dist_(dist),
         async_(config.get_bool(kAsync)),
-        shared_(std::move(shared)) {}
+        shared_(std::move(shared)),
+        note_([shared = shared_, root = o_.root] { return describe_save(*shared, root); }) {}
 
+  /// Reached without flush() only when the run ends on an error: a save
+  /// still in the background is abandoned (rank 0 stops waiting for the
+  /// other ranks' parts and never commits it).
   ~ShardedCheckpointIO() override {
+    if (shared_->job.running()) shared_->cancel = true;
     try {
       shared_->job.wait();
     } catch (const std::exception& e) {
       log::logger()->error("{}", e.what());
     }
+    shared_->cancel = false;
+  }
+
+  /// The clause of a SIGTERM's line about a save in flight, "" when none.
+  static std::string describe_save(const Shared& s, const std::string& root) {
+    const Phase phase = s.phase.load();
+    if (phase == Phase::kIdle) return "";
+    std::string latest = "nothing";
+    std::ifstream in(fs::path(root) / "latest");
+    if (in) std::getline(in, latest);
+    const std::string what = "the background save of step " + std::to_string(s.step.load());
+    if (phase == Phase::kCommitting) {
+      return what + " was being committed (atomically: latest, now " + latest +
+             ", names it or the step before, each complete)";
+    }
+    return what + (phase == Phase::kWriting ? " was being written" : " waited for the other ranks") +
+           ": abandoned, never committed (latest still names " + latest + ")";
   }
 
   void save(std::int64_t step, const std::vector<ParamEntry>& params,
@@ -218,13 +254,22 @@ class ShardedCheckpointIO : public CheckpointIO {
       return;
     }
     shared_->job.start([=] {
+      shared->step = step;
+      shared->phase = Phase::kWriting;
+      // Idle again however the job ends.
+      struct Idle {
+        Shared& s;
+        ~Idle() { s.phase = Phase::kIdle; }
+      } idle{*shared};
       // Training keeps the cores it was given; the writer takes what is left.
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kWriterNice);
       write();
       if (rank != 0) return;
+      shared->phase = Phase::kWaitingForParts;
       wait_for_parts(
           (fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(),
-          world_size, timeout, step);
+          world_size, timeout, step, shared->cancel);
+      shared->phase = Phase::kCommitting;
       commit();
       log::logger()->info("checkpoint step {} committed in the background", step);
     });
@@ -304,6 +349,7 @@ class ShardedCheckpointIO : public CheckpointIO {
   bool planned_ = false;
   std::string planned_for_;
   std::vector<std::size_t> plan_;
+  stop::Note note_;  // last member: removed after the destructor's wait, before the rest
 };
 
 class ShardedCheckpointFeature : public Feature {

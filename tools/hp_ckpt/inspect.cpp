@@ -89,6 +89,9 @@ int run_inspect(const std::string& dir, bool as_json) {
   std::printf("config       %s\n", !m.config_file.empty()
                                        ? (m.config_file + ", xxh64 " + m.config_hash).c_str()
                                        : "not stored (written before configs were)");
+  std::printf("manifest     %s\n", m.checksum_file.empty()
+                                       ? "no checksum (written before manifests had one)"
+                                       : ("its xxh64 in " + m.checksum_file + ", checked").c_str());
   std::printf("state.json   %s\n", m.state_xxh64.empty()
                                        ? "no checksum in the manifest (written before they were)"
                                        : ("xxh64 " + m.state_xxh64).c_str());

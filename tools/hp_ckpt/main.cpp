@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
 
   auto* verify = app.add_subcommand(
       "verify",
-      "Every shard's checksum, header and byte range, every tensor's tiling, and "
+      "manifest.json against its checksum (manifest.json.xxh64), every shard's checksum, "
+      "header and byte range, every tensor's tiling, and "
       "state.json against the manifest; exit 0 with one OK line, or 1 with the first "
       "bad file and tensor");
   verify->add_option("dir", dir, "Step directory or checkpoint root")->required();

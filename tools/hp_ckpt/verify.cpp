@@ -1,6 +1,7 @@
-// hp-ckpt verify: every shard against the manifest (file present, header
-// agreeing with the manifest, byte range inside the file, checksum), every
-// tensor's tiling, and state.json against the manifest. The first problem
+// hp-ckpt verify: manifest.json against its checksum file, every shard
+// against the manifest (file present, header agreeing with the manifest,
+// byte range inside the file, checksum), every tensor's tiling, and
+// state.json against the manifest. The first problem
 // is reported in one line naming the file and the tensor.
 #include <fcntl.h>
 #include <unistd.h>
@@ -207,9 +208,12 @@ int run_verify(const std::string& dir) {
     verify_state(root, m, checksummed);
     verify_config(root, m);
     std::printf(
-        "OK %s: step %lld, %zu tensors tile, %zu shards in %zu files (%llu bytes) match "
+        "OK %s: %s, step %lld, %zu tensors tile, %zu shards in %zu files (%llu bytes) match "
         "their checksums, state.json %s%s\n",
-        step_dir.c_str(), static_cast<long long>(m.step), counts.tensors, counts.shards,
+        step_dir.c_str(),
+        m.checksum_file.empty() ? "manifest.json has no checksum in this older checkpoint"
+                                : "manifest.json matches its checksum",
+        static_cast<long long>(m.step), counts.tensors, counts.shards,
         counts.files, static_cast<unsigned long long>(counts.bytes),
         checksummed ? "matches its checksum" : "has no checksum in this older manifest",
         m.config_file.empty() ? "" : ", config.yaml matches its checksum");

@@ -23,6 +23,22 @@ ck="$WORK/a/checkpoints/step_00000020"
 grep -q "blocks.0.attn.qkv.weight" "$WORK/inspect.txt" && grep -q "tp" "$WORK/inspect.txt" \
   || { cat "$WORK/inspect.txt"; fail "inspect does not show the tp-split attention weight"; }
 
+echo "== a flipped byte in manifest.json: refused by verify and by a resume, in one line naming the file"
+cp -r "$ck" "$WORK/bad"
+python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x27; open(p, "wb").write(b)' \
+  "$WORK/bad/manifest.json"
+"$BIN/hp-ckpt" verify "$WORK/bad" 2> "$WORK/verify.err" && fail "verify accepted a damaged manifest"
+[[ $(wc -l < "$WORK/verify.err") -eq 1 ]] || { cat "$WORK/verify.err"; fail "verify: not one line"; }
+grep -q "bad manifest $WORK/bad/manifest.json: its xxh64 is .*; resume from another step" "$WORK/verify.err" \
+  || { cat "$WORK/verify.err"; fail "verify does not name the manifest and the fix"; }
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(tp 2) "${sharded[@]}" "${steps[@]}" --set checkpoint.resume="$WORK/bad" \
+  --set run.output_dir="$WORK/bad_run" > "$WORK/bad_run.log" 2>&1 && fail "a resume from a damaged manifest started"
+line=$(grep -m1 "bad manifest $WORK/bad/manifest.json" "$WORK/bad_run.log") \
+  || { tail -5 "$WORK/bad_run.log"; fail "the resume does not name the damaged manifest"; }
+grep -q "resume from another step" <<<"$line" || fail "no fix in: $line"
+echo "resume refused: ${line:0:200}"
+
 echo "== offline convert to tp=4 and to one process, against the online re-shard"
 "$BIN/hp-ckpt" convert "$ck" --to "$WORK/c4" --tp 4 || fail "convert --tp 4"
 "$BIN/hp-ckpt" convert "$ck" --to "$WORK/c1" || fail "convert to one process"

@@ -243,7 +243,7 @@ TEST(Checkpoint, EditedOrDamagedStateIsRefusedInOneLine) {
   // A manifest written before the checksum existed: the step still has to agree.
   json m = json::parse(read_bytes(step + "/manifest.json"));
   m.erase("state_xxh64");
-  write_bytes(step + "/manifest.json", m.dump());
+  write_manifest_unchecked(step, m);
   write_bytes(file, edited);
   msg = error_of([&] { CheckpointReader r(step); });
   EXPECT_HAS(msg, "bad state file " + file +
@@ -271,7 +271,7 @@ TEST(Checkpoint, StoredConfigIsChecksummedAndOptional) {
   json m = json::parse(read_bytes(step + "/manifest.json"));
   m.erase("config_file");
   m["config_hash"] = "12345678901234567890";  // what std::hash of the model keys used to give
-  write_bytes(step + "/manifest.json", m.dump());
+  write_manifest_unchecked(step, m);
   const CheckpointReader old(step);
   EXPECT_EQ(old.config_text(), "");
   EXPECT_EQ(old.config_hash(), "12345678901234567890");
@@ -306,7 +306,7 @@ TEST(Checkpoint, UnknownFormatVersionIsRefused) {
   const std::string manifest = step + "/manifest.json";
   json m = json::parse(read_bytes(manifest));
   m["format_version"] = 7;
-  write_bytes(manifest, m.dump());
+  write_manifest_resealed(step, m.dump());
   EXPECT_EQ(error_of([&] { CheckpointReader r(step); }),
             "unknown checkpoint format version 7 in " + manifest +
                 "; this hyperparallel reads version 1");

@@ -96,6 +96,11 @@ def main():
             manifest = json.load(f)
         manifest["tensors"]["blocks.0.attn.w"]["split"] = {"dim": 0, "groups": ["tp"]}
         manifest["tensors"]["head.weight"]["split"] = {"dim": 1, "groups": ["tp"]}
+        # Edited by hand, so written as a manifest from before manifests had
+        # a checksum (no checksum_file, no manifest.json.xxh64): such a
+        # checkpoint still converts.
+        manifest.pop("checksum_file", None)
+        os.remove(manifest_path + ".xxh64")
         with open(manifest_path, "w") as f:
             json.dump(manifest, f)
 

@@ -73,6 +73,25 @@ inline void flip_byte(const std::string& path, std::uint64_t offset) {
   write_bytes(path, bytes);
 }
 
+/// Writes `text` as the manifest.json of `step_dir`, as a deliberate edit:
+/// its checksum file is rewritten to match, so the checks behind the
+/// checksum are what a test meets.
+inline void write_manifest_resealed(const std::string& step_dir, const std::string& text) {
+  const std::string path = step_dir + "/manifest.json";
+  write_bytes(path, text);
+  write_bytes(manifest_checksum_path(path), manifest_checksum_text(text));
+}
+
+/// Writes `m` (its "checksum_file" dropped) as the manifest.json of
+/// `step_dir` and removes the checksum file: a manifest written before
+/// manifests had checksums.
+inline void write_manifest_unchecked(const std::string& step_dir, nlohmann::json m) {
+  const std::string path = step_dir + "/manifest.json";
+  m.erase("checksum_file");
+  write_bytes(path, m.dump());
+  std::filesystem::remove(manifest_checksum_path(path));
+}
+
 /// Same dtype, same shape, same bytes (NaN payloads and -0.0 included).
 inline ::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
