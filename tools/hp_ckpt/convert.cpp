@@ -13,6 +13,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
+#include "tools/hp_ckpt/layout.h"
 #include "tools/hp_ckpt/recut.h"
 
 namespace hp::ckpt_tool {
@@ -82,13 +83,13 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
     w.finish_rank();
     writers.push_back(r);
   }
-  ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), mesh.sizes(),
+  ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), layout_sizes(mesh),
                                  reader.config_text(), 0, writers);
   std::printf(
       "converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
       "ranks into %s\n",
       static_cast<long long>(reader.step()), format_layout(reader.layout()).c_str(),
-      format_layout(mesh.sizes()).c_str(), manifest.tensors.size(), pieces, world,
+      format_layout(layout_sizes(mesh)).c_str(), manifest.tensors.size(), pieces, world,
       final_dir.string().c_str());
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
+#include "tools/hp_ckpt/layout.h"
 #include "tools/hp_ckpt/recut.h"
 
 namespace hp::ckpt_tool {
@@ -124,7 +125,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
   }
   json config = source_config(reader);
   config["format"] = "hyperparallel per-rank model weights";
-  config["target_layout"] = mesh.sizes();
+  config["target_layout"] = layout_sizes(mesh);
   config["rank_numbering"] =
       "rank = (pp * dp_size + dp) * tp_size + tp; ep = dp % ep_size; edp = dp / ep_size";
   config["ranks"] = ranks;
@@ -132,7 +133,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
   std::printf(
       "wrote step %lld for layout %s: %d rank directories of %zu model tensors each under "
       "%s\n",
-      static_cast<long long>(reader.step()), format_layout(mesh.sizes()).c_str(),
+      static_cast<long long>(reader.step()), format_layout(layout_sizes(mesh)).c_str(),
       mesh.world_size(), model.size(), out.c_str());
   return 0;
 }

@@ -45,7 +45,7 @@ int run_import(const std::string& file, const std::string& root) {
   w.write_file("model-rank00000.safetensors", tensors);
   w.finish_rank();
   const nlohmann::json state = {{"step", 0}, {"imported_from", fs::absolute(file).string()}};
-  ckpt::CheckpointWriter::commit(root, 0, state, layout_mesh({}).sizes(), "",
+  ckpt::CheckpointWriter::commit(root, 0, state, layout_sizes(layout_mesh({})), "",
                                  0, {0});
   std::printf("imported %zu tensors (%llu bytes) from %s as step 0 in %s\n", tensors.size(),
               static_cast<unsigned long long>(bytes), file.c_str(),

@@ -1,5 +1,6 @@
 #include "tools/hp_ckpt/layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace hp::ckpt_tool {
@@ -26,9 +27,15 @@ dist::ProcessMesh layout_mesh(const std::map<std::string, int>& sizes) {
   dist::MeshProblem problem;
   const int world = full["tp"] * full["pp"] * full["dp"];
   if (!dist::resolve_mesh(plan, world, full["dp"], mesh, problem)) {
-    throw std::invalid_argument(problem.value + ": " + problem.rule);
+    throw std::invalid_argument(problem.value + ": " + problem.rule + " (legal: " + problem.legal + ")");
   }
   return mesh;
+}
+
+std::map<std::string, int> layout_sizes(const dist::ProcessMesh& mesh) {
+  std::map<std::string, int> out;
+  for (const auto& d : layout_dims()) out[d] = std::max(1, mesh.group_size(d));
+  return out;
 }
 
 }  // namespace hp::ckpt_tool

@@ -21,4 +21,8 @@ const std::vector<std::string>& layout_dims();
 /// or an expert-parallel size that does not divide the data-parallel one.
 dist::ProcessMesh layout_mesh(const std::map<std::string, int>& sizes);
 
+/// The sizes of `mesh` along layout_dims() (what a manifest's layout and
+/// hp-ckpt's messages record; a view's remainder such as edp follows).
+std::map<std::string, int> layout_sizes(const dist::ProcessMesh& mesh);
+
 }  // namespace hp::ckpt_tool

@@ -417,8 +417,8 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
     EXPECT_EQ(r.code, 2) << (args.empty() ? "" : args[0]) << ": " << r.err;
     EXPECT_FALSE(r.err.empty());
   }
-  EXPECT_NE(hp_ckpt(cases[4]).err.find("ep 3 does not divide dp 2: expert parallel is carved out "
-                                       "of data parallel, so ep must divide dp"),
+  EXPECT_NE(hp_ckpt(cases[4]).err.find("target layout: ep=3 dp=2: ep (claimed by expert_parallel) is carved "
+                                       "out of dp and must divide its size (legal: a ep size dividing 2)"),
             std::string::npos)
       << hp_ckpt(cases[4]).err;
   EXPECT_NE(hp_ckpt(cases[6]).err.find("--per-rank with --pp 2: pipeline stages hold blocks"),
