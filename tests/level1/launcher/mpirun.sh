@@ -9,10 +9,12 @@ small_config "$WORK/c.yaml"
 args=(--set training.max_steps=6 --set distributed.timeout_seconds=60)
 reference_run "$WORK/c.yaml" "$WORK/ref" "${args[@]}"
 port=$(free_port)
+# Open MPI binds each of 2 ranks to one core by default; unbound (as under
+# torchrun or hp-launch) each rank sees every core and takes its share.
 cores=$(nproc)
 threads=$((cores / 2 > 0 ? cores / 2 : 1))
 (unset OMP_NUM_THREADS RANK WORLD_SIZE HP_LAUNCHED
- exec timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
+ exec timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
    "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/mpi") \
   > "$WORK/mpi.log" 2>&1 || { rc=$?; tail -30 "$WORK/mpi.log"; fail "mpirun exited $rc"; }
 expect_in "$WORK/mpi.log" "launch: Open MPI: rank 0 of 2, local 0 of 2, store: served by rank 0 at 127.0.0.1:$port" "rank 0 start line"
