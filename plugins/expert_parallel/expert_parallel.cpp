@@ -26,15 +26,19 @@ namespace hp::expert_parallel {
 namespace {
 
 const char* kSize = "features.expert_parallel.size";
+// The two dimensions this plugin registers (plan_mesh), named once: experts
+// are split over kExperts and their gradients summed over kExpertReplicas.
+const char* kExperts = "ep";
+const char* kExpertReplicas = "edp";
 
 class ExpertParallelMoe : public MoeLayer {
  public:
   ExpertParallelMoe(const LayerSpec& s, BuildContext& ctx)
-      : MoeLayer(s, ctx), g_(*ctx.group("ep")) {
+      : MoeLayer(s, ctx), g_(*ctx.group(kExperts)) {
     const std::int64_t E = options().num_experts, P = g_.size();
     per_rank_ = E / P;
     first_ = g_.rank() * per_rank_;
-    experts_ = make_experts(ctx, first_, per_rank_, P > 1 ? "ep" : "", P > 1 ? "edp" : "");
+    experts_ = make_experts(ctx, first_, per_rank_, P > 1 ? kExperts : "", P > 1 ? kExpertReplicas : "");
   }
 
  protected:
@@ -100,7 +104,7 @@ class ExpertParallelFeature : public Feature {
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
     // ep is carved out of the data-parallel ranks (consecutive indices);
     // edp, the rest, joins the ranks holding the same experts.
-    plan.carve("ep", static_cast<int>(c.get_int(kSize)), "edp", "expert_parallel", dist::MeshRole::kSplit);
+    plan.carve(kExperts, static_cast<int>(c.get_int(kSize)), kExpertReplicas, "expert_parallel", dist::MeshRole::kSplit);
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
