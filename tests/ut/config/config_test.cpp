@@ -112,6 +112,14 @@ TEST(Config, WorldSizeMustMatchTheMesh) {
             std::string::npos) << err;
 }
 
+TEST(Config, MeshOrderMustNameEveryDimensionOnce) {
+  auto err = errors_of(kValid, 4, {"distributed.mesh_order=dp-pp"});
+  EXPECT_NE(err.find("config error: distributed.mesh_order = dp-pp: names 'pp', which is not a dimension of this run "
+                     "(or is named twice) (legal: the dimensions dp, each once, joined by '-', innermost first)"),
+            std::string::npos)
+      << err;
+}
+
 TEST(Config, ThreeMistakesGiveThreeLines) {
   auto err = errors_of(kValid, 2, {"model.layerz=3", "optimizer.lr=fast", "model.heads=3"});
   EXPECT_EQ(lines(err), 3) << err;
