@@ -6,6 +6,8 @@
 // ShardSpecs and the mesh roles, so a replicated parameter counts once, a
 // split one is summed over its split groups, and every pipeline stage
 // (partition) contributes.
+#include <map>
+#include <string>
 #include <vector>
 
 #include "framework/model/build_context.h"
@@ -17,7 +19,10 @@ class DistributedContext;
 }
 
 struct ReducerOptions {
-  double bucket_bytes = 25.0 * 1024 * 1024;
+  double bucket_bytes = 4.0 * 1024 * 1024;
+  /// Launch each bucket's reduction during backward, as soon as its last
+  /// gradient is accumulated (false: all of them after backward).
+  bool overlap = true;
 };
 
 class GradReducer {
@@ -26,15 +31,30 @@ class GradReducer {
   /// Sums gradients over the replicating groups. The loss is already
   /// divided by the global token count, so the sum is the average.
   virtual void reduce() = 0;
+  /// Called once the step's last backward has run, before any hook or
+  /// collective of the step's end: a reducer that launched reductions during
+  /// backward launches the rest now, so every rank issues them in the same
+  /// order before anything else. reduce() waits for them.
+  virtual void backward_done() {}
   /// Scales gradients so the global norm is at most `max_norm` (0: off);
   /// returns the norm before clipping.
   virtual double clip(double max_norm) = 0;
   /// The reduced gradients this rank holds, each with a ShardSpec naming
   /// the slice of the full gradient (for parity dumps).
   virtual std::vector<ParamEntry> gradients() const = 0;
+  /// Figures of the step just reduced, for metrics.jsonl and /metrics
+  /// (the bucketed reducer: grad_buckets, grad_buckets_early).
+  virtual void report(std::map<std::string, double>& /*figures*/) const {}
 };
 
-/// Bucketed all-reduce over each parameter's grad_sync_group.
+/// Bucketed all-reduce over each parameter's grad_sync_group. Buckets are
+/// cut once, in reverse parameter order, per group list, at most
+/// options.bucket_bytes each. With options.overlap each bucket is launched
+/// (over the list's first group) from a post-hook on its parameters'
+/// gradient accumulators as soon as all of them have received the step's
+/// last gradient, in bucket order; the remaining groups of the list and the
+/// copy back run in reduce(). The numbers are bitwise those of the blocking
+/// path: same buckets, same operations, same order per group.
 std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,
                                                    dist::DistributedContext& dist);
 
