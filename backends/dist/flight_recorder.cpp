@@ -208,7 +208,7 @@ std::uint64_t Recorder::issue(const std::string& group, const std::string& op, K
   switch (kind) {
     case Kind::kCollective: e.seq = ++g.issued; break;
     case Kind::kSend: e.seq = ++g.sent[peer]; break;
-    case Kind::kRecv: e.seq = g.received[peer] + 1; break;
+    case Kind::kRecv: e.seq = ++g.posted[peer]; break;
   }
   if (kind != Kind::kSend && !g.pending) {  // the oldest in flight stays the one pending
     g.pending = true;

@@ -117,118 +117,66 @@ void clip_to(const std::vector<ParamEntry>& grads, double norm, double max_norm)
 
 namespace {
 
-class BucketedReducer;
-
-/// Tells the reducer that parameter `index` has accumulated a gradient
-/// (a post-hook of its AccumulateGrad node: LibTorch 1.13 has no
-/// post-accumulate-grad hook). Holds the reducer through a token the
-/// reducer clears when it goes, since a hook cannot be removed.
-class AccumulatedHook : public torch::autograd::FunctionPostHook {
- public:
-  AccumulatedHook(std::shared_ptr<BucketedReducer*> owner, std::size_t index)
-      : owner_(std::move(owner)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override;
-
- private:
-  std::shared_ptr<BucketedReducer*> owner_;
-  std::size_t index_;
-};
-
 class BucketedReducer : public GradReducer {
  public:
   BucketedReducer(const ReducerOptions& o, std::vector<ParamEntry> params, dist::DistributedContext& dist)
-      : o_(o), params_(std::move(params)), dist_(dist) {
+      : params_(std::move(params)), dist_(dist) {
     for (auto& p : params_) {
       // Every parameter gets a gradient buffer up front so buckets have a
       // fixed layout even when a parameter was not used this step.
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     }
-    plan();
-    fires_.assign(params_.size(), 0);
-    if (o_.overlap && !buckets_.empty()) {
-      token_ = std::make_shared<BucketedReducer*>(this);
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        if (bucket_of_[i] < 0 || !params_[i].tensor.requires_grad()) continue;
-        // Kept alive here: the variable holds its accumulator weakly, and a
-        // new one (without the hook) would be made for each backward.
-        auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
-        acc->add_post_hook(std::make_unique<AccumulatedHook>(token_, i));
-        accumulators_.push_back(std::move(acc));
+    // Reverse order: the last layers' gradients are ready first (as DDP
+    // does). One set per list of groups; one queue per first group, in the
+    // sets' order.
+    std::map<std::string, std::vector<std::size_t>> by_set;
+    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync_group].push_back(i);
+    std::vector<std::vector<std::size_t>> buckets, queues;
+    std::vector<dist::Group*> queue_group;
+    for (const auto& [joined, idx] : by_set) {
+      Set set;
+      set.groups = groups_to_sum(dist_, ShardSpec::groups_of(joined));
+      if (set.groups.empty()) continue;
+      std::size_t q = 0;
+      while (q < queue_group.size() && queue_group[q] != set.groups[0]) ++q;
+      if (q == queue_group.size()) {
+        queue_group.push_back(set.groups[0]);
+        queues.emplace_back();
       }
+      std::vector<at::Tensor> grads;
+      for (auto i : idx) grads.push_back(params_[i].tensor.grad());
+      for (const auto& run : cut_buckets(grads, o.bucket_bytes)) {
+        std::vector<std::size_t> members;
+        for (auto k : run) members.push_back(idx[k]);
+        set.buckets.push_back(buckets.size());
+        queues[q].push_back(buckets.size());
+        set_of_.push_back(sets_.size());
+        buckets.push_back(std::move(members));
+      }
+      sets_.push_back(std::move(set));
     }
+    members_ = buckets;
+    works_.resize(buckets.size());
+    launcher_ = std::make_unique<BucketLauncher>(params_, std::move(buckets), std::move(queues),
+                                                 std::vector<bool>(queue_group.size(), true), o.overlap, dist_.rank(),
+                                                 [this](std::size_t b) { launch(b); });
   }
 
-  ~BucketedReducer() override {
-    if (token_) *token_ = nullptr;
-  }
-
-  /// A parameter's gradient was accumulated (from its hook).
-  void accumulated(std::size_t i) {
-    fires_[i] += 1;
-    if (!learned_) return;
-    const int b = bucket_of_[i];
-    Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
-    if (fires_[i] == expected_[i]) {
-      if (--bucket.waiting == 0) launch_ready(bucket.queue);
-    } else if (fires_[i] > expected_[i] && bucket.work) {
-      throw std::runtime_error(
-          "rank " + std::to_string(dist_.rank()) + ": gradient reduction overlap: " + params_[i].spec.name +
-          " received gradient " + std::to_string(fires_[i]) + " of the step after its bucket was launched (the "
-          "first step gave it " + std::to_string(expected_[i]) +
-          "); the model's backward differs between steps: set distributed.overlap: false");
-    }
-  }
-
-  void backward_done() override {
-    if (!learned_ || flushed_) return;
-    flushed_ = true;
-    early_ = 0;
-    for (const auto& b : buckets_) early_ += b.work ? 1 : 0;
-    for (auto& q : queues_) {
-      while (q.next < q.order.size()) launch(q.order[q.next++]);
-    }
-  }
+  void backward_done() override { launcher_->flush(); }
 
   void reduce() override {
     c10::NoGradGuard no_grad;
-    if (!learned_) {
-      // The first step: count each parameter's gradients (hooks fire once
-      // per backward that reaches it), then reduce without overlap.
-      for (auto& set : sets_) {
-        for (auto b : set.buckets) {
-          at::Tensor flat = flatten(grads_of(buckets_[b]));
-          for (auto* g : set.groups) g->all_reduce(flat);
-          unflatten(flat, grads_of(buckets_[b]));
-        }
-      }
-      expected_ = fires_;
-      learned_ = !accumulators_.empty();
-    } else {
-      backward_done();
-      for (auto& set : sets_) {
-        for (auto b : set.buckets) {
-          Bucket& bucket = buckets_[b];
-          at::Tensor flat = bucket.work->wait();
-          for (std::size_t k = 1; k < set.groups.size(); ++k) set.groups[k]->all_reduce(flat);
-          unflatten(flat, grads_of(bucket));
-          bucket.work.reset();
-        }
+    launcher_->flush();
+    // Waited in the sets' order; the list's other groups after its first.
+    for (const auto& set : sets_) {
+      for (auto b : set.buckets) {
+        at::Tensor flat = works_[b]->wait();
+        for (std::size_t k = 1; k < set.groups.size(); ++k) set.groups[k]->all_reduce(flat);
+        unflatten(flat, grads_of(b));
+        works_[b].reset();
       }
     }
-    flushed_ = false;
-    // Ready for the next step.
-    std::fill(fires_.begin(), fires_.end(), 0);
-    for (auto& q : queues_) q.next = 0;
-    for (auto& bucket : buckets_) {
-      // A bucket holding a parameter that got no gradient in the first step
-      // is never ready from hooks: backward_done launches it.
-      bucket.waiting = static_cast<int>(bucket.params.size());
-      for (auto i : bucket.params) {
-        if (expected_[i] == 0) bucket.waiting = -1;
-      }
-      bucket.ready = false;
-    }
+    launcher_->end_step();
   }
 
   double clip(double max_norm) override {
@@ -245,114 +193,167 @@ class BucketedReducer : public GradReducer {
   }
 
   void report(std::map<std::string, double>& figures) const override {
-    figures["grad_buckets"] = static_cast<double>(buckets_.size());
+    figures["grad_buckets"] = static_cast<double>(launcher_->size());
     // Launched during backward, from the hooks (0 in the first step and
     // without overlap).
-    figures["grad_buckets_early"] = static_cast<double>(early_);
+    figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
   }
 
  private:
-  struct Bucket {
-    std::vector<std::size_t> params;  ///< indices into params_
-    std::size_t set = 0;              ///< index into sets_
-    std::size_t queue = 0;            ///< index into queues_
-    int waiting = 0;                  ///< parameters still to receive their last gradient (-1: never ready early)
-    bool ready = false;
-    std::unique_ptr<dist::Work> work;  ///< the first group's all-reduce, once launched
-  };
-  /// Parameters with one grad_sync_group list, bucketed.
+  /// Parameters with one grad_sync_group list.
   struct Set {
     std::vector<dist::Group*> groups;
     std::vector<std::size_t> buckets;
   };
-  /// The buckets that start on one group, in the blocking path's order:
-  /// launched strictly in that order, so every member issues the same
-  /// sequence on that group whatever the order gradients arrive in.
-  struct Queue {
-    dist::Group* group = nullptr;
-    std::vector<std::size_t> order;
-    std::size_t next = 0;
-  };
 
-  void plan() {
-    // Reverse order: the last layers' gradients are ready first (as DDP does).
-    std::map<std::string, std::vector<std::size_t>> by_set;
-    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync_group].push_back(i);
-    bucket_of_.assign(params_.size(), -1);
-    for (const auto& [joined, idx] : by_set) {
-      Set set;
-      set.groups = groups_to_sum(dist_, ShardSpec::groups_of(joined));
-      if (set.groups.empty()) continue;
-      std::size_t q = 0;
-      while (q < queues_.size() && queues_[q].group != set.groups[0]) ++q;
-      if (q == queues_.size()) queues_.push_back({set.groups[0], {}, 0});
-      std::vector<at::Tensor> grads;
-      for (auto i : idx) grads.push_back(params_[i].tensor.grad());
-      for (const auto& run : cut_buckets(grads, o_.bucket_bytes)) {
-        Bucket b;
-        for (auto k : run) {
-          b.params.push_back(idx[k]);
-          bucket_of_[idx[k]] = static_cast<int>(buckets_.size());
-        }
-        b.set = sets_.size();
-        b.queue = q;
-        b.waiting = static_cast<int>(b.params.size());
-        set.buckets.push_back(buckets_.size());
-        queues_[q].order.push_back(buckets_.size());
-        buckets_.push_back(std::move(b));
-      }
-      sets_.push_back(std::move(set));
-    }
-  }
-
-  std::vector<at::Tensor> grads_of(const Bucket& b) const {
+  std::vector<at::Tensor> grads_of(std::size_t b) const {
     std::vector<at::Tensor> out;
-    for (auto i : b.params) out.push_back(params_[i].tensor.grad());
+    for (auto i : members_[b]) out.push_back(params_[i].tensor.grad());
     return out;
   }
 
   void launch(std::size_t b) {
-    Bucket& bucket = buckets_[b];
-    if (bucket.work) return;
     c10::NoGradGuard no_grad;
-    bucket.work = sets_[bucket.set].groups[0]->all_reduce_async(flatten(grads_of(bucket)));
+    works_[b] = sets_[set_of_[b]].groups[0]->all_reduce_async(flatten(grads_of(b)));
   }
 
-  /// Marks the bucket ready and launches every ready bucket at the head of
-  /// its queue.
-  void launch_ready(std::size_t q) {
-    Queue& queue = queues_[q];
-    for (auto b : queue.order) {
-      if (buckets_[b].waiting == 0) buckets_[b].ready = true;
-    }
-    while (queue.next < queue.order.size() && buckets_[queue.order[queue.next]].ready) {
-      launch(queue.order[queue.next++]);
-    }
-  }
-
-  ReducerOptions o_;
   std::vector<ParamEntry> params_;
   dist::DistributedContext& dist_;
   std::vector<Set> sets_;
-  std::vector<Bucket> buckets_;
-  std::vector<Queue> queues_;
-  std::vector<int> bucket_of_;  ///< bucket of each parameter, -1: nothing to sum over
-  std::vector<int> fires_;      ///< gradients accumulated this step, per parameter
-  std::vector<int> expected_;   ///< the same, counted in the first step
-  bool learned_ = false;        ///< expected_ is known and hooks launch buckets
-  std::size_t early_ = 0;       ///< buckets of the last step launched during backward
-  bool flushed_ = false;        ///< backward_done ran this step
-  std::shared_ptr<BucketedReducer*> token_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::size_t> set_of_;                 ///< per bucket
+  std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
+  std::vector<std::unique_ptr<dist::Work>> works_;  ///< per bucket: its first group's all-reduce
+  std::unique_ptr<BucketLauncher> launcher_;
 };
 
-torch::autograd::variable_list AccumulatedHook::operator()(const torch::autograd::variable_list& outputs,
-                                                           const torch::autograd::variable_list& /*inputs*/) {
-  if (*owner_) (*owner_)->accumulated(index_);
-  return outputs;
-}
+}  // namespace
+
+namespace {
+
+/// The post-hook on one parameter's AccumulateGrad node. Holds the launcher
+/// through a token the launcher clears when it goes, since a hook cannot be
+/// removed.
+class AccumulatedHook : public torch::autograd::FunctionPostHook {
+ public:
+  AccumulatedHook(std::shared_ptr<BucketLauncher*> owner, std::size_t index)
+      : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (*owner_) (*owner_)->accumulated(index_);
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<BucketLauncher*> owner_;
+  std::size_t index_;
+};
 
 }  // namespace
+
+struct BucketLauncher::Hooks {
+  std::shared_ptr<BucketLauncher*> token;
+  /// Kept alive here: a variable holds its accumulator weakly, and a new
+  /// one (without the hook) would be made for each backward.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+};
+
+BucketLauncher::BucketLauncher(const std::vector<ParamEntry>& params, std::vector<std::vector<std::size_t>> buckets,
+                               std::vector<std::vector<std::size_t>> queues, std::vector<bool> hooked, bool overlap,
+                               int rank, std::function<void(std::size_t)> launch)
+    : buckets_(std::move(buckets)),
+      queues_(std::move(queues)),
+      hooked_(std::move(hooked)),
+      rank_(rank),
+      launch_(std::move(launch)) {
+  for (const auto& p : params) names_.push_back(p.spec.name);
+  bucket_of_.assign(params.size(), -1);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (auto i : buckets_[b]) bucket_of_[i] = static_cast<int>(b);
+  }
+  queue_of_.assign(buckets_.size(), -1);
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    for (auto b : queues_[q]) queue_of_[b] = static_cast<int>(q);
+  }
+  fires_.assign(params.size(), 0);
+  launched_.assign(buckets_.size(), false);
+  waiting_.assign(buckets_.size(), -1);
+  next_.assign(queues_.size(), 0);
+  hooks_ = std::make_unique<Hooks>();
+  if (!overlap) return;
+  hooks_->token = std::make_shared<BucketLauncher*>(this);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int b = bucket_of_[i];
+    if (b < 0 || !hooked_[static_cast<std::size_t>(queue_of_[static_cast<std::size_t>(b)])]) continue;
+    if (!params[i].tensor.requires_grad()) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
+    acc->add_post_hook(std::make_unique<AccumulatedHook>(hooks_->token, i));
+    hooks_->accumulators.push_back(std::move(acc));
+  }
+}
+
+BucketLauncher::~BucketLauncher() {
+  if (hooks_->token) *hooks_->token = nullptr;
+}
+
+void BucketLauncher::accumulated(std::size_t i) {
+  fires_[i] += 1;
+  if (!learned_) return;
+  const auto b = static_cast<std::size_t>(bucket_of_[i]);
+  if (fires_[i] == expected_[i]) {
+    if (waiting_[b] > 0 && --waiting_[b] == 0) launch_ready(static_cast<std::size_t>(queue_of_[b]));
+  } else if (fires_[i] > expected_[i] && launched_[b]) {
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": gradient reduction overlap: " + names_[i] +
+                             " received gradient " + std::to_string(fires_[i]) +
+                             " of the step after its bucket was launched (the first step gave it " +
+                             std::to_string(expected_[i]) +
+                             "); the model's backward differs between steps: set distributed.overlap: false");
+  }
+}
+
+void BucketLauncher::launch_bucket(std::size_t b) {
+  if (launched_[b]) return;
+  launched_[b] = true;
+  launch_(b);
+}
+
+void BucketLauncher::launch_ready(std::size_t q) {
+  auto& order = queues_[q];
+  while (next_[q] < order.size() && waiting_[order[next_[q]]] == 0) {
+    launch_bucket(order[next_[q]++]);
+    if (!flushed_) ++early_;
+  }
+}
+
+void BucketLauncher::flush() {
+  if (flushed_) return;
+  flushed_ = true;
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    while (next_[q] < queues_[q].size()) launch_bucket(queues_[q][next_[q]++]);
+  }
+}
+
+void BucketLauncher::end_step() {
+  if (!learned_ && hooks_->token) {
+    expected_ = fires_;
+    learned_ = true;
+  }
+  std::fill(fires_.begin(), fires_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(next_.begin(), next_.end(), 0);
+  flushed_ = false;
+  last_early_ = early_;
+  early_ = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    // A bucket of a queue hooks may not launch, or holding a parameter that
+    // got no gradient in the first step, is never ready from hooks: flush
+    // launches it.
+    const bool hooked = learned_ && hooked_[static_cast<std::size_t>(queue_of_[b])];
+    waiting_[b] = hooked ? static_cast<int>(buckets_[b].size()) : -1;
+    for (auto i : buckets_[b]) {
+      if (!hooked || expected_[i] == 0) waiting_[b] = -1;
+    }
+  }
+}
 
 std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,
                                                    dist::DistributedContext& dist) {

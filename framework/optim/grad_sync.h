@@ -6,7 +6,9 @@
 // ShardSpecs and the mesh roles, so a replicated parameter counts once, a
 // split one is summed over its split groups, and every pipeline stage
 // (partition) contributes.
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,64 @@ class GradReducer {
   /// Figures of the step just reduced, for metrics.jsonl and /metrics
   /// (the bucketed reducer: grad_buckets, grad_buckets_early).
   virtual void report(std::map<std::string, double>& /*figures*/) const {}
+};
+
+/// Launches buckets of parameters' gradient reductions during backward, as
+/// soon as each bucket has the step's last gradient of all its parameters.
+/// LibTorch 1.13 has no post-accumulate-grad hook: a post-hook on each
+/// parameter's AccumulateGrad node counts the gradients it accumulates (once
+/// per backward that reaches it: micro-batches, pipeline schedules and
+/// recompute regions all just fire it). The first step only counts; from the
+/// second a parameter is complete at that count, and the buckets at the
+/// head of a queue are handed to `launch` as soon as they are complete,
+/// strictly in queue order, so every rank issues one queue's reductions in
+/// the same order whatever order its gradients arrive in. flush() launches
+/// the rest (backward_done), queue by queue. Used by the bucketed reducer
+/// (all-reduce) and zero (reduce-scatter).
+class BucketLauncher {
+ public:
+  /// `buckets[b]`: indices into `params`. `queues[q]`: bucket indices in
+  /// launch order, every bucket in one queue. `hooked[q]`: whether hooks may
+  /// launch queue q's buckets (false: only flush). With `overlap` false, or
+  /// when nothing is hooked, no hook is installed and flush launches all.
+  BucketLauncher(const std::vector<ParamEntry>& params, std::vector<std::vector<std::size_t>> buckets,
+                 std::vector<std::vector<std::size_t>> queues, std::vector<bool> hooked, bool overlap, int rank,
+                 std::function<void(std::size_t)> launch);
+  ~BucketLauncher();
+  BucketLauncher(const BucketLauncher&) = delete;
+  BucketLauncher& operator=(const BucketLauncher&) = delete;
+
+  /// Launches every bucket not launched yet, queue by queue, in order.
+  void flush();
+  /// After the step's reductions are waited: the first step's counts are
+  /// learned; everything is reset for the next step.
+  void end_step();
+  /// Buckets launched from hooks (during backward) in the last step ended.
+  std::size_t early() const { return last_early_; }
+  std::size_t size() const { return buckets_.size(); }
+
+  /// From the hooks: parameter `i` accumulated a gradient.
+  void accumulated(std::size_t i);
+
+ private:
+  void launch_ready(std::size_t q);
+  void launch_bucket(std::size_t b);
+  std::vector<std::string> names_;
+  std::vector<std::vector<std::size_t>> buckets_;
+  std::vector<std::vector<std::size_t>> queues_;
+  std::vector<bool> hooked_;
+  int rank_;
+  std::function<void(std::size_t)> launch_;
+  std::vector<int> bucket_of_, queue_of_;
+  std::vector<int> fires_, expected_;
+  std::vector<int> waiting_;     ///< per bucket: parameters still incomplete (-1: never ready from hooks)
+  std::vector<bool> launched_;
+  std::vector<std::size_t> next_;  ///< per queue
+  bool learned_ = false;
+  bool flushed_ = false;
+  std::size_t early_ = 0, last_early_ = 0;
+  struct Hooks;
+  std::unique_ptr<Hooks> hooks_;
 };
 
 /// Bucketed all-reduce over each parameter's grad_sync_group. Buckets are
