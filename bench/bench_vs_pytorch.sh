@@ -22,7 +22,9 @@
 # Environment: HP_BIN (default build/bin), BENCH_PYTHON (a python with torch;
 # default /usr/bin/python3, Debian's torch), BENCH_REPS (5), BENCH_SIZES
 # ("small large"), BENCH_STEPS_SMALL (20), BENCH_STEPS_LARGE (6),
-# BENCH_WARMUP (3 steps skipped per run), BENCH_ONLY (an extended regular
+# BENCH_WARMUP (3 steps skipped per run), BENCH_BUCKET (the second bucket
+# size besides 1 MB; default: hp's distributed.bucket_size_mb default),
+# BENCH_ONLY (an extended regular
 # expression: only the variants whose "size/name" matches run, e.g.
 # 'small/|large/(pt|hp)_2x1'), BENCH_QUICK=1 (smoke test: 1
 # repetition, 4 steps with 2 of warm-up, small size only unless BENCH_SIZES
@@ -55,7 +57,7 @@ trap 'rm -rf "$W"' EXIT
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($CORES cores)"
 "$BIN/hp-train" --options-markdown > "$W/options.md"
-DEF_BUCKET=$(sed -n 's/^| `distributed.bucket_size_mb` | float | `\([^`]*\)`.*/\1/p' "$W/options.md")
+DEF_BUCKET=${BENCH_BUCKET:-$(sed -n 's/^| `distributed.bucket_size_mb` | float | `\([^`]*\)`.*/\1/p' "$W/options.md")}
 [[ -n "$DEF_BUCKET" ]] || { echo "bench_vs_pytorch: no distributed.bucket_size_mb default in hp-train --options-markdown"; exit 1; }
 if grep -q '^| `distributed.overlap`' "$W/options.md"; then
   OVERLAP=(true false)
@@ -139,8 +141,14 @@ YAML
         if ((ranks == 1)); then
           "$PY" "${args[@]}" > "$out.log" 2>&1 || { tail -30 "$out.log"; echo "bench_vs_pytorch: PyTorch run $size $name failed"; exit 1; }
         else
-          "$PY" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --redirects 2 --tee 2 "${args[@]}" \
-            > "$out.log" 2>&1 || { tail -30 "$out.log"; echo "bench_vs_pytorch: PyTorch run $size $name failed"; exit 1; }
+          # Seen once: torch 1.13's ZeroRedundancyOptimizer run aborted (SIGABRT in a
+          # rank) on a loaded machine; one retry, said so, before giving up.
+          if ! "$PY" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --redirects 2 --tee 2 "${args[@]}" \
+               > "$out.log" 2>&1; then
+            echo "  rep $rep $name: PyTorch run failed ($(grep -m1 -oE 'Signal [0-9]+ \([A-Z]+\)|exitcode *: *-?[0-9]+' "$out.log" || echo 'see its log')); retrying once"
+            "$PY" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --redirects 2 --tee 2 "${args[@]}" \
+              > "$out.log" 2>&1 || { tail -30 "$out.log"; echo "bench_vs_pytorch: PyTorch run $size $name failed twice"; exit 1; }
+          fi
         fi
         metrics="$out.jsonl"
       fi

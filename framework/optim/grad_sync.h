@@ -21,10 +21,10 @@ class DistributedContext;
 }
 
 struct ReducerOptions {
-  double bucket_bytes = 4.0 * 1024 * 1024;
+  double bucket_bytes = 25.0 * 1024 * 1024;
   /// Launch each bucket's reduction during backward, as soon as its last
   /// gradient is accumulated (false: all of them after backward).
-  bool overlap = true;
+  bool overlap = false;
 };
 
 class GradReducer {
