@@ -3,8 +3,8 @@
 // slice per replica (its tensor-parallel split dimension when it has one,
 // else dimension 0, so a slice is still a range of the global tensor that a
 // ShardSpec describes). After backward each rank reduce-scatters the
-// gradients in buckets (Gloo in LibTorch 1.13 has no reduce_scatter: an
-// uneven all-to-all of the slices, then a local sum in member order),
+// gradients in buckets (Group::reduce_scatter with uneven chunks: an
+// all-to-all of the slices, then a local sum in member order),
 // clips with the global norm of the slices, updates only its slice with the
 // same update rule as the unsharded optimizer, and all-gathers the updated
 // slices. Its state is saved by global name with the slice's ShardSpec, so
@@ -13,6 +13,8 @@
 #include <c10/core/GradMode.h>
 
 #include "backends/dist/context.h"
+#include "backends/dist/gather.h"
+#include "backends/dist/group.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
 #include "framework/optim/grad_sync.h"
@@ -126,22 +128,18 @@ struct Shards {
         for (std::size_t i : bucket) cuts[i].slice_grad = cuts[i].param.tensor.grad();
         continue;
       }
-      // Member-major: every member's slices of every parameter, in bucket order.
+      // Member-major: every member's slices of every parameter, in bucket
+      // order; member m's chunk is counts[m] elements long.
       std::vector<at::Tensor> parts;
-      std::vector<std::int64_t> send(static_cast<std::size_t>(n), 0);
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
       for (int m = 0; m < n; ++m) {
         for (std::size_t i : bucket) {
           parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
-          send[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+          counts[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
         }
       }
-      std::int64_t mine = 0;
-      for (std::size_t i : bucket) mine += cuts[i].numel_of(cuts[i].me);
-      std::vector<std::int64_t> recv(static_cast<std::size_t>(n), mine);
-      at::Tensor got = g.all_to_all(at::cat(parts), send, recv).view({n, mine});
-      // Sum in member order, so every replica adds in the same order.
-      at::Tensor sum = got[0].clone();
-      for (int m = 1; m < n; ++m) sum.add_(got[m]);
+      // Summed in member order, so every replica adds in the same order.
+      at::Tensor sum = g.reduce_scatter(at::cat(parts), counts);
       // The slices' gradients are views into the summed bucket (no copy).
       std::int64_t off = 0;
       for (std::size_t i : bucket) {
@@ -170,12 +168,9 @@ struct Shards {
       for (int m = 0; m < n; ++m) {
         for (std::size_t i : bucket) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
       }
-      const std::int64_t longest = *std::max_element(totals.begin(), totals.end());
       std::vector<at::Tensor> mine;
       for (std::size_t i : bucket) mine.push_back(cuts[i].slice_of(cuts[i].param.tensor, cuts[i].me).reshape({-1}));
-      at::Tensor flat = at::cat(mine);
-      if (flat.numel() < longest) flat = at::cat({flat, at::zeros({longest - flat.numel()}, flat.options())});
-      auto all = g.all_gather_list(flat);
+      const auto all = dist::all_gather_uneven(g, at::cat(mine), 0, totals);
       for (int m = 0; m < n; ++m) {
         if (m == g.rank()) continue;
         std::int64_t off = 0;
