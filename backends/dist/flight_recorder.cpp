@@ -208,9 +208,9 @@ std::uint64_t Recorder::issue(const std::string& group, const std::string& op, K
   switch (kind) {
     case Kind::kCollective: e.seq = ++g.issued; break;
     case Kind::kSend: e.seq = ++g.sent[peer]; break;
-    case Kind::kRecv: e.seq = g.received[peer] + 1; break;
+    case Kind::kRecv: e.seq = ++g.posted[peer]; break;
   }
-  if (kind != Kind::kSend) {
+  if (kind != Kind::kSend && !g.pending) {  // the oldest in flight stays the one pending
     g.pending = true;
     g.current = e;
   }
@@ -232,8 +232,21 @@ void Recorder::finish(std::uint64_t id, bool ok) {
   if (ok && e.kind == Kind::kCollective) g.done = std::max(g.done, e.seq);
   if (ok && e.kind == Kind::kRecv) ++g.received[e.peer];
   if (g.pending && g.current.id == id) {
-    if (ok) g.pending = false;
-    else g.current.state = State::kFailed;
+    if (!ok) {
+      g.current.state = State::kFailed;
+      return;
+    }
+    // Several operations may be in flight on a group (asynchronous ones):
+    // the one now pending is the oldest still live.
+    g.pending = false;
+    for (const auto& [live_id, slot] : live_) {
+      const Entry& o = ring_[slot];
+      if (o.id == live_id && o.group == e.group && o.kind != Kind::kSend) {
+        g.pending = true;
+        g.current = o;
+        break;  // live_ is ordered by id: the first is the oldest
+      }
+    }
   }
 }
 

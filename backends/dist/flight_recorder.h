@@ -74,6 +74,9 @@ struct GroupProgress {
   std::uint64_t issued = 0;      ///< collectives entered
   std::uint64_t done = 0;        ///< collectives completed
   std::map<int, std::uint64_t> sent, received;  ///< messages issued to / completed from each member index
+  /// Receives posted from each member index (several may be posted ahead;
+  /// not published: `seq` of a receive is its place in this count).
+  std::map<int, std::uint64_t> posted;
   bool pending = false;          ///< an operation in flight
   Entry current;                 ///< that operation (when pending)
 };

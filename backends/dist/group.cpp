@@ -6,6 +6,7 @@
 #include "backends/profile/trace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 namespace hp::dist {
@@ -62,58 +63,209 @@ void Group::fail(const std::string& op, const std::string& cause) const {
                   std::to_string(timeout_.count() / 1000.0).substr(0, 6) + " s) failed: " + cause);
 }
 
-template <typename Start>
-void Group::run(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind, int peer) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string short_op = op.substr(0, op.find(' '));
-  profile::Span span("comm", short_op);
-  if (span.active()) {
-    span.arg("group", name_).arg("bytes", bytes);
-    if (peer >= 0) span.arg("peer", peer);
-  }
-  const std::uint64_t id = recorder_ ? recorder_->issue(name_, short_op, kind, peer, bytes) : 0;
-  try {
-    c10::intrusive_ptr<c10d::Work> work = start(*pg_->pg);
-    work->wait(timeout_);
-  } catch (const CommError&) {
-    if (recorder_) recorder_->finish(id, false);
-    throw;
-  } catch (const std::exception& e) {
-    if (recorder_) recorder_->finish(id, false);
-    std::string what = e.what();
-    // c10 errors carry a C++ backtrace after the first line; keep the cause.
-    auto nl = what.find('\n');
-    fail(op, nl == std::string::npos ? what : what.substr(0, nl));
-  }
-  if (recorder_) recorder_->finish(id, true);
-  auto& s = stats_[short_op];
-  s.calls += 1;
-  s.bytes += bytes;
-  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+static std::string first_line(const std::string& s) {
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-void Group::all_reduce(at::Tensor& t, ReduceKind op) {
-  if (size() == 1) return;
+struct Work::Impl {
+  Group* group = nullptr;
+  std::string op;        ///< as errors name it: "send to member 1"
+  std::string short_op;  ///< as stats, traces and the flight recorder name it: "send"
+  std::uint64_t bytes = 0;
+  int peer = -1;
+  flight::Kind kind = flight::Kind::kCollective;
+  std::uint64_t flight_id = 0;
+  bool profiled = false;  ///< recording was on when it was issued
+  bool blocking = false;  ///< a blocking call: its span goes on the caller's track
+  std::int64_t issued_ns = 0;
+  std::chrono::steady_clock::time_point t0;
+  c10::intrusive_ptr<c10d::Work> work;  ///< null: complete already
+  /// Completion time on the profile clock, stamped by the communication
+  /// thread (0 until then, or when c10d offers no completion callback).
+  std::shared_ptr<std::atomic<std::int64_t>> done_ns;
+  std::function<at::Tensor()> finish;
+  bool waited = false;
+  std::string error;  ///< the CommError text, once it failed
+  at::Tensor result;
+};
+
+Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Work::~Work() {
+  if (!impl_->waited && impl_->kind == flight::Kind::kRecv && impl_->work && !impl_->work->isCompleted()) {
+    // A receive posted ahead whose message never came (the step is failing):
+    // waiting would hold this rank for the whole timeout, and freeing Gloo's
+    // buffer under a late message would corrupt memory. Leave it to the
+    // process's end (the c10d work keeps its tensor alive).
+    if (impl_->group->recorder_ && impl_->flight_id) impl_->group->recorder_->finish(impl_->flight_id, false);
+    (void)impl_->work.release();
+    return;
+  }
+  try {
+    wait();
+  } catch (...) {
+    // Surfaced at wait() already, or failing elsewhere (a peer is gone).
+  }
+}
+
+const std::string& Work::op() const { return impl_->op; }
+
+bool Work::completed() { return impl_->waited || !impl_->work || impl_->work->isCompleted(); }
+
+at::Tensor Work::wait() {
+  Impl& w = *impl_;
+  if (w.waited) {
+    if (!w.error.empty()) throw CommError(w.error);
+    return w.result;
+  }
+  w.waited = true;
+  Group& g = *w.group;
+  bool ok = true;
+  std::string cause;
+  if (w.work) {
+    try {
+      w.work->wait(g.timeout_);
+    } catch (const std::exception& e) {
+      ok = false;
+      cause = first_line(e.what());
+    }
+  }
+  const std::int64_t end = w.done_ns && w.done_ns->load() > 0 ? w.done_ns->load() : profile::now_ns();
+  if (g.recorder_ && w.flight_id) g.recorder_->finish(w.flight_id, ok);
+  auto& st = g.stats_[w.short_op];
+  st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w.t0).count();
+  if (w.profiled) {
+    profile::Event e;
+    e.name = w.short_op;
+    e.category = "comm";
+    if (w.blocking) {
+      // As a Span on the calling thread would be.
+      e.begin_ns = w.issued_ns;
+      e.end_ns = profile::now_ns();
+      e.thread = profile::this_thread_track();
+    } else {
+      // On the group's track; it ran once the group's previous op ended.
+      e.thread = g.trace_track();
+      e.begin_ns = std::max(w.issued_ns, g.track_busy_until_ns_);
+      e.end_ns = std::max(end, e.begin_ns);
+      g.track_busy_until_ns_ = e.end_ns;
+      e.args.push_back({"async", {}, 1, true});
+    }
+    e.args.push_back({"group", g.name_, 0, false});
+    e.args.push_back({"bytes", {}, static_cast<double>(w.bytes), true});
+    if (w.peer >= 0) e.args.push_back({"peer", {}, static_cast<double>(w.peer), true});
+    profile::record(std::move(e));
+  }
+  if (!ok) {
+    try {
+      g.fail(w.op, cause);
+    } catch (const CommError& e) {
+      w.error = e.what();
+      throw;
+    }
+  }
+  if (w.finish) {
+    w.result = w.finish();
+    w.finish = nullptr;
+  }
+  return w.result;
+}
+
+int Group::trace_track() {
+  if (trace_track_ < 0) trace_track_ = profile::track("in flight on " + name_);
+  return trace_track_;
+}
+
+std::unique_ptr<Work> Group::local(const std::string& op, at::Tensor result) {
+  auto impl = std::make_unique<Work::Impl>();
+  impl->group = this;
+  impl->op = impl->short_op = op;
+  impl->waited = true;
+  impl->result = std::move(result);
+  return std::unique_ptr<Work>(new Work(std::move(impl)));
+}
+
+template <typename Start>
+std::unique_ptr<Work> Group::launch(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind,
+                                    int peer, std::function<at::Tensor()> finish) {
+  auto impl = std::make_unique<Work::Impl>();
+  Work::Impl& w = *impl;
+  w.group = this;
+  w.op = op;
+  w.short_op = op.substr(0, op.find(' '));
+  w.bytes = bytes;
+  w.peer = peer;
+  w.kind = kind;
+  w.finish = std::move(finish);
+  w.profiled = profile::recording();
+  w.t0 = std::chrono::steady_clock::now();
+  w.issued_ns = w.profiled ? profile::now_ns() : 0;
+  if (recorder_) w.flight_id = recorder_->issue(name_, w.short_op, kind, peer, bytes);
+  try {
+    w.work = start(*pg_->pg);
+  } catch (const std::exception& e) {
+    if (recorder_) recorder_->finish(w.flight_id, false);
+    fail(op, first_line(e.what()));
+  }
+  auto& s = stats_[w.short_op];
+  s.calls += 1;
+  s.bytes += bytes;
+  if (kind == flight::Kind::kCollective) {
+    // Collectives complete a future on the communication thread: stamp the
+    // time and close the flight entry there, not when someone waits.
+    w.done_ns = std::make_shared<std::atomic<std::int64_t>>(0);
+    try {
+      auto fut = w.work->getFuture();
+      auto done = w.done_ns;
+      auto rec = recorder_;
+      const std::uint64_t id = w.flight_id;
+      fut->addCallback([done, rec, id](c10::ivalue::Future& f) {
+        done->store(profile::now_ns());
+        if (rec && id) rec->finish(id, !f.hasError());
+      });
+    } catch (const std::exception&) {
+      // No future for this op: it closes when waited.
+    }
+  }
+  return std::unique_ptr<Work>(new Work(std::move(impl)));
+}
+
+std::unique_ptr<Work> Group::all_reduce_async(const at::Tensor& t, ReduceKind op) {
+  if (size() == 1) return local("all_reduce", t);
   at::Tensor buf = needs_upcast(t) ? t.to(at::kFloat) : (t.is_contiguous() ? t : t.contiguous());
   std::vector<at::Tensor> v{buf};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = timeout_;
-  run("all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); }, flight::Kind::kCollective);
-  if (op == ReduceKind::kAvg) buf.div_(size());
-  if (!buf.is_same(t)) t.copy_(buf);
+  const int n = size();
+  return launch(
+      "all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); },
+      flight::Kind::kCollective, -1, [buf, t, op, n]() {
+        if (op == ReduceKind::kAvg) buf.div_(n);
+        if (!buf.is_same(t)) t.copy_(buf);
+        return t;
+      });
 }
 
-void Group::broadcast(at::Tensor& t, int root) {
-  if (size() == 1) return;
+void Group::all_reduce(at::Tensor& t, ReduceKind op) { wait_here(all_reduce_async(t, op)); }
+
+std::unique_ptr<Work> Group::broadcast_async(const at::Tensor& t, int root) {
+  if (size() == 1) return local("broadcast", t);
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = timeout_;
-  run("broadcast", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.broadcast(v, o); }, flight::Kind::kCollective);
-  if (!buf.is_same(t)) t.copy_(buf);
+  return launch(
+      "broadcast", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.broadcast(v, o); },
+      flight::Kind::kCollective, -1, [buf, t]() {
+        if (!buf.is_same(t)) t.copy_(buf);
+        return t;
+      });
 }
+
+void Group::broadcast(at::Tensor& t, int root) { wait_here(broadcast_async(t, root)); }
 
 std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
   if (size() == 1) return {t.clone()};
@@ -123,8 +275,25 @@ std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
   std::vector<at::Tensor> inputs{in};
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
-  run("all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1), [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); }, flight::Kind::kCollective);
+  wait_here(launch(
+      "all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1),
+      [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); }, flight::Kind::kCollective, -1,
+      nullptr));
   return out[0];
+}
+
+std::unique_ptr<Work> Group::all_gather_async(const at::Tensor& t, std::int64_t dim) {
+  if (size() == 1) return local("all_gather", t.clone());
+  at::Tensor in = t.contiguous();
+  auto out = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+  for (int i = 0; i < size(); ++i) (*out)[0].push_back(at::empty_like(in));
+  std::vector<at::Tensor> inputs{in};
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_;
+  return launch(
+      "all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1),
+      [&](c10d::ProcessGroup& pg) { return pg.allgather(*out, inputs, o); }, flight::Kind::kCollective, -1,
+      [out, dim]() { return at::cat((*out)[0], dim); });
 }
 
 at::Tensor Group::all_gather(const at::Tensor& t, std::int64_t dim) {
@@ -132,7 +301,7 @@ at::Tensor Group::all_gather(const at::Tensor& t, std::int64_t dim) {
   return at::cat(all_gather_list(t), dim);
 }
 
-at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKind op) {
+std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t, std::int64_t dim, ReduceKind op) {
   if (dim < 0) dim += t.dim();
   const std::int64_t n = size();
   if (t.size(dim) % n != 0) {
@@ -140,7 +309,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKi
                                std::to_string(t.size(dim)) + ", not divisible by the group size " +
                                std::to_string(n));
   }
-  if (n == 1) return t.clone();
+  if (n == 1) return local("reduce_scatter", t.clone());
   // Chunk i goes to member i: lay the chunks out along dim 0 and scatter them.
   const std::int64_t chunk = t.size(dim) / n;
   std::vector<std::int64_t> shape = t.sizes().vec();
@@ -149,11 +318,17 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKi
   // Member i's chunk is then rows [i * per, (i + 1) * per) of `rows`, and
   // the sum of the chunks has the shape of the result.
   at::Tensor rows = t.reshape(shape).movedim(dim, 0).flatten(0, 1);
-  return reduce_scatter(rows, std::vector<std::int64_t>(n, rows.size(0) / n), op);
+  return reduce_scatter_async(rows, std::vector<std::int64_t>(n, rows.size(0) / n), op);
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& t, const std::vector<std::int64_t>& counts,
                                  ReduceKind op) {
+  return wait_here(reduce_scatter_async(t, counts, op));
+}
+
+std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t,
+                                                  const std::vector<std::int64_t>& counts,
+                                                  ReduceKind op) {
   const auto n = static_cast<std::int64_t>(size());
   std::int64_t total = 0;
   for (auto c : counts) total += c;
@@ -163,7 +338,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, const std::vector<std::int
                                std::to_string(counts.size()) + " adding up to " +
                                std::to_string(total));
   }
-  if (n == 1) return t.clone();
+  if (n == 1) return local("reduce_scatter", t.clone());
   // One all-to-all exchanges the chunks, then the n received copies of this
   // member's chunk are reduced locally. Every member adds in the same order
   // (member 0 first), so results agree bitwise.
@@ -172,33 +347,41 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, const std::vector<std::int
   std::vector<std::int64_t> recv_shape = send.sizes().vec();
   recv_shape[0] = n * mine;
   at::Tensor recv = at::empty(recv_shape, send.options());
+  std::vector<std::int64_t> parts_shape = recv_shape;  // [n, mine, ...]
+  parts_shape[0] = mine;
+  parts_shape.insert(parts_shape.begin(), n);
   std::vector<std::int64_t> send_counts = counts, recv_counts(static_cast<std::size_t>(n), mine);
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
   const std::uint64_t row = t.size(0) ? nbytes(send) / static_cast<std::uint64_t>(t.size(0)) : 0;
-  run("reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
+  const auto dtype = t.scalar_type();
+  return launch(
+      "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
       [&](c10d::ProcessGroup& pg) {
         return pg.alltoall_base(recv, send, recv_counts, send_counts, o);
       },
-      flight::Kind::kCollective);
-  recv_shape[0] = mine;
-  recv_shape.insert(recv_shape.begin(), n);
-  recv = recv.view(recv_shape);
-  at::Tensor out;
-  switch (op) {
-    case ReduceKind::kMax: out = std::get<0>(recv.max(0)); break;
-    case ReduceKind::kMin: out = std::get<0>(recv.min(0)); break;
-    default: {
-      out = recv[0].clone();
-      for (std::int64_t i = 1; i < n; ++i) out.add_(recv[i]);
-      if (op == ReduceKind::kAvg) out.div_(n);
-    }
-  }
-  return out.to(t.scalar_type());
+      flight::Kind::kCollective, -1, [send, recv, parts_shape, op, n, dtype]() {
+        const at::Tensor parts = recv.view(parts_shape);
+        at::Tensor out;
+        switch (op) {
+          case ReduceKind::kMax: out = std::get<0>(parts.max(0)); break;
+          case ReduceKind::kMin: out = std::get<0>(parts.min(0)); break;
+          default: {
+            out = parts[0].clone();
+            for (std::int64_t i = 1; i < n; ++i) out.add_(parts[i]);
+            if (op == ReduceKind::kAvg) out.div_(n);
+          }
+        }
+        return out.to(dtype);
+      });
 }
 
-at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
-                             const std::vector<std::int64_t>& recv_counts) {
+at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKind op) {
+  return wait_here(reduce_scatter_async(t, dim, op));
+}
+
+std::unique_ptr<Work> Group::all_to_all_async(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                                              const std::vector<std::int64_t>& recv_counts) {
   const auto n = static_cast<std::size_t>(size());
   if (send_counts.size() != n || recv_counts.size() != n) {
     fail("all_to_all", "expected " + std::to_string(n) + " send and receive counts, got " +
@@ -214,97 +397,66 @@ at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t
   }
   std::vector<std::int64_t> shape = t.sizes().vec();
   shape[0] = total_recv;
-  if (n == 1) return t.clone();
+  if (n == 1) return local("all_to_all", t.clone());
   at::Tensor in = t.contiguous();
   at::Tensor out = at::empty(shape, t.options());
   std::vector<std::int64_t> sc = send_counts, rc = recv_counts;
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
   const std::int64_t row = t.size(0) ? static_cast<std::int64_t>(nbytes(in)) / t.size(0) : 0;
-  run("all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
-      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); }, flight::Kind::kCollective);
-  return out;
+  return launch(
+      "all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
+      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); }, flight::Kind::kCollective,
+      -1, [in, out]() { return out; });
 }
 
-void Group::send(const at::Tensor& t, int dst, int tag) {
+at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                             const std::vector<std::int64_t>& recv_counts) {
+  return wait_here(all_to_all_async(t, send_counts, recv_counts));
+}
+
+std::unique_ptr<Work> Group::isend(const at::Tensor& t, int dst, int tag) {
   at::Tensor buf = t.contiguous();
   std::vector<at::Tensor> v{buf};
-  run("send to member " + std::to_string(dst), nbytes(buf),
-      [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); }, flight::Kind::kSend, dst);
+  return launch(
+      "send to member " + std::to_string(dst), nbytes(buf),
+      [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); }, flight::Kind::kSend, dst,
+      [buf]() { return at::Tensor(); });
+}
+
+void Group::send(const at::Tensor& t, int dst, int tag) { wait_here(isend(t, dst, tag)); }
+
+std::unique_ptr<Work> Group::irecv(const at::Tensor& t, int src, int tag) {
+  if (!t.is_contiguous()) {
+    fail("recv from member " + std::to_string(src), "the receive buffer must be contiguous, please report");
+  }
+  std::vector<at::Tensor> v{t};
+  return launch(
+      "recv from member " + std::to_string(src), 0,
+      [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); }, flight::Kind::kRecv, src,
+      [t]() { return t; });
 }
 
 void Group::recv(at::Tensor& t, int src, int tag) {
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  std::vector<at::Tensor> v{buf};
-  run("recv from member " + std::to_string(src), 0, [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); }, flight::Kind::kRecv, src);
+  wait_here(irecv(buf, src, tag));
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
-struct PendingSend::Impl {
-  Group* group;
-  int dst;
-  std::uint64_t flight_id = 0;
-  at::Tensor buf;
-  c10::intrusive_ptr<c10d::Work> work;
-  bool waited = false;
-};
-
-PendingSend::PendingSend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-PendingSend::~PendingSend() {
-  try {
-    wait();
-  } catch (...) {
-    // Already failing elsewhere (the receiver is gone); nothing to add here.
-  }
-}
-
-bool PendingSend::done() { return impl_->waited || impl_->work->isCompleted(); }
-
-void PendingSend::wait() {
-  if (impl_->waited) return;
-  impl_->waited = true;
-  Group& g = *impl_->group;
-  profile::Span span("comm", "send_wait");
-  if (span.active()) span.arg("group", g.name_).arg("peer", impl_->dst);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    impl_->work->wait(g.timeout_);
-    if (g.recorder_) g.recorder_->finish(impl_->flight_id, true);
-  } catch (const std::exception& e) {
-    if (g.recorder_) g.recorder_->finish(impl_->flight_id, false);
-    std::string what = e.what();
-    auto nl = what.find('\n');
-    g.fail("send to member " + std::to_string(impl_->dst), nl == std::string::npos ? what : what.substr(0, nl));
-  }
-  g.stats_["send"].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::unique_ptr<PendingSend> Group::isend(const at::Tensor& t, int dst, int tag) {
-  auto impl = std::make_unique<PendingSend::Impl>();
-  impl->group = this;
-  impl->dst = dst;
-  impl->buf = t.contiguous();
-  std::vector<at::Tensor> v{impl->buf};
-  if (recorder_) impl->flight_id = recorder_->issue(name_, "send", flight::Kind::kSend, dst, nbytes(impl->buf));
-  try {
-    impl->work = pg_->pg->send(v, dst, tag);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    auto nl = what.find('\n');
-    fail("send to member " + std::to_string(dst), nl == std::string::npos ? what : what.substr(0, nl));
-  }
-  auto& s = stats_["send"];
-  s.calls += 1;
-  s.bytes += nbytes(impl->buf);
-  return std::unique_ptr<PendingSend>(new PendingSend(std::move(impl)));
-}
-
-void Group::barrier() {
-  if (size() == 1) return;
+std::unique_ptr<Work> Group::barrier_async() {
+  if (size() == 1) return local("barrier", at::Tensor());
   c10d::BarrierOptions o;
   o.timeout = timeout_;
-  run("barrier", 0, [&](c10d::ProcessGroup& pg) { return pg.barrier(o); }, flight::Kind::kCollective);
+  return launch(
+      "barrier", 0, [&](c10d::ProcessGroup& pg) { return pg.barrier(o); }, flight::Kind::kCollective, -1,
+      nullptr);
+}
+
+void Group::barrier() { wait_here(barrier_async()); }
+
+at::Tensor Group::wait_here(std::unique_ptr<Work> w) {
+  w->impl_->blocking = true;
+  return w->wait();
 }
 
 }  // namespace hp::dist

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -40,24 +41,39 @@ struct OpStats {
 
 class Group;
 
-/// A send in flight (Group::isend). wait() blocks until the receiver has the
-/// data (with the group timeout); the destructor waits too, so a tensor is
-/// never freed while Gloo still reads it.
-class PendingSend {
+/// An operation in flight, as c10d's Work: a Group's *_async calls return
+/// one at once and the operation runs on the group's communication thread.
+/// wait() blocks until it is complete (with the group's timeout) and
+/// returns its result; a failure throws CommError naming the operation, the
+/// group and this rank. completed() never blocks. The destructor waits too
+/// (errors there are dropped: they surface at wait, or already did), so no
+/// tensor is freed while Gloo still uses it. The flight recorder's entry
+/// and the profile span of the operation close when it completes (a
+/// collective's completion is stamped by the communication thread).
+class Work {
  public:
-  ~PendingSend();
-  PendingSend(const PendingSend&) = delete;
-  PendingSend& operator=(const PendingSend&) = delete;
-  /// True once the receiver has taken the data (never blocks).
-  bool done();
-  void wait();
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  /// True once the operation has completed, successfully or not.
+  bool completed();
+  /// Blocks until complete; the result: all_reduce / broadcast / recv the
+  /// tensor given (updated), all_gather the concatenation, reduce_scatter
+  /// this member's chunk, all_to_all the rows received, send undefined.
+  /// Waiting again returns the same result.
+  at::Tensor wait();
+  /// "all_reduce", "send to member 1", ...
+  const std::string& op() const;
 
  private:
   friend class Group;
   struct Impl;
-  explicit PendingSend(std::unique_ptr<Impl> impl);
+  explicit Work(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// A send in flight (Group::isend): a Work whose result is empty.
+using PendingSend = Work;
 
 class Group {
  public:
@@ -75,47 +91,75 @@ class Group {
   const std::vector<int>& global_ranks() const { return ranks_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Each operation exists as *_async (returns a Work at once) and as a
+  // blocking call (the same operation, waited). Members must issue the
+  // collectives of one group in the same order, blocking or not.
+
   /// In place. kAvg divides the sum by the group size.
   void all_reduce(at::Tensor& t, ReduceKind op = ReduceKind::kSum);
+  /// `t` is updated when the Work completes and is waited.
+  std::unique_ptr<Work> all_reduce_async(const at::Tensor& t, ReduceKind op = ReduceKind::kSum);
   /// In place; `root` is an index inside the group.
   void broadcast(at::Tensor& t, int root);
+  std::unique_ptr<Work> broadcast_async(const at::Tensor& t, int root);
   /// Concatenation of every member's `t` along `dim` (all must have the same shape).
   at::Tensor all_gather(const at::Tensor& t, std::int64_t dim = 0);
+  std::unique_ptr<Work> all_gather_async(const at::Tensor& t, std::int64_t dim = 0);
   /// Every member's `t` (shapes may differ along dim 0 only if `sizes` given).
   std::vector<at::Tensor> all_gather_list(const at::Tensor& t);
   /// Sum over members of `t`, split evenly along `dim`; this member's chunk.
   /// `t.size(dim)` must be divisible by the group size.
   at::Tensor reduce_scatter(const at::Tensor& t, std::int64_t dim = 0,
                             ReduceKind op = ReduceKind::kSum);
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& t, std::int64_t dim = 0,
+                                             ReduceKind op = ReduceKind::kSum);
   /// Same with chunks of any length: the rows of `t` (dim 0) are cut into
   /// consecutive chunks of `counts[i]` rows for member i (every member gives
-  /// the same counts); returns the sum of this member's chunks
-  /// (`counts[rank()]` rows).
+  /// the same counts); the sum of this member's chunks (`counts[rank()]`
+  /// rows). The even form above is this with equal counts.
   at::Tensor reduce_scatter(const at::Tensor& t, const std::vector<std::int64_t>& counts,
                             ReduceKind op = ReduceKind::kSum);
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& t,
+                                             const std::vector<std::int64_t>& counts,
+                                             ReduceKind op = ReduceKind::kSum);
   /// Rows of `t` (dim 0) are sent in chunks of `send_counts[i]` to member i;
   /// returns the rows received, `recv_counts[i]` from member i.
   at::Tensor all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
                         const std::vector<std::int64_t>& recv_counts);
+  std::unique_ptr<Work> all_to_all_async(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                                         const std::vector<std::int64_t>& recv_counts);
   /// `dst`/`src` are indices inside the group.
   void send(const at::Tensor& t, int dst, int tag = 0);
   void recv(at::Tensor& t, int src, int tag = 0);
   /// Starts a send and returns at once (pipeline stage messages: sends never
   /// block a schedule, only receives wait).
-  std::unique_ptr<PendingSend> isend(const at::Tensor& t, int dst, int tag = 0);
+  std::unique_ptr<Work> isend(const at::Tensor& t, int dst, int tag = 0);
+  /// Posts a receive into `t` (contiguous, the message's exact size) and
+  /// returns at once; `t` holds the message once the Work is waited.
+  std::unique_ptr<Work> irecv(const at::Tensor& t, int src, int tag = 0);
   void barrier();
+  std::unique_ptr<Work> barrier_async();
 
+  /// Per op: calls, bytes and seconds from issue to completion.
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   /// Records every operation of this group in `recorder` (null: none).
   void set_recorder(std::shared_ptr<flight::Recorder> recorder) { recorder_ = std::move(recorder); }
 
  private:
-  friend class PendingSend;
+  friend class Work;
   [[noreturn]] void fail(const std::string& op, const std::string& cause) const;
-  /// Starts an op with `start()` (returning c10d work), waits with the
-  /// timeout, records stats; any failure becomes a CommError.
+  /// Issues an op with `start()` (returning c10d work) and returns its Work;
+  /// `finish` turns the completed op's buffers into its result. Any failure
+  /// to issue becomes a CommError.
   template <typename Start>
-  void run(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind, int peer = -1);
+  std::unique_ptr<Work> launch(const std::string& op, std::uint64_t bytes, Start&& start, flight::Kind kind,
+                               int peer, std::function<at::Tensor()> finish);
+  /// The blocking form of an op: waits, its span on the caller's track.
+  static at::Tensor wait_here(std::unique_ptr<Work> w);
+  /// A Work that is complete already (ops of a one-member group).
+  std::unique_ptr<Work> local(const std::string& op, at::Tensor result);
+  /// Where this group's operations in flight appear in a profile trace.
+  int trace_track();
   std::string name_;
   std::vector<int> ranks_;
   int my_global_rank_;
@@ -124,6 +168,8 @@ class Group {
   std::chrono::milliseconds timeout_;
   std::map<std::string, OpStats> stats_;
   std::shared_ptr<flight::Recorder> recorder_;
+  int trace_track_ = -1;
+  std::int64_t track_busy_until_ns_ = 0;  ///< end of the last span on that track
 };
 
 }  // namespace hp::dist

@@ -102,9 +102,38 @@ std::size_t pending_events() {
   return g_events.size();
 }
 
+namespace {
+std::map<int, std::string> g_track_names;  // guarded by g_mutex
+constexpr int kFirstNamedTrack = 1000;
+}  // namespace
+
+int track(const std::string& label) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& [id, name] : g_track_names) {
+    if (name == label) return id;
+  }
+  const int id = kFirstNamedTrack + static_cast<int>(g_track_names.size());
+  g_track_names[id] = label;
+  return id;
+}
+
+int this_thread_track() noexcept {
+  if (t_thread < 0) t_thread = g_next_thread.fetch_add(1);
+  return t_thread;
+}
+
+void record(Event e) {
+  try {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_events.push_back(std::move(e));
+  } catch (...) {
+    // Out of memory: drop the event rather than fail the step.
+  }
+}
+
 void Span::open(const char* category, const char* name) noexcept {
   try {
-    if (t_thread < 0) t_thread = g_next_thread.fetch_add(1);
+    this_thread_track();
     event_.emplace();
     event_->name = name;
     event_->category = category;
@@ -145,8 +174,15 @@ void write_rank_trace(const std::string& path, int rank, const std::string& proc
   out << "{\"traceEvents\":[\n";
   out << metadata("process_name", rank, 0, {{"name", process_label}}).dump();
   out << ",\n" << metadata("process_sort_index", rank, 0, {{"sort_index", rank}}).dump();
+  std::map<int, std::string> named;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    named = g_track_names;
+  }
   for (const auto& kv : threads) {
-    const std::string name = kv.first == 0 ? "main" : "thread " + std::to_string(kv.first);
+    const std::string name = named.count(kv.first) ? named[kv.first]
+                             : kv.first == 0       ? "main"
+                                                   : "thread " + std::to_string(kv.first);
     out << ",\n" << metadata("thread_name", rank, kv.first, {{"name", name}}).dump();
   }
   for (const Event* e : sorted) {

@@ -56,6 +56,16 @@ std::size_t pending_events();
 /// Now, on the recorder's clock (wall-clock nanoseconds, monotonic).
 std::int64_t now_ns() noexcept;
 
+/// The track (a thread row of the trace) named `label`, created on first
+/// use: for work that runs off the recording threads' stacks, as
+/// communication in flight on a group. Same label, same track.
+int track(const std::string& label);
+/// The track this thread's Spans go to.
+int this_thread_track() noexcept;
+/// Keeps an event timed elsewhere (begin/end/thread set by the caller; the
+/// caller checked recording() when the work began).
+void record(Event e);
+
 /// Times the enclosing scope: `profile::Span s("comm", "all_reduce");
 /// s.arg("bytes", n);`. Spans of one thread nest (a scope inside another ends
 /// first). When recording is off nothing is kept and arg() does nothing.

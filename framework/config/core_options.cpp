@@ -98,8 +98,13 @@ void declare_core_options(Schema& s) {
       .note("empty orders by role: split dimensions, sequence, replicate (dp), partition; --dry-run prints it");
   s.add_float("distributed.timeout_seconds", 300.0).range(0.1, 86400.0)
       .describe("Timeout of every collective and of rendezvous.");
-  s.add_float("distributed.bucket_size_mb", 25.0).range(0.001, 4096.0)
-      .describe("Gradient all-reduce bucket size.");
+  s.add_float("distributed.bucket_size_mb", 4.0).range(0.001, 4096.0)
+      .describe("Gradient reduction bucket size: buckets are cut in reverse parameter order, at most this many MiB each.")
+      .note("4 gives several buckets on the shipped models, so reduction can overlap backward (25, DDP's default, is one bucket for a 13 MB model)");
+  s.add_bool("distributed.overlap", true)
+      .describe("Launch each gradient bucket's reduction during backward, as soon as its last gradient is accumulated "
+                "(from the second step; the first counts each parameter's gradients); false reduces every bucket after "
+                "backward. Bitwise the same numbers either way.");
   s.add_bool("distributed.flight_recorder", true)
       .describe("Record every collective and stage message (a ring per rank), publish heartbeats to "
                 "<run.output_dir>/flight/, name the rank behind on a stall, and write flight/rank<R>.json on a failure.");

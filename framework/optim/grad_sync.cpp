@@ -2,41 +2,75 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <map>
 #include <stdexcept>
 
 #include "backends/dist/context.h"
+#include "backends/dist/group.h"
 
 namespace hp {
 
-void all_reduce_bucketed(dist::DistributedContext& dist, const std::vector<std::string>& group_names,
-                         const std::vector<at::Tensor>& tensors, double bucket_bytes) {
-  std::vector<dist::Group*> groups;
-  for (const auto& name : group_names) {
-    auto& g = dist.group(name);
-    if (g.size() > 1) groups.push_back(&g);
-  }
-  if (groups.empty()) return;
-  c10::NoGradGuard no_grad;
+namespace {
+
+/// Consecutive runs of `tensors`, each at most `bucket_bytes` (a tensor
+/// larger than that is a bucket alone): the one bucketing rule.
+std::vector<std::vector<std::size_t>> cut_buckets(const std::vector<at::Tensor>& tensors, double bucket_bytes) {
+  std::vector<std::vector<std::size_t>> out;
   std::size_t i = 0;
   while (i < tensors.size()) {
-    std::vector<at::Tensor> bucket;
+    std::vector<std::size_t> bucket;
     double bytes = 0;
     while (i < tensors.size() && (bucket.empty() || bytes + tensors[i].nbytes() <= bucket_bytes)) {
       bytes += static_cast<double>(tensors[i].nbytes());
-      bucket.push_back(tensors[i++]);
+      bucket.push_back(i++);
     }
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_parts);
+    out.push_back(std::move(bucket));
+  }
+  return out;
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(tensors.size());
+  for (const auto& t : tensors) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  std::int64_t off = 0;
+  for (const auto& t : tensors) {
+    const_cast<at::Tensor&>(t).copy_(flat.narrow(0, off, t.numel()).view_as(t));
+    off += t.numel();
+  }
+}
+
+std::vector<dist::Group*> groups_to_sum(dist::DistributedContext& dist, const std::vector<std::string>& names) {
+  std::vector<dist::Group*> groups;
+  for (const auto& name : names) {
+    auto& g = dist.group(name);
+    if (g.size() > 1) groups.push_back(&g);
+  }
+  return groups;
+}
+
+}  // namespace
+
+void all_reduce_bucketed(dist::DistributedContext& dist, const std::vector<std::string>& group_names,
+                         const std::vector<at::Tensor>& tensors, double bucket_bytes) {
+  const auto groups = groups_to_sum(dist, group_names);
+  if (groups.empty()) return;
+  c10::NoGradGuard no_grad;
+  for (const auto& idx : cut_buckets(tensors, bucket_bytes)) {
+    std::vector<at::Tensor> bucket;
+    for (auto i : idx) bucket.push_back(tensors[i]);
+    at::Tensor flat = flatten(bucket);
     for (auto* g : groups) g->all_reduce(flat);
-    std::int64_t off = 0;
-    for (auto& t : bucket) {
-      const_cast<at::Tensor&>(t).copy_(flat.narrow(0, off, t.numel()).view_as(t));
-      off += t.numel();
-    }
+    unflatten(flat, bucket);
   }
 }
 
@@ -86,24 +120,63 @@ namespace {
 class BucketedReducer : public GradReducer {
  public:
   BucketedReducer(const ReducerOptions& o, std::vector<ParamEntry> params, dist::DistributedContext& dist)
-      : o_(o), params_(std::move(params)), dist_(dist) {
+      : params_(std::move(params)), dist_(dist) {
     for (auto& p : params_) {
       // Every parameter gets a gradient buffer up front so buckets have a
       // fixed layout even when a parameter was not used this step.
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     }
+    // Reverse order: the last layers' gradients are ready first (as DDP
+    // does). One set per list of groups; one queue per first group, in the
+    // sets' order.
+    std::map<std::string, std::vector<std::size_t>> by_set;
+    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync_group].push_back(i);
+    std::vector<std::vector<std::size_t>> buckets, queues;
+    std::vector<dist::Group*> queue_group;
+    for (const auto& [joined, idx] : by_set) {
+      Set set;
+      set.groups = groups_to_sum(dist_, ShardSpec::groups_of(joined));
+      if (set.groups.empty()) continue;
+      std::size_t q = 0;
+      while (q < queue_group.size() && queue_group[q] != set.groups[0]) ++q;
+      if (q == queue_group.size()) {
+        queue_group.push_back(set.groups[0]);
+        queues.emplace_back();
+      }
+      std::vector<at::Tensor> grads;
+      for (auto i : idx) grads.push_back(params_[i].tensor.grad());
+      for (const auto& run : cut_buckets(grads, o.bucket_bytes)) {
+        std::vector<std::size_t> members;
+        for (auto k : run) members.push_back(idx[k]);
+        set.buckets.push_back(buckets.size());
+        queues[q].push_back(buckets.size());
+        set_of_.push_back(sets_.size());
+        buckets.push_back(std::move(members));
+      }
+      sets_.push_back(std::move(set));
+    }
+    members_ = buckets;
+    works_.resize(buckets.size());
+    launcher_ = std::make_unique<BucketLauncher>(params_, std::move(buckets), std::move(queues),
+                                                 std::vector<bool>(queue_group.size(), true), o.overlap, dist_.rank(),
+                                                 [this](std::size_t b) { launch(b); });
   }
 
+  void backward_done() override { launcher_->flush(); }
+
   void reduce() override {
-    std::map<std::string, std::vector<at::Tensor>> by_group;
-    // Reverse order: the last layers' gradients are ready first (as DDP
-    // does), which is where overlap would start.
-    for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
-      by_group[it->spec.grad_sync_group].push_back(it->tensor.grad());
+    c10::NoGradGuard no_grad;
+    launcher_->flush();
+    // Waited in the sets' order; the list's other groups after its first.
+    for (const auto& set : sets_) {
+      for (auto b : set.buckets) {
+        at::Tensor flat = works_[b]->wait();
+        for (std::size_t k = 1; k < set.groups.size(); ++k) set.groups[k]->all_reduce(flat);
+        unflatten(flat, grads_of(b));
+        works_[b].reset();
+      }
     }
-    for (auto& [joined, grads] : by_group) {
-      all_reduce_bucketed(dist_, ShardSpec::groups_of(joined), grads, o_.bucket_bytes);
-    }
+    launcher_->end_step();
   }
 
   double clip(double max_norm) override {
@@ -119,13 +192,168 @@ class BucketedReducer : public GradReducer {
     return out;
   }
 
+  void report(std::map<std::string, double>& figures) const override {
+    figures["grad_buckets"] = static_cast<double>(launcher_->size());
+    // Launched during backward, from the hooks (0 in the first step and
+    // without overlap).
+    figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
+  }
+
  private:
-  ReducerOptions o_;
+  /// Parameters with one grad_sync_group list.
+  struct Set {
+    std::vector<dist::Group*> groups;
+    std::vector<std::size_t> buckets;
+  };
+
+  std::vector<at::Tensor> grads_of(std::size_t b) const {
+    std::vector<at::Tensor> out;
+    for (auto i : members_[b]) out.push_back(params_[i].tensor.grad());
+    return out;
+  }
+
+  void launch(std::size_t b) {
+    c10::NoGradGuard no_grad;
+    works_[b] = sets_[set_of_[b]].groups[0]->all_reduce_async(flatten(grads_of(b)));
+  }
+
   std::vector<ParamEntry> params_;
   dist::DistributedContext& dist_;
+  std::vector<Set> sets_;
+  std::vector<std::size_t> set_of_;                 ///< per bucket
+  std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
+  std::vector<std::unique_ptr<dist::Work>> works_;  ///< per bucket: its first group's all-reduce
+  std::unique_ptr<BucketLauncher> launcher_;
 };
 
 }  // namespace
+
+namespace {
+
+/// The post-hook on one parameter's AccumulateGrad node. Holds the launcher
+/// through a token the launcher clears when it goes, since a hook cannot be
+/// removed.
+class AccumulatedHook : public torch::autograd::FunctionPostHook {
+ public:
+  AccumulatedHook(std::shared_ptr<BucketLauncher*> owner, std::size_t index)
+      : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (*owner_) (*owner_)->accumulated(index_);
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<BucketLauncher*> owner_;
+  std::size_t index_;
+};
+
+}  // namespace
+
+struct BucketLauncher::Hooks {
+  std::shared_ptr<BucketLauncher*> token;
+  /// Kept alive here: a variable holds its accumulator weakly, and a new
+  /// one (without the hook) would be made for each backward.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+};
+
+BucketLauncher::BucketLauncher(const std::vector<ParamEntry>& params, std::vector<std::vector<std::size_t>> buckets,
+                               std::vector<std::vector<std::size_t>> queues, std::vector<bool> hooked, bool overlap,
+                               int rank, std::function<void(std::size_t)> launch)
+    : buckets_(std::move(buckets)),
+      queues_(std::move(queues)),
+      hooked_(std::move(hooked)),
+      rank_(rank),
+      launch_(std::move(launch)) {
+  for (const auto& p : params) names_.push_back(p.spec.name);
+  bucket_of_.assign(params.size(), -1);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (auto i : buckets_[b]) bucket_of_[i] = static_cast<int>(b);
+  }
+  queue_of_.assign(buckets_.size(), -1);
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    for (auto b : queues_[q]) queue_of_[b] = static_cast<int>(q);
+  }
+  fires_.assign(params.size(), 0);
+  launched_.assign(buckets_.size(), false);
+  waiting_.assign(buckets_.size(), -1);
+  next_.assign(queues_.size(), 0);
+  hooks_ = std::make_unique<Hooks>();
+  if (!overlap) return;
+  hooks_->token = std::make_shared<BucketLauncher*>(this);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int b = bucket_of_[i];
+    if (b < 0 || !hooked_[static_cast<std::size_t>(queue_of_[static_cast<std::size_t>(b)])]) continue;
+    if (!params[i].tensor.requires_grad()) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
+    acc->add_post_hook(std::make_unique<AccumulatedHook>(hooks_->token, i));
+    hooks_->accumulators.push_back(std::move(acc));
+  }
+}
+
+BucketLauncher::~BucketLauncher() {
+  if (hooks_->token) *hooks_->token = nullptr;
+}
+
+void BucketLauncher::accumulated(std::size_t i) {
+  fires_[i] += 1;
+  if (!learned_) return;
+  const auto b = static_cast<std::size_t>(bucket_of_[i]);
+  if (fires_[i] == expected_[i]) {
+    if (waiting_[b] > 0 && --waiting_[b] == 0) launch_ready(static_cast<std::size_t>(queue_of_[b]));
+  } else if (fires_[i] > expected_[i] && launched_[b]) {
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": gradient reduction overlap: " + names_[i] +
+                             " received gradient " + std::to_string(fires_[i]) +
+                             " of the step after its bucket was launched (the first step gave it " +
+                             std::to_string(expected_[i]) +
+                             "); the model's backward differs between steps: set distributed.overlap: false");
+  }
+}
+
+void BucketLauncher::launch_bucket(std::size_t b) {
+  if (launched_[b]) return;
+  launched_[b] = true;
+  launch_(b);
+}
+
+void BucketLauncher::launch_ready(std::size_t q) {
+  auto& order = queues_[q];
+  while (next_[q] < order.size() && waiting_[order[next_[q]]] == 0) {
+    launch_bucket(order[next_[q]++]);
+    if (!flushed_) ++early_;
+  }
+}
+
+void BucketLauncher::flush() {
+  if (flushed_) return;
+  flushed_ = true;
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    while (next_[q] < queues_[q].size()) launch_bucket(queues_[q][next_[q]++]);
+  }
+}
+
+void BucketLauncher::end_step() {
+  if (!learned_ && hooks_->token) {
+    expected_ = fires_;
+    learned_ = true;
+  }
+  std::fill(fires_.begin(), fires_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(next_.begin(), next_.end(), 0);
+  flushed_ = false;
+  last_early_ = early_;
+  early_ = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    // A bucket of a queue hooks may not launch, or holding a parameter that
+    // got no gradient in the first step, is never ready from hooks: flush
+    // launches it.
+    const bool hooked = learned_ && hooked_[static_cast<std::size_t>(queue_of_[b])];
+    waiting_[b] = hooked ? static_cast<int>(buckets_[b].size()) : -1;
+    for (auto i : buckets_[b]) {
+      if (!hooked || expected_[i] == 0) waiting_[b] = -1;
+    }
+  }
+}
 
 std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,
                                                    dist::DistributedContext& dist) {

@@ -6,6 +6,10 @@
 // ShardSpecs and the mesh roles, so a replicated parameter counts once, a
 // split one is summed over its split groups, and every pipeline stage
 // (partition) contributes.
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "framework/model/build_context.h"
@@ -17,7 +21,10 @@ class DistributedContext;
 }
 
 struct ReducerOptions {
-  double bucket_bytes = 25.0 * 1024 * 1024;
+  double bucket_bytes = 4.0 * 1024 * 1024;
+  /// Launch each bucket's reduction during backward, as soon as its last
+  /// gradient is accumulated (false: all of them after backward).
+  bool overlap = true;
 };
 
 class GradReducer {
@@ -26,15 +33,88 @@ class GradReducer {
   /// Sums gradients over the replicating groups. The loss is already
   /// divided by the global token count, so the sum is the average.
   virtual void reduce() = 0;
+  /// Called once the step's last backward has run, before any hook or
+  /// collective of the step's end: a reducer that launched reductions during
+  /// backward launches the rest now, so every rank issues them in the same
+  /// order before anything else. reduce() waits for them.
+  virtual void backward_done() {}
   /// Scales gradients so the global norm is at most `max_norm` (0: off);
   /// returns the norm before clipping.
   virtual double clip(double max_norm) = 0;
   /// The reduced gradients this rank holds, each with a ShardSpec naming
   /// the slice of the full gradient (for parity dumps).
   virtual std::vector<ParamEntry> gradients() const = 0;
+  /// Figures of the step just reduced, for metrics.jsonl and /metrics
+  /// (the bucketed reducer: grad_buckets, grad_buckets_early).
+  virtual void report(std::map<std::string, double>& /*figures*/) const {}
 };
 
-/// Bucketed all-reduce over each parameter's grad_sync_group.
+/// Launches buckets of parameters' gradient reductions during backward, as
+/// soon as each bucket has the step's last gradient of all its parameters.
+/// LibTorch 1.13 has no post-accumulate-grad hook: a post-hook on each
+/// parameter's AccumulateGrad node counts the gradients it accumulates (once
+/// per backward that reaches it: micro-batches, pipeline schedules and
+/// recompute regions all just fire it). The first step only counts; from the
+/// second a parameter is complete at that count, and the buckets at the
+/// head of a queue are handed to `launch` as soon as they are complete,
+/// strictly in queue order, so every rank issues one queue's reductions in
+/// the same order whatever order its gradients arrive in. flush() launches
+/// the rest (backward_done), queue by queue. Used by the bucketed reducer
+/// (all-reduce) and zero (reduce-scatter).
+class BucketLauncher {
+ public:
+  /// `buckets[b]`: indices into `params`. `queues[q]`: bucket indices in
+  /// launch order, every bucket in one queue. `hooked[q]`: whether hooks may
+  /// launch queue q's buckets (false: only flush). With `overlap` false, or
+  /// when nothing is hooked, no hook is installed and flush launches all.
+  BucketLauncher(const std::vector<ParamEntry>& params, std::vector<std::vector<std::size_t>> buckets,
+                 std::vector<std::vector<std::size_t>> queues, std::vector<bool> hooked, bool overlap, int rank,
+                 std::function<void(std::size_t)> launch);
+  ~BucketLauncher();
+  BucketLauncher(const BucketLauncher&) = delete;
+  BucketLauncher& operator=(const BucketLauncher&) = delete;
+
+  /// Launches every bucket not launched yet, queue by queue, in order.
+  void flush();
+  /// After the step's reductions are waited: the first step's counts are
+  /// learned; everything is reset for the next step.
+  void end_step();
+  /// Buckets launched from hooks (during backward) in the last step ended.
+  std::size_t early() const { return last_early_; }
+  std::size_t size() const { return buckets_.size(); }
+
+  /// From the hooks: parameter `i` accumulated a gradient.
+  void accumulated(std::size_t i);
+
+ private:
+  void launch_ready(std::size_t q);
+  void launch_bucket(std::size_t b);
+  std::vector<std::string> names_;
+  std::vector<std::vector<std::size_t>> buckets_;
+  std::vector<std::vector<std::size_t>> queues_;
+  std::vector<bool> hooked_;
+  int rank_;
+  std::function<void(std::size_t)> launch_;
+  std::vector<int> bucket_of_, queue_of_;
+  std::vector<int> fires_, expected_;
+  std::vector<int> waiting_;     ///< per bucket: parameters still incomplete (-1: never ready from hooks)
+  std::vector<bool> launched_;
+  std::vector<std::size_t> next_;  ///< per queue
+  bool learned_ = false;
+  bool flushed_ = false;
+  std::size_t early_ = 0, last_early_ = 0;
+  struct Hooks;
+  std::unique_ptr<Hooks> hooks_;
+};
+
+/// Bucketed all-reduce over each parameter's grad_sync_group. Buckets are
+/// cut once, in reverse parameter order, per group list, at most
+/// options.bucket_bytes each. With options.overlap each bucket is launched
+/// (over the list's first group) from a post-hook on its parameters'
+/// gradient accumulators as soon as all of them have received the step's
+/// last gradient, in bucket order; the remaining groups of the list and the
+/// copy back run in reduce(). The numbers are bitwise those of the blocking
+/// path: same buckets, same operations, same order per group.
 std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,
                                                    dist::DistributedContext& dist);
 

@@ -244,6 +244,7 @@ void TrainingRun::setup_model() {
   optimizer_ = opt ? opt(optim_, model_.params, *ctx_) : make_optimizer(optim_, model_.params);
   ReducerOptions ro;
   ro.bucket_bytes = c.get_float("distributed.bucket_size_mb") * 1024 * 1024;
+  ro.overlap = c.get_bool("distributed.overlap");
   const auto& red = runtime_->grad_reducer_factory();
   reducer_ = red ? red(ro, model_.params, *ctx_) : make_bucketed_reducer(ro, model_.params, *ctx_);
   const auto& io = runtime_->checkpoint_io_factory();
@@ -348,11 +349,15 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.step = step;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   StepReport report = executor_->run(model_, work);
+  // Reductions launched during backward are joined by the rest now, before
+  // any hook or collective of the step's end.
+  reducer_->backward_done();
   runtime_->run_hooks(StepEvent::kAfterBackward, hc);
   flight::set_phase(flight::Phase::kGradSync);
   profile::Span sync("comm", "grad_sync");
   reducer_->reduce();
   sync.end();
+  reducer_->report(r.figures);
   if (step + 1 == train_.dump_grads_at) {
     write_grad_dump(run_.output_dir + "/grads_step" + std::to_string(step + 1), step + 1, reducer_->gradients(),
                     setup_.mesh, env_.rank);

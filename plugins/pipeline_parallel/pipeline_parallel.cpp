@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -127,6 +128,29 @@ class PipelineExecutor : public StepExecutor {
     const auto t0 = std::chrono::steady_clock::now();
     link_.take_wait_seconds();
     dist::flight::set_where("pipeline stage " + std::to_string(stage_));
+    // Receives are posted ahead: on each channel the next message this stage
+    // will take, posted again as soon as one is taken, so a peer's message
+    // lands while this stage computes.
+    using Expected = std::pair<int, MessageId>;  // peer, message
+    std::map<std::pair<int, int>, std::deque<Expected>> upcoming;  // (direction, boundary)
+    for (const Action& a : actions) {
+      const int c = a.chunk;
+      if (a.kind == Action::Kind::kForward && c > 0) {
+        upcoming[{0, c - 1}].push_back({(c - 1) % P_, {Direction::kForward, c - 1, a.mb}});
+      } else if (a.kind == Action::Kind::kBackward && c < C - 1) {
+        upcoming[{1, c}].push_back({(c + 1) % P_, {Direction::kBackward, c, a.mb}});
+      }
+    }
+    auto post_front = [&](const std::pair<int, int>& channel) {
+      auto& q = upcoming[channel];
+      if (!q.empty()) link_.prepost(q.front().first, q.front().second);
+    };
+    auto taken = [&](const std::pair<int, int>& channel) {
+      auto& q = upcoming[channel];
+      if (!q.empty()) q.pop_front();
+      post_front(channel);
+    };
+    for (const auto& kv : upcoming) post_front(kv.first);
     for (const Action& a : actions) {
       const int c = a.chunk, mb = a.mb;
       const bool fwd = a.kind == Action::Kind::kForward;
@@ -145,6 +169,7 @@ class PipelineExecutor : public StepExecutor {
           st.inputs = w.batch(mb).inputs;
         } else {
           st.inputs = link_.recv((c - 1) % P_, {Direction::kForward, c - 1, mb});
+          taken({0, c - 1});
           if (w.backward) {
             for (auto& item : st.inputs) {
               if (item.value().is_floating_point()) item.value().requires_grad_(true);
@@ -185,6 +210,7 @@ class PipelineExecutor : public StepExecutor {
           st.loss.backward();
         } else {
           Activations grads = link_.recv((c + 1) % P_, {Direction::kBackward, c, mb});
+          taken({1, c});
           std::vector<at::Tensor> outs, gs;
           for (const auto& item : st.outputs) {
             const at::Tensor& t = item.value();

@@ -77,8 +77,26 @@ at::Tensor StageLink::take(int peer, int t, std::int64_t bytes, const MessageId&
     local_.erase(it);
     return out;
   }
-  at::Tensor buf = at::empty({bytes}, at::kByte);
   const auto t0 = std::chrono::steady_clock::now();
+  auto posted = posted_.find(t);
+  if (posted != posted_.end()) {
+    std::unique_ptr<dist::Work> w = std::move(posted->second);
+    posted_.erase(posted);
+    at::Tensor buf;
+    try {
+      buf = w->wait();
+    } catch (const std::exception& e) {
+      throw dist::CommError(describe(id, peer) + ", " + what + ": " + e.what());
+    }
+    if (buf.numel() != bytes) {
+      throw std::logic_error("internal error: " + describe(id, peer) + ": a receive of " +
+                             std::to_string(buf.numel()) + " bytes was posted for a message of " +
+                             std::to_string(bytes) + ", please report");
+    }
+    wait_seconds_ += since(t0);
+    return buf;
+  }
+  at::Tensor buf = at::empty({bytes}, at::kByte);
   try {
     pp_.recv(buf, peer, t);
   } catch (const std::exception& e) {
@@ -162,10 +180,19 @@ Activations StageLink::recv(int peer, const MessageId& id) {
   return out;
 }
 
+void StageLink::prepost(int peer, const MessageId& id) {
+  if (peer == pp_.rank()) return;
+  const auto ch = recv_channels_.find({static_cast<int>(id.dir), id.boundary});
+  if (ch == recv_channels_.end() || ch->second.generation == 0) return;
+  const int t = tag(id, kData);
+  if (posted_.count(t)) return;
+  posted_[t] = pp_.irecv(at::empty({ch->second.payload_bytes + 8}, at::kByte), peer, t);
+}
+
 void StageLink::reap() {
-  std::vector<std::unique_ptr<dist::PendingSend>> still;
+  std::vector<std::unique_ptr<dist::Work>> still;
   for (auto& s : in_flight_) {
-    if (!s->done()) still.push_back(std::move(s));
+    if (!s->completed()) still.push_back(std::move(s));
   }
   in_flight_ = std::move(still);
 }

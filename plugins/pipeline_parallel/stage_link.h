@@ -27,7 +27,7 @@
 
 namespace hp::dist {
 class Group;
-class PendingSend;
+class Work;
 }  // namespace hp::dist
 
 namespace hp::pipeline {
@@ -51,6 +51,14 @@ class StageLink {
   void send(const Activations& a, int peer, const MessageId& id);
   /// Receives the Activations `peer` sent with `id` (blocks).
   Activations recv(int peer, const MessageId& id);
+
+  /// Posts the receive of message `id` from `peer` now, so its data lands
+  /// as soon as it is sent and recv() only waits for what is still on the
+  /// wire. Only once the channel's header is known (its size): the first
+  /// message of a channel is received when asked for. A message of another
+  /// size is announced by one of the old size first, so a posted receive
+  /// always fits.
+  void prepost(int peer, const MessageId& id);
 
   /// Drops sends that have completed (never blocks).
   void reap();
@@ -76,8 +84,9 @@ class StageLink {
   int chunks_;
   int stage_;
   std::map<std::pair<int, int>, Channel> send_channels_, recv_channels_;  // (dir, boundary)
-  std::vector<std::unique_ptr<dist::PendingSend>> in_flight_;
+  std::vector<std::unique_ptr<dist::Work>> in_flight_;
   std::map<int, at::Tensor> local_;  // messages to this same stage (P = 1)
+  std::map<int, std::unique_ptr<dist::Work>> posted_;  // tag -> receive posted ahead
   double wait_seconds_ = 0;
   std::int64_t headers_sent_ = 0;
 };

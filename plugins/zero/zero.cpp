@@ -86,33 +86,43 @@ struct Shards {
     }
   }
 
-  /// Buckets of cut indices, each over one shard group, of at most
-  /// bucket_bytes, in reverse model order (last layers first).
-  std::vector<std::vector<std::size_t>> buckets() const {
-    std::map<std::string, std::vector<std::size_t>> by_group;
-    for (std::size_t i = cuts.size(); i-- > 0;) by_group[cuts[i].shard_group].push_back(i);
-    std::vector<std::vector<std::size_t>> out;
-    for (const auto& [group, idx] : by_group) {
-      std::vector<std::size_t> b;
+  /// One bucket of cuts: one shard group, and either no pre-sum or one list
+  /// of pre-sum groups.
+  struct Bucket {
+    std::vector<std::size_t> cuts;
+    std::string group;
+    bool pre = false;
+  };
+
+  /// Buckets of cut indices of at most bucket_bytes, in reverse model order
+  /// (last layers first), per shard group, cuts with a pre-sum (tp for
+  /// sequence-parallel replicated parameters) in buckets of their own.
+  std::vector<Bucket> buckets() const {
+    std::map<std::pair<bool, std::string>, std::vector<std::size_t>> by_group;
+    for (std::size_t i = cuts.size(); i-- > 0;) by_group[{!cuts[i].pre_groups.empty(), cuts[i].shard_group}].push_back(i);
+    std::vector<Bucket> out;
+    for (const auto& [key, idx] : by_group) {
+      Bucket b{{}, key.second, key.first};
       double bytes = 0;
       for (std::size_t i : idx) {
         const double n = static_cast<double>(cuts[i].param.tensor.nbytes());
-        if (!b.empty() && bytes + n > bucket_bytes) {
+        if (!b.cuts.empty() && bytes + n > bucket_bytes) {
           out.push_back(b);
-          b.clear();
+          b.cuts.clear();
           bytes = 0;
         }
-        b.push_back(i);
+        b.cuts.push_back(i);
         bytes += n;
       }
-      if (!b.empty()) out.push_back(b);
+      if (!b.cuts.empty()) out.push_back(b);
     }
     return out;
   }
 
-  void reduce_scatter() {
+  /// Sums the gradients of cuts with pre-sum groups over those groups (tp
+  /// for sequence-parallel replicated parameters), before their scatter.
+  void pre_sum() {
     c10::NoGradGuard no_grad;
-    // Partial sums first (tp for sequence-parallel replicated parameters).
     std::map<std::string, std::vector<at::Tensor>> pre;
     for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {
       if (it->pre_groups.empty()) continue;
@@ -121,33 +131,43 @@ struct Shards {
       pre[joined].push_back(it->param.tensor.grad());
     }
     for (auto& [joined, grads] : pre) all_reduce_bucketed(*dist, ShardSpec::groups_of(joined), grads, bucket_bytes);
-    for (const auto& bucket : buckets()) {
-      auto& g = dist->group(cuts[bucket.front()].shard_group);
-      const int n = g.size();
-      if (n == 1) {
-        for (std::size_t i : bucket) cuts[i].slice_grad = cuts[i].param.tensor.grad();
-        continue;
+  }
+
+  /// Starts the reduce-scatter of one bucket: every member's slices
+  /// (member-major, bucket order; member m's chunk is counts[m] elements),
+  /// summed in member order so every replica adds in the same order; null
+  /// for a group of one.
+  std::unique_ptr<dist::Work> launch_scatter(const Bucket& bucket) {
+    c10::NoGradGuard no_grad;
+    auto& g = dist->group(bucket.group);
+    const int n = g.size();
+    if (n == 1) return nullptr;
+    std::vector<at::Tensor> parts;
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
+    for (int m = 0; m < n; ++m) {
+      for (std::size_t i : bucket.cuts) {
+        parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
+        counts[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
       }
-      // Member-major: every member's slices of every parameter, in bucket
-      // order; member m's chunk is counts[m] elements long.
-      std::vector<at::Tensor> parts;
-      std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
-      for (int m = 0; m < n; ++m) {
-        for (std::size_t i : bucket) {
-          parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
-          counts[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
-        }
-      }
-      // Summed in member order, so every replica adds in the same order.
-      at::Tensor sum = g.reduce_scatter(at::cat(parts), counts);
-      // The slices' gradients are views into the summed bucket (no copy).
-      std::int64_t off = 0;
-      for (std::size_t i : bucket) {
-        auto& c = cuts[i];
-        const std::int64_t k = c.numel_of(c.me);
-        c.slice_grad = sum.narrow(0, off, k).view(c.slice_grad.sizes());
-        off += k;
-      }
+    }
+    return g.reduce_scatter_async(at::cat(parts), counts);
+  }
+
+  /// Waits a bucket's reduce-scatter; the slices' gradients are views into
+  /// the summed bucket (no copy).
+  void finish_scatter(const Bucket& bucket, std::unique_ptr<dist::Work> work) {
+    c10::NoGradGuard no_grad;
+    if (!work) {
+      for (std::size_t i : bucket.cuts) cuts[i].slice_grad = cuts[i].param.tensor.grad();
+      return;
+    }
+    const at::Tensor sum = work->wait();
+    std::int64_t off = 0;
+    for (std::size_t i : bucket.cuts) {
+      auto& c = cuts[i];
+      const std::int64_t k = c.numel_of(c.me);
+      c.slice_grad = sum.narrow(0, off, k).view(c.slice_grad.sizes());
+      off += k;
     }
   }
 
@@ -160,8 +180,9 @@ struct Shards {
   /// Every replica's updated slices back into every parameter.
   void all_gather_params() {
     c10::NoGradGuard no_grad;
-    for (const auto& bucket : buckets()) {
-      auto& g = dist->group(cuts[bucket.front()].shard_group);
+    for (const auto& b : buckets()) {
+      const auto& bucket = b.cuts;
+      auto& g = dist->group(b.group);
       const int n = g.size();
       if (n == 1) continue;
       std::vector<std::int64_t> totals(static_cast<std::size_t>(n), 0);
@@ -186,10 +207,50 @@ struct Shards {
   }
 };
 
+/// Reduce-scatters gradient buckets; with distributed.overlap each bucket
+/// without a pre-sum is launched during backward as soon as its gradients
+/// are complete (BucketLauncher), those with one (tp first) after backward,
+/// once their pre-sum is done.
 class ZeroReducer : public GradReducer {
  public:
-  explicit ZeroReducer(std::shared_ptr<Shards> s) : s_(std::move(s)) {}
-  void reduce() override { s_->reduce_scatter(); }
+  ZeroReducer(std::shared_ptr<Shards> s, bool overlap) : s_(std::move(s)) {
+    plan_ = s_->buckets();
+    std::vector<std::vector<std::size_t>> members, queues;
+    std::vector<bool> hooked;
+    std::map<std::pair<bool, std::string>, std::size_t> queue_of;  // hooked queues sort first
+    for (std::size_t b = 0; b < plan_.size(); ++b) {
+      std::vector<std::size_t> params;
+      for (auto i : plan_[b].cuts) params.push_back(i);
+      members.push_back(params);
+      const bool hook = !plan_[b].pre && s_->dist->group(plan_[b].group).size() > 1;
+      queue_of.emplace(std::make_pair(!hook, plan_[b].group), 0);
+    }
+    for (auto& [key, q] : queue_of) {
+      q = queues.size();
+      queues.emplace_back();
+      hooked.push_back(!key.first);
+    }
+    for (std::size_t b = 0; b < plan_.size(); ++b) {
+      const bool hook = !plan_[b].pre && s_->dist->group(plan_[b].group).size() > 1;
+      queues[queue_of.at({!hook, plan_[b].group})].push_back(b);
+    }
+    works_.resize(plan_.size());
+    std::vector<ParamEntry> params;
+    for (const auto& c : s_->cuts) params.push_back(c.param);
+    launcher_ = std::make_unique<BucketLauncher>(params, std::move(members), std::move(queues), std::move(hooked),
+                                                 overlap, s_->dist->rank(), [this](std::size_t b) { launch(b); });
+  }
+  void backward_done() override { launcher_->flush(); }
+  void reduce() override {
+    launcher_->flush();
+    for (std::size_t b = 0; b < plan_.size(); ++b) s_->finish_scatter(plan_[b], std::move(works_[b]));
+    pre_summed_ = false;
+    launcher_->end_step();
+  }
+  void report(std::map<std::string, double>& figures) const override {
+    figures["grad_buckets"] = static_cast<double>(launcher_->size());
+    figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
+  }
   double clip(double max_norm) override {
     const auto grads = s_->gradients();
     const double norm = global_grad_norm(*s_->dist, grads);
@@ -199,7 +260,20 @@ class ZeroReducer : public GradReducer {
   std::vector<ParamEntry> gradients() const override { return s_->gradients(); }
 
  private:
+  void launch(std::size_t b) {
+    if (plan_[b].pre && !pre_summed_) {
+      // Buckets with a pre-sum launch only after backward, after every
+      // other bucket: the pre-sum over their groups happens once, here.
+      s_->pre_sum();
+      pre_summed_ = true;
+    }
+    works_[b] = s_->launch_scatter(plan_[b]);
+  }
   std::shared_ptr<Shards> s_;
+  std::vector<Shards::Bucket> plan_;
+  std::vector<std::unique_ptr<dist::Work>> works_;
+  std::unique_ptr<BucketLauncher> launcher_;
+  bool pre_summed_ = false;
 };
 
 class ZeroOptimizer : public NamedStateOptimizer {
@@ -264,7 +338,7 @@ class ZeroFeature : public Feature {
                                          dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
       (*shards)->bucket_bytes = o.bucket_bytes;
-      return std::make_unique<ZeroReducer>(*shards);
+      return std::make_unique<ZeroReducer>(*shards, o.overlap);
     });
   }
 };

@@ -1,0 +1,94 @@
+"""Fraction of gradient-reduction time hidden behind backward, from an hp-train
+profile (run.profile.enabled): per rank, the time of the asynchronous
+all_reduce spans (Chrome "X" events, category "comm", name "all_reduce",
+args.async = 1) that lies inside a backward span (category "compute", name
+"backward") of the same rank, over the total time of those all_reduce spans.
+Standard library only.
+
+  python3 bench/trace_overlap.py RUN_DIR_OR_TRACE_JSON...
+
+A run directory is read through its merged trace.json (one pid per rank), or
+its trace/rank*.json when there is no merged file.
+"""
+
+import glob
+import json
+import os
+import sys
+
+
+def load_events(path):
+    if os.path.isdir(path):
+        merged = os.path.join(path, "trace.json")
+        files = [merged] if os.path.exists(merged) else sorted(glob.glob(os.path.join(path, "trace", "rank*.json")))
+    else:
+        files = [path]
+    events = []
+    for i, f in enumerate(files):
+        with open(f) as fh:
+            d = json.load(fh)
+        evs = d.get("traceEvents", []) if isinstance(d, dict) else d
+        for e in evs:
+            # Per-rank files may all say pid 0: tell them apart by file.
+            events.append((e.get("pid", 0) if len(files) == 1 else (i, e.get("pid", 0)), e))
+    return files, events
+
+
+def is_async(e):
+    v = (e.get("args") or {}).get("async")
+    return v in (1, True, "1", "true")
+
+
+def union(intervals):
+    out = []
+    for b, e in sorted(intervals):
+        if out and b <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([b, e])
+    return out
+
+
+def covered(b, e, merged):
+    return sum(max(0.0, min(e, me) - max(b, mb)) for mb, me in merged)
+
+
+def analyse(path):
+    files, events = load_events(path)
+    if not files:
+        print(f"{path}: no trace.json nor trace/rank*.json (was run.profile.enabled on?)")
+        return None
+    backward, reduce_async, reduce_sync = {}, {}, {}
+    for rank, e in events:
+        if e.get("ph") != "X":
+            continue
+        span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        if e.get("cat") == "compute" and e.get("name") == "backward":
+            backward.setdefault(rank, []).append(span)
+        elif e.get("cat") == "comm" and e.get("name") == "all_reduce":
+            (reduce_async if is_async(e) else reduce_sync).setdefault(rank, []).append(span)
+    n_sync = sum(len(v) for v in reduce_sync.values())
+    if not reduce_async:
+        print(f"{path}: no asynchronous all_reduce spans (args.async = 1) on any rank; "
+              f"{n_sync} synchronous all_reduce span(s): nothing hidden to measure")
+        return None
+    total = hidden = 0.0
+    for rank in sorted(reduce_async, key=str):
+        merged = union(backward.get(rank, []))
+        t = sum(e - b for b, e in reduce_async[rank])
+        h = sum(covered(b, e, merged) for b, e in reduce_async[rank])
+        total, hidden = total + t, hidden + h
+        print(f"  rank {rank}: {len(reduce_async[rank])} async all_reduce spans, {t / 1e3:.1f} ms, "
+              f"{h / 1e3:.1f} ms inside backward ({100 * h / t if t else 0:.1f}%)")
+    frac = hidden / total if total else 0.0
+    print(f"{path}: fraction of gradient-reduction time hidden behind backward: {100 * frac:.1f}% "
+          f"({hidden / 1e3:.1f} of {total / 1e3:.1f} ms of async all_reduce, all ranks; "
+          f"{n_sync} synchronous all_reduce span(s) not counted)")
+    return frac
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: trace_overlap.py RUN_DIR_OR_TRACE_JSON...")
+    for p in sys.argv[1:]:
+        analyse(p)
