@@ -22,7 +22,9 @@
 # Environment: HP_BIN (default build/bin), BENCH_PYTHON (a python with torch;
 # default /usr/bin/python3, Debian's torch), BENCH_REPS (5), BENCH_SIZES
 # ("small large"), BENCH_STEPS_SMALL (20), BENCH_STEPS_LARGE (6),
-# BENCH_WARMUP (3 steps skipped per run), BENCH_QUICK=1 (smoke test: 1
+# BENCH_WARMUP (3 steps skipped per run), BENCH_ONLY (an extended regular
+# expression: only the variants whose "size/name" matches run, e.g.
+# 'small/|large/(pt|hp)_2x1'), BENCH_QUICK=1 (smoke test: 1
 # repetition, 4 steps with 2 of warm-up, small size only unless BENCH_SIZES
 # says otherwise). The figures mean something only on an otherwise idle
 # machine (the load average is printed before and after): other work on the
@@ -115,6 +117,7 @@ YAML
   checked=no
   for rep in $(seq 1 "$REPS"); do
     while IFS='|' read -r name fw ranks bucket overlap zero match; do
+      [[ "$size/$name" =~ ${BENCH_ONLY:-.} ]] || continue
       out="$W/$size.$name.$rep"
       if [[ "$fw" == hp ]]; then
         run_hp "$size" "$name" "$ranks" "$bucket" "$overlap" "$zero" "$out"

@@ -39,8 +39,12 @@ std::vector<std::string> diagnose(const Heartbeat& waiting, const std::string& g
   const GroupProgress& mine = git->second;
   const Entry& e = mine.current;
   const std::string head = "stall on group '" + group + "': ";
+  // An operation issued ahead (an asynchronous reduction launched during
+  // backward, a receive posted early) says where it was issued and where the
+  // rank is now.
+  const std::string issued = describe(e.action), now_at = describe(waiting.action);
   const std::string tail = "; rank " + std::to_string(waiting.rank) + " has waited " + secs(waited) + " in " + e.op +
-                           " (" + describe(e.action) + ")";
+                           " (" + (issued == now_at ? issued : "issued in " + issued + "; now in " + now_at) + ")";
   if (e.kind == Kind::kCollective) {
     bool all_in = true;
     for (int m : mine.members) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Gradient reduction overlapped with backward (distributed.overlap) against
-# the blocking path, bitwise: losses of every step and the gradients of
+# the blocking path, bitwise, and the same bytes per step per group and
+# operation (metrics.jsonl comm_bytes_*): losses of every step and the gradients of
 # step 2 (step 1 counts each parameter's gradients and reduces after
 # backward; from step 2 buckets launch from the accumulator hooks). Small
 # buckets (4 KiB) so the model makes many. Layouts: dp=2, tp=2 x dp=2,
@@ -31,6 +32,18 @@ check() {  # NAME NPROC EXPECT_EARLY(yes|no) ARGS...
   echo "== $name: overlap on vs off"
   "$BIN/hp-compare" "$WORK/${name}_off" "$WORK/${name}_on" --exact --grads-step 2 --phase "overlapped gradient reduction" \
     || fail "$name: overlap changed the numbers"
+  python3 - "$WORK/${name}_off" "$WORK/${name}_on" <<'PY' || fail "$name: overlap changed the bytes sent per step"
+import json, sys
+def steps(d):
+    return {j["step"]: {k: v for k, v in j.items() if k.startswith("comm_bytes")}
+            for j in map(json.loads, open(d + "/metrics.jsonl")) if "step" in j and "loss" in j}
+off, on = steps(sys.argv[1]), steps(sys.argv[2])
+for s in sorted(off):
+    if off[s] != on.get(s):
+        diff = sorted(k for k in set(off[s]) | set(on.get(s, {})) if off[s].get(k) != on.get(s, {}).get(k))
+        sys.exit(f"step {s}: bytes per group and op differ: {diff[:4]}")
+print(f"-- bytes per step per group and op equal at steps {sorted(off)} ({len(off[max(off)])} series)")
+PY
   read -r e_on total < <(early "$WORK/${name}_on" 2)
   read -r e_off _ < <(early "$WORK/${name}_off" 2)
   if [[ $want == no ]]; then

@@ -137,6 +137,19 @@ TEST(FlightDiagnosis, AStoppedHeartbeatIsNamedAsSuch) {
                      "has waited 12.0 s in all_reduce (step 29, gradient sync)");
 }
 
+TEST(FlightDiagnosis, AnOperationIssuedAheadSaysWhereItWasIssuedAndWhereTheRankIsNow) {
+  // A bucket's all-reduce launched during backward, waited in gradient sync.
+  auto me = beat(0, 100.0, {29, flight::Phase::kBackward, 3}, 57, "all_reduce", 88.0);
+  me.action = {29, flight::Phase::kGradSync};
+  auto other = beat(1, 99.6, {29, flight::Phase::kBackward, 1}, 56, "");
+  auto lines = flight::diagnose(me, "dp", 12.0, {{1, other}}, 100.0, 1.0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "stall on group 'dp': rank 1 has not entered all_reduce #57 (it is in step 29, backward of micro-batch 1; "
+            "last heartbeat 0.4 s ago); rank 0 has waited 12.0 s in all_reduce (issued in step 29, backward of "
+            "micro-batch 3; now in step 29, gradient sync)");
+}
+
 TEST(FlightDiagnosis, DifferentCallsAtOneSequenceNumberAreAMismatch) {
   auto me = beat(0, 100.0, {3, flight::Phase::kForward, 0}, 5, "all_reduce", 97.0);
   auto other = beat(1, 99.9, {3, flight::Phase::kForward, 0}, 5, "broadcast", 97.0);
@@ -173,6 +186,7 @@ std::pair<flight::Heartbeat, flight::Heartbeat> stage_receive(std::uint64_t sent
   g.current.peer = 0;
   g.current.seq = 6;
   g.current.action = {4, flight::Phase::kForward, 5, 1, "pipeline stage 1"};
+  me.action = g.current.action;  // waiting where it posted the receive
   me.groups["pp"] = g;
   flight::Heartbeat peer;
   peer.rank = 0;
