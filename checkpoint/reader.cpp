@@ -10,6 +10,7 @@
 
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
+#include "checkpoint/file_names.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp::ckpt {
@@ -60,7 +61,7 @@ struct CheckpointReader::Impl {
 };
 
 std::string CheckpointReader::latest(const std::string& root) {
-  const fs::path pointer = fs::path(root) / "latest";
+  const fs::path pointer = fs::path(root) / kLatestFileName;
   std::error_code ec;
   if (!fs::exists(pointer, ec)) {
     return "";
@@ -90,7 +91,7 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
   if (!fs::is_directory(impl_->dir, ec)) {
     throw CheckpointError("checkpoint directory " + impl_->dir + " does not exist");
   }
-  impl_->manifest_path = (fs::path(impl_->dir) / "manifest.json").string();
+  impl_->manifest_path = (fs::path(impl_->dir) / kManifestFileName).string();
   impl_->manifest = load_manifest(impl_->manifest_path);
   for (const auto& [name, record] : impl_->manifest.tensors) {
     const auto problem = tiling_problem(record);
@@ -99,7 +100,7 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
                             name + "' do not tile its global shape: " + problem);
     }
   }
-  const std::string state_path = (fs::path(impl_->dir) / "state.json").string();
+  const std::string state_path = (fs::path(impl_->dir) / kStateFileName).string();
   const std::string text = detail::read_text_file(state_path);
   // The run state is protected like the tensors: its checksum is in the
   // manifest, and its step must be the manifest's.

@@ -13,6 +13,7 @@
 #include "backends/fault/fault.h"
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
+#include "checkpoint/file_names.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp::ckpt {
@@ -20,30 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using detail::format_shape;
-
-constexpr const char* kPartPrefix = "shards-rank";
-constexpr const char* kPartSuffix = ".json";
-
-std::string part_file_name(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%s%05d%s", kPartPrefix, rank, kPartSuffix);
-  return buf;
-}
-
-/// The rank of a "shards-rank%05d.json" name, or -1.
-int part_rank(const std::string& name) {
-  const std::string prefix = kPartPrefix;
-  const std::string suffix = kPartSuffix;
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    return -1;
-  }
-  const auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
-    return -1;
-  }
-  return std::stoi(digits);
-}
 
 /// The step of a committed "step_<digits>" directory name, or -1.
 std::int64_t committed_step(const std::string& name) {
@@ -139,11 +116,7 @@ void prune(const fs::path& root, std::int64_t committed, int keep) {
 
 }  // namespace
 
-std::string CheckpointWriter::step_dir_name(std::int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
+std::string CheckpointWriter::step_dir_name(std::int64_t step) { return ckpt::step_dir_name(step); }
 
 CheckpointWriter::CheckpointWriter(std::string root_dir, std::int64_t step, int rank)
     : root_(std::move(root_dir)), step_(step), rank_(rank) {
@@ -152,7 +125,7 @@ CheckpointWriter::CheckpointWriter(std::string root_dir, std::int64_t step, int 
                           std::to_string(step) + ") and rank (" + std::to_string(rank) +
                           ") must be non-negative");
   }
-  staging_ = (fs::path(root_) / (step_dir_name(step) + ".tmp")).string();
+  staging_ = ckpt::staging_dir(root_, step);
   std::error_code ec;
   fs::create_directories(staging_, ec);
   if (ec && !fs::is_directory(staging_)) {
@@ -169,7 +142,7 @@ void CheckpointWriter::prepare(const std::string& root, std::int64_t step) {
   }
   const fs::path final_dir = fs::path(root) / step_dir_name(step);
   for (const auto& stale :
-       {fs::path(final_dir.string() + ".tmp"), fs::path(final_dir.string() + ".old")}) {
+       {fs::path(ckpt::staging_dir(root, step)), fs::path(final_dir.string() + ".old")}) {
     fs::remove_all(stale, ec);
     if (ec) {
       throw CheckpointError("cannot remove the stale checkpoint directory " + stale.string() +
@@ -186,8 +159,9 @@ void CheckpointWriter::write_file(const std::string& file_name,
                           " already called finish_rank()");
   }
   if (file_name.empty() || file_name.find('/') != std::string::npos || file_name[0] == '.' ||
-      file_name == "manifest.json" || file_name == kManifestChecksumFile ||
-      file_name == "state.json" || file_name == kConfigFileName || part_rank(file_name) >= 0) {
+      file_name == kManifestFileName || file_name == kManifestChecksumFile ||
+      file_name == kStateFileName || file_name == kConfigFileName ||
+      part_file_rank(file_name) >= 0) {
     throw CheckpointError("cannot write checkpoint file '" + file_name + "' in " + staging_ +
                           ": the name must be a plain file name, not starting with '.', and not "
                           "manifest.json, manifest.json.xxh64, state.json, config.yaml or "
@@ -253,6 +227,20 @@ void CheckpointWriter::write_file(const std::string& file_name,
   fault::hit("checkpoint.after_files");
 }
 
+void CheckpointWriter::write_rank(const std::vector<ShardedTensor>& model,
+                                  const std::vector<ShardedTensor>& optim) {
+  if (!model.empty()) {
+    current_file_ = model_file_name(rank_);
+    write_file(current_file_, model);
+  }
+  if (!optim.empty()) {
+    current_file_ = optim_file_name(rank_);
+    write_file(current_file_, optim);
+  }
+  current_file_ = part_file_name(rank_);
+  finish_rank();
+}
+
 void CheckpointWriter::finish_rank() {
   if (finished_) {
     throw CheckpointError("rank " + std::to_string(rank_) + " called finish_rank() twice for " +
@@ -274,7 +262,7 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
                               const std::vector<int>& writers) {
   const fs::path root_dir(root);
   const std::string name = step_dir_name(step);
-  const fs::path staging = root_dir / (name + ".tmp");
+  const fs::path staging = ckpt::staging_dir(root, step);
   const fs::path final_dir = root_dir / name;
   const std::string what =
       "cannot commit checkpoint step " + std::to_string(step) + " in " + root + ": ";
@@ -287,7 +275,7 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   std::map<int, fs::path> parts;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(staging, ec)) {
-    const int r = part_rank(entry.path().filename().string());
+    const int r = part_file_rank(entry.path().filename().string());
     if (r >= 0) {
       parts.emplace(r, entry.path());
     }
@@ -388,10 +376,10 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   // The manifest's own checksum lives beside it (a file cannot hold the hash
   // of its own bytes); both are in place before the rename commits the step.
   const std::string manifest_text = manifest_to_json(manifest).dump(2);
-  detail::write_file_durable((staging / "manifest.json").string(), manifest_text);
+  detail::write_file_durable((staging / kManifestFileName).string(), manifest_text);
   detail::write_file_durable((staging / kManifestChecksumFile).string(),
                              manifest_checksum_text(manifest_text));
-  detail::write_file_durable((staging / "state.json").string(), state_text);
+  detail::write_file_durable((staging / kStateFileName).string(), state_text);
   if (!config_text.empty()) {
     detail::write_file_durable((staging / kConfigFileName).string(), config_text);
   }
@@ -404,7 +392,7 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   install_step_dir(root_dir, staging, final_dir);
 
   fault::hit("checkpoint.before_latest");
-  detail::replace_file_atomically((root_dir / "latest").string(), name + "\n");
+  detail::replace_file_atomically((root_dir / kLatestFileName).string(), name + "\n");
 
   if (keep > 0) {
     prune(root_dir, step, keep);

@@ -4,8 +4,7 @@
 //   rank 0:      CheckpointWriter::prepare(root, step);   // drops a stale step_X.tmp
 //   all ranks:   barrier
 //                CheckpointWriter w(root, step, rank);
-//                w.write_file("model-rank00003.safetensors", {{"w", local, global, offsets}});
-//                w.finish_rank();
+//                w.write_rank(model, optim);   // or write_file(...) calls, then finish_rank()
 //   all ranks:   barrier
 //   rank 0:      CheckpointWriter::commit(root, step, state, layout, config_yaml, keep);
 //
@@ -28,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/file_names.h"
 #include "checkpoint/manifest.h"
 
 namespace hp::ckpt {
@@ -69,6 +69,14 @@ class CheckpointWriter {
   /// fsync. Every rank calls it once, even one that wrote no file.
   void finish_rank();
 
+  /// This rank's whole part, as every checkpoint IO writes it: `model` into
+  /// model_file_name(rank) and `optim` into optim_file_name(rank)
+  /// (file_names.h; an empty list writes no file), then finish_rank().
+  void write_rank(const std::vector<ShardedTensor>& model, const std::vector<ShardedTensor>& optim);
+  /// The file write_rank() is writing, or wrote last ("(none)" before it
+  /// starts): what an error message names when it throws.
+  const std::string& current_file() const { return current_file_; }
+
   /// Rank 0, after every rank's finish_rank (a barrier): merges the ranks'
   /// parts into manifest.json (its xxh64 in manifest.json.xxh64), checking that every tensor's shards tile its
   /// global shape exactly and that the parts agree on its global shape, dtype
@@ -85,7 +93,7 @@ class CheckpointWriter {
                      const Layout& layout, const std::string& config_text, int keep = 0,
                      const std::vector<int>& writers = {});
 
-  /// "step_00000100"
+  /// "step_00000100" (ckpt::step_dir_name, file_names.h).
   static std::string step_dir_name(std::int64_t step);
 
   const std::string& staging_dir() const { return staging_; }
@@ -100,6 +108,7 @@ class CheckpointWriter {
   std::map<std::string, TensorRecord> shards_;
   std::vector<std::string> files_;
   bool finished_ = false;
+  std::string current_file_ = "(none)";
 };
 
 }  // namespace hp::ckpt

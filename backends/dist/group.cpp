@@ -310,31 +310,65 @@ std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t, std::int6
                                std::to_string(n));
   }
   if (n == 1) return local("reduce_scatter", t.clone());
-  // Chunk i goes to member i: lay the chunks out along dim 0, exchange them
-  // with one all-to-all, then reduce the n received chunks locally. Every
-  // member adds in the same order (member 0 first), so results agree bitwise.
-  at::Tensor work = needs_upcast(t) ? t.to(at::kFloat) : t;
+  // Chunk i goes to member i: lay the chunks out along dim 0 and scatter them.
   const std::int64_t chunk = t.size(dim) / n;
-  std::vector<std::int64_t> shape = work.sizes().vec();
+  std::vector<std::int64_t> shape = t.sizes().vec();
   shape[dim] = chunk;
   shape.insert(shape.begin() + dim, n);
-  at::Tensor send = work.reshape(shape).movedim(dim, 0).contiguous();
-  at::Tensor recv = at::empty_like(send);
-  std::vector<std::int64_t> counts;  // empty -> even split
+  // Member i's chunk is then rows [i * per, (i + 1) * per) of `rows`, and
+  // the sum of the chunks has the shape of the result.
+  at::Tensor rows = t.reshape(shape).movedim(dim, 0).flatten(0, 1);
+  return reduce_scatter_async(rows, std::vector<std::int64_t>(n, rows.size(0) / n), op);
+}
+
+at::Tensor Group::reduce_scatter(const at::Tensor& t, const std::vector<std::int64_t>& counts,
+                                 ReduceKind op) {
+  return wait_here(reduce_scatter_async(t, counts, op));
+}
+
+std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t,
+                                                  const std::vector<std::int64_t>& counts,
+                                                  ReduceKind op) {
+  const auto n = static_cast<std::int64_t>(size());
+  std::int64_t total = 0;
+  for (auto c : counts) total += c;
+  if (static_cast<std::int64_t>(counts.size()) != n || total != t.size(0)) {
+    fail("reduce_scatter", "expected " + std::to_string(n) + " chunk lengths adding up to the " +
+                               std::to_string(t.size(0)) + " rows of the tensor, got " +
+                               std::to_string(counts.size()) + " adding up to " +
+                               std::to_string(total));
+  }
+  if (n == 1) return local("reduce_scatter", t.clone());
+  // One all-to-all exchanges the chunks, then the n received copies of this
+  // member's chunk are reduced locally. Every member adds in the same order
+  // (member 0 first), so results agree bitwise.
+  at::Tensor send = (needs_upcast(t) ? t.to(at::kFloat) : t).contiguous();
+  const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
+  std::vector<std::int64_t> recv_shape = send.sizes().vec();
+  recv_shape[0] = n * mine;
+  at::Tensor recv = at::empty(recv_shape, send.options());
+  std::vector<std::int64_t> parts_shape = recv_shape;  // [n, mine, ...]
+  parts_shape[0] = mine;
+  parts_shape.insert(parts_shape.begin(), n);
+  std::vector<std::int64_t> send_counts = counts, recv_counts(static_cast<std::size_t>(n), mine);
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
+  const std::uint64_t row = t.size(0) ? nbytes(send) / static_cast<std::uint64_t>(t.size(0)) : 0;
   const auto dtype = t.scalar_type();
   return launch(
-      "reduce_scatter", nbytes(send) / n * (n - 1),
-      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(recv, send, counts, counts, o); },
-      flight::Kind::kCollective, -1, [send, recv, op, n, dtype]() {
+      "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
+      [&](c10d::ProcessGroup& pg) {
+        return pg.alltoall_base(recv, send, recv_counts, send_counts, o);
+      },
+      flight::Kind::kCollective, -1, [send, recv, parts_shape, op, n, dtype]() {
+        const at::Tensor parts = recv.view(parts_shape);
         at::Tensor out;
         switch (op) {
-          case ReduceKind::kMax: out = std::get<0>(recv.max(0)); break;
-          case ReduceKind::kMin: out = std::get<0>(recv.min(0)); break;
+          case ReduceKind::kMax: out = std::get<0>(parts.max(0)); break;
+          case ReduceKind::kMin: out = std::get<0>(parts.min(0)); break;
           default: {
-            out = recv[0].clone();
-            for (std::int64_t i = 1; i < n; ++i) out.add_(recv[i]);
+            out = parts[0].clone();
+            for (std::int64_t i = 1; i < n; ++i) out.add_(parts[i]);
             if (op == ReduceKind::kAvg) out.div_(n);
           }
         }

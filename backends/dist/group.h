@@ -113,6 +113,15 @@ class Group {
                             ReduceKind op = ReduceKind::kSum);
   std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& t, std::int64_t dim = 0,
                                              ReduceKind op = ReduceKind::kSum);
+  /// Same with chunks of any length: the rows of `t` (dim 0) are cut into
+  /// consecutive chunks of `counts[i]` rows for member i (every member gives
+  /// the same counts); the sum of this member's chunks (`counts[rank()]`
+  /// rows). The even form above is this with equal counts.
+  at::Tensor reduce_scatter(const at::Tensor& t, const std::vector<std::int64_t>& counts,
+                            ReduceKind op = ReduceKind::kSum);
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& t,
+                                             const std::vector<std::int64_t>& counts,
+                                             ReduceKind op = ReduceKind::kSum);
   /// Rows of `t` (dim 0) are sent in chunks of `send_counts[i]` to member i;
   /// returns the rows received, `recv_counts[i]` from member i.
   at::Tensor all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,

@@ -11,14 +11,6 @@
 
 namespace hp {
 
-std::pair<std::int64_t, std::int64_t> split_range(std::int64_t total, std::int64_t parts,
-                                                  std::int64_t index) {
-  const std::int64_t base = total / parts, extra = total % parts;
-  const std::int64_t length = base + (index < extra ? 1 : 0);
-  const std::int64_t offset = index * base + std::min(index, extra);
-  return {offset, length};
-}
-
 namespace {
 /// FNV-1a over the name, mixed with the seed (splitmix64 finaliser).
 std::uint64_t name_seed(std::uint64_t seed, const std::string& name) {
@@ -73,10 +65,11 @@ at::Tensor BuildContext::param(torch::nn::Module& module, const std::string& glo
     return param_slice(module, global_name, local_name, global_shape, init, -1, 0, 0, "",
                        grad_sync_group);
   }
-  auto [off, len] = split_range(global_shape[static_cast<std::size_t>(split_dim)],
-                                group_size(split_group), group_rank(split_group));
-  return param_slice(module, global_name, local_name, global_shape, init, split_dim, off, len,
-                     split_group, grad_sync_group);
+  const auto box =
+      dist::slice_box(global_shape, split_dim, group_size(split_group), group_rank(split_group));
+  const auto d = static_cast<std::size_t>(split_dim);
+  return param_slice(module, global_name, local_name, global_shape, init, split_dim,
+                     box.offsets[d], box.lengths[d], split_group, grad_sync_group);
 }
 
 at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::string& global_name,
@@ -102,7 +95,7 @@ at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::strin
     spec.offset = offset;
     spec.length = length;
     spec.split_group = split_group;
-    local = full.narrow(split_dim, offset, length).clone();
+    local = dist::slice_of(full, dist::range_box(global_shape, split_dim, offset, length)).clone();
   }
   at::Tensor p = module.register_parameter(local_name, local.contiguous());
   params_.push_back({spec, p});

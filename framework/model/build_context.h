@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/dist/slice.h"
 #include "framework/model/activations.h"
 #include "framework/model/shard_spec.h"
 
@@ -51,9 +52,8 @@ using Wrapper = std::function<Activations(const ForwardFn& inner, const Activati
 using WrapperFilter = std::function<bool(int block_index, const std::string& block_name)>;
 
 /// [offset, length) of part `index` when `total` is split into `parts`
-/// nearly equal pieces (the first `total % parts` pieces one longer).
-std::pair<std::int64_t, std::int64_t> split_range(std::int64_t total, std::int64_t parts,
-                                                  std::int64_t index);
+/// nearly equal pieces (backends/dist/slice.h).
+using dist::split_range;
 
 class BuildContext {
  public:

@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "backends/dist/context.h"
+#include "backends/dist/gather.h"
 #include "checkpoint/checkpoint.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
@@ -20,12 +20,6 @@
 namespace hp {
 
 namespace {
-std::string rank_file(const char* kind, int rank) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-rank%05d.safetensors", kind, rank);
-  return buf;
-}
-
 std::string hex_of(const at::Tensor& s) {
   static const char* digits = "0123456789abcdef";
   std::string out;
@@ -35,27 +29,6 @@ std::string hex_of(const at::Tensor& s) {
     out += digits[p[i] & 15];
   }
   return out;
-}
-
-/// Concatenation along `dim` of every member's `t` (lengths may differ).
-at::Tensor gather_along(dist::Group& g, const at::Tensor& t, std::int64_t dim) {
-  // Exchange lengths, pad to the longest, gather, then trim.
-  at::Tensor len = at::full({1}, t.size(dim), at::kLong);
-  auto lens = g.all_gather_list(len);
-  std::int64_t longest = 0;
-  for (const auto& l : lens) longest = std::max(longest, l.item<std::int64_t>());
-  at::Tensor padded = t.detach();
-  if (t.size(dim) < longest) {
-    auto shape = t.sizes().vec();
-    shape[static_cast<std::size_t>(dim)] = longest - t.size(dim);
-    padded = at::cat({padded, at::zeros(shape, t.options())}, dim);
-  }
-  auto parts = g.all_gather_list(padded.contiguous());
-  std::vector<at::Tensor> trimmed;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    trimmed.push_back(parts[i].narrow(dim, 0, lens[i].item<std::int64_t>()));
-  }
-  return at::cat(trimmed, dim);
 }
 }  // namespace
 
@@ -78,10 +51,14 @@ at::Tensor gather_full(dist::DistributedContext& d, const ShardSpec& spec, const
   // Inner levels hold consecutive sub-ranges of the outer slice, in member order.
   for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
     auto& g = d.group(*it);
-    if (g.size() > 1) out = gather_along(g, out, spec.split_dim);
+    if (g.size() > 1) {
+      out = at::cat(dist::all_gather_uneven(g, out, spec.split_dim), spec.split_dim);
+    }
   }
   return out;
 }
+
+namespace {
 
 std::vector<std::string> rng_states_by_rank(dist::DistributedContext& d) {
   // Pipeline stages draw different streams: a resume on the same layout
@@ -108,10 +85,6 @@ nlohmann::json run_state_json(const SavedState& state, const std::vector<std::st
   return s;
 }
 
-std::string checkpoint_config_text(const Config& config) { return config.to_yaml(); }
-
-namespace {
-
 /// "a, b, c, d and 12 more"
 std::string some_names(const std::vector<std::string>& names, std::size_t shown = 4) {
   std::string out;
@@ -132,24 +105,8 @@ std::set<std::string> names_over_world(dist::DistributedContext& d,
                                        const std::vector<std::string>& mine) {
   std::string text;
   for (const auto& n : mine) text += n + "\n";
-  auto& world = d.group("world");
-  std::vector<std::string> texts{text};
-  if (world.size() > 1) {
-    at::Tensor len = at::full({1}, static_cast<std::int64_t>(text.size()), at::kLong);
-    auto lens = world.all_gather_list(len);
-    std::int64_t longest = 1;
-    for (const auto& l : lens) longest = std::max(longest, l.item<std::int64_t>());
-    at::Tensor buf = at::zeros({longest}, at::kByte);
-    std::memcpy(buf.data_ptr(), text.data(), text.size());
-    auto all = world.all_gather_list(buf);
-    texts.clear();
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      texts.emplace_back(static_cast<const char*>(all[i].data_ptr()),
-                         static_cast<std::size_t>(lens[i].item<std::int64_t>()));
-    }
-  }
   std::set<std::string> out;
-  for (const auto& t : texts) {
+  for (const auto& t : dist::all_gather_text(d.group("world"), text)) {
     std::size_t b = 0;
     for (std::size_t e = t.find('\n'); e != std::string::npos; b = e + 1, e = t.find('\n', b)) {
       out.insert(t.substr(b, e - b));
@@ -159,7 +116,7 @@ std::set<std::string> names_over_world(dist::DistributedContext& d,
 }
 
 bool in_optimizer_file(const ckpt::TensorRecord& r) {
-  return !r.shards.empty() && r.shards.front().file.rfind("optim", 0) == 0;
+  return !r.shards.empty() && ckpt::is_optimizer_file(r.shards.front().file);
 }
 
 }  // namespace
@@ -274,7 +231,9 @@ std::string CheckpointOptions::resume_dir() const {
   if (resume == "never") return "";
   if (resume == "auto") return ckpt::CheckpointReader::latest(root);
   std::error_code ec;
-  if (std::filesystem::exists(std::filesystem::path(resume) / "manifest.json", ec)) return resume;
+  if (std::filesystem::exists(std::filesystem::path(resume) / ckpt::kManifestFileName, ec)) {
+    return resume;
+  }
   std::string latest = ckpt::CheckpointReader::latest(resume);
   if (latest.empty()) {
     throw std::runtime_error("checkpoint.resume = " + resume +
@@ -282,6 +241,32 @@ std::string CheckpointOptions::resume_dir() const {
                              "checkpoint root with a 'latest' pointer");
   }
   return latest;
+}
+
+std::function<void()> step_commit(dist::DistributedContext& d, const CheckpointOptions& o,
+                                  std::int64_t step, const SavedState& state,
+                                  const Config& config, std::vector<int> writers) {
+  const auto rngs = rng_states_by_rank(d);
+  return [root = o.root, step, run_state = run_state_json(state, rngs, config, d),
+          layout = d.mesh().sizes(), config_text = config.to_yaml(), keep = o.keep,
+          writers = std::move(writers)] {
+    ckpt::CheckpointWriter::commit(root, step, run_state, layout, config_text, keep, writers);
+  };
+}
+
+void begin_save(dist::DistributedContext& d, const std::string& root, std::int64_t step) {
+  if (d.rank() == 0) ckpt::CheckpointWriter::prepare(root, step);
+  d.group("world").barrier();
+}
+
+void save_step(dist::DistributedContext& d, const std::string& root, std::int64_t step,
+               const std::function<void()>& write, const std::function<void()>& commit) {
+  auto& world = d.group("world");
+  begin_save(d, root, step);
+  write();
+  world.barrier();
+  if (d.rank() == 0) commit();
+  world.barrier();
 }
 
 namespace {
@@ -295,9 +280,6 @@ class GatheredCheckpointIO : public CheckpointIO {
             const std::vector<ParamEntry>& optimizer_state, const SavedState& state) override {
     const int rank = dist_.rank();
     const auto& mesh = dist_.mesh();
-    auto& world = dist_.group("world");
-    if (rank == 0) ckpt::CheckpointWriter::prepare(o_.root, step);
-    world.barrier();
     auto full = [&](const std::vector<ParamEntry>& entries) {
       std::vector<ckpt::ShardedTensor> out;
       for (const auto& e : entries) {
@@ -308,23 +290,15 @@ class GatheredCheckpointIO : public CheckpointIO {
       }
       return out;
     };
-    // Every rank takes part in the gathers; only the leaders keep the result.
-    auto model = full(params);
-    const auto rngs = rng_states_by_rank(dist_);
-    auto optim = full(optimizer_state);
-    if (mesh.is_leader(rank)) {
-      ckpt::CheckpointWriter w(o_.root, step, rank);
-      w.write_file(rank_file("model", rank), model);
-      if (!optim.empty()) w.write_file(rank_file("optim", rank), optim);
-      w.finish_rank();
-    }
-    world.barrier();
-    if (rank == 0) {
-      ckpt::CheckpointWriter::commit(o_.root, step, run_state_json(state, rngs, config_, dist_),
-                                     mesh.sizes(), checkpoint_config_text(config_), o_.keep,
-                                     mesh.leaders());
-    }
-    world.barrier();
+    const auto commit = step_commit(dist_, o_, step, state, config_, mesh.leaders());
+    save_step(dist_, o_.root, step, [&] {
+      // Every rank takes part in the gathers; only the leaders write the result.
+      const auto model = full(params);
+      const auto optim = full(optimizer_state);
+      if (mesh.is_leader(rank)) {
+        ckpt::CheckpointWriter(o_.root, step, rank).write_rank(model, optim);
+      }
+    }, commit);
   }
 
   SavedState load(const std::string& step_dir, const std::vector<ParamEntry>& params,

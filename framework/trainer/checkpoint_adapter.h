@@ -8,8 +8,8 @@
 // slice by its ShardSpec, so a checkpoint written under one layout loads
 // under any other.
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -71,19 +71,28 @@ std::unique_ptr<CheckpointIO> make_gathered_checkpoint_io(const CheckpointOption
 /// groups; returns `t` itself when the entry is whole.
 at::Tensor gather_full(dist::DistributedContext& dist, const ShardSpec& spec, const at::Tensor& t);
 
-// The parts every checkpoint IO shares, so all write the same run state and
-// all read through the same any-to-any path.
+// The parts every checkpoint IO shares, so all write the same run state the
+// same way and all read through the same any-to-any path.
 
-/// Each rank's CPU generator state, as hex, in rank order (collective over
-/// the world).
-std::vector<std::string> rng_states_by_rank(dist::DistributedContext& dist);
-/// state.json: step, RNG (this and every rank's), data position, scheduler
-/// and metrics counters.
-nlohmann::json run_state_json(const SavedState& state, const std::vector<std::string>& rngs_by_rank,
-                              const Config& config, const dist::DistributedContext& dist);
-/// The resolved config a checkpoint stores (its config.yaml; the manifest's
-/// config_hash is its xxh64).
-std::string checkpoint_config_text(const Config& config);
+/// What rank 0 runs to commit `step` (CheckpointWriter::commit): state.json
+/// (step, this and every rank's RNG, data position, scheduler and metrics
+/// counters), the mesh layout, the resolved config (config.yaml), `keep`,
+/// and `writers`, the ranks whose parts must be there. Collective over the
+/// world (the ranks exchange their RNG states); the function holds copies of
+/// all it needs, so it may run later, on another thread.
+std::function<void()> step_commit(dist::DistributedContext& dist, const CheckpointOptions& options,
+                                  std::int64_t step, const SavedState& state,
+                                  const Config& config, std::vector<int> writers);
+/// The first part of a save: rank 0 prepares the staging directory of
+/// `step` under `root` (CheckpointWriter::prepare), then a world barrier.
+void begin_save(dist::DistributedContext& dist, const std::string& root, std::int64_t step);
+/// The save sequence, collective over the world: begin_save; `write` (this
+/// rank's part, CheckpointWriter::write_rank, or nothing); barrier; rank 0
+/// runs `commit` (step_commit's); barrier. A save written in the background
+/// calls begin_save and runs the write and the commit on its own thread.
+void save_step(dist::DistributedContext& dist, const std::string& root, std::int64_t step,
+               const std::function<void()>& write, const std::function<void()>& commit);
+
 /// Reads this rank's slice of every entry by its ShardSpec from `step_dir`
 /// (whatever layout wrote it: each read takes only the byte ranges it
 /// needs) and returns the run state. Collective over the world (the ranks

@@ -1,8 +1,8 @@
 // The `sharded_checkpoint` feature: every rank writes the slices it holds,
 // with no gather; a slice held by several replicas (data-parallel or
 // expert-data-parallel copies) is written by one of them, the replicas
-// sharing the bytes (write_plan.h). The manifest records each slice's
-// global offsets and file, and the commit refuses a step whose slices do not
+// sharing the bytes (checkpoint/write_plan.h). The manifest records each
+// slice's global offsets and file, and the commit refuses a step whose slices do not
 // tile every tensor. With `async: true` the slices are copied in memory at
 // the step boundary and written by a background thread while training goes
 // on; rank 0's thread commits once every rank's part is on disk, and
@@ -16,17 +16,17 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "backends/dist/context.h"
+#include "backends/dist/gather.h"
 #include "backends/dist/group.h"
 #include "backends/fault/fault.h"
 #include "backends/fault/stop.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/write_plan.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"
 #include "framework/metrics/metrics.h"
@@ -34,7 +34,6 @@
 #include "framework/plugin/plugin_export.h"
 #include "framework/trainer/checkpoint_adapter.h"
 #include "plugins/sharded_checkpoint/background_job.h"
-#include "plugins/sharded_checkpoint/write_plan.h"
 
 namespace hp::sharded_checkpoint {
 
@@ -48,36 +47,6 @@ const char* kAsync = "features.sharded_checkpoint.async";
 /// are per thread): below the training threads.
 constexpr int kWriterNice = 10;
 
-std::string rank_name(const char* pattern, int rank) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, pattern, rank);
-  return buf;
-}
-
-std::string box_text(const std::vector<std::int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
-/// Every member's text, in member order (texts may differ in length).
-std::vector<std::string> all_gather_text(dist::Group& g, const std::string& text) {
-  if (g.size() == 1) return {text};
-  at::Tensor len = at::full({1}, static_cast<std::int64_t>(text.size()), at::kLong);
-  auto lens = g.all_gather_list(len);
-  std::int64_t longest = 0;
-  for (const auto& l : lens) longest = std::max(longest, l.item<std::int64_t>());
-  at::Tensor mine = at::zeros({std::max<std::int64_t>(longest, 1)}, at::kByte);
-  std::memcpy(mine.data_ptr(), text.data(), text.size());
-  auto all = g.all_gather_list(mine);
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    out.emplace_back(static_cast<const char*>(all[i].data_ptr()),
-                     static_cast<std::size_t>(lens[i].item<std::int64_t>()));
-  }
-  return out;
-}
-
 /// One slice this rank holds.
 struct Held {
   bool optimizer = false;
@@ -88,13 +57,13 @@ struct Held {
 enum class Phase { kIdle, kWriting, kWaitingForParts, kCommitting };
 
 /// Waits until every rank's manifest part is in `staging` (a rank that
-/// failed leaves a failed-rank file instead, and its reason is thrown).
+/// failed leaves its failed_file_name() instead, and its reason is thrown).
 /// `cancel` set: the run is ending on an error, the save is abandoned.
 void wait_for_parts(const std::string& staging, int world, std::chrono::milliseconds timeout,
                     std::int64_t step, const std::atomic<bool>& cancel) {
   const auto deadline = Clock::now() + timeout;
   for (int r = 0; r < world;) {
-    const fs::path failed = fs::path(staging) / rank_name("failed-rank%05d.txt", r);
+    const fs::path failed = fs::path(staging) / ckpt::failed_file_name(r);
     std::error_code ec;
     if (fs::exists(failed, ec)) {
       std::ifstream in(failed);
@@ -103,7 +72,7 @@ void wait_for_parts(const std::string& staging, int world, std::chrono::millisec
       throw std::runtime_error("checkpoint step " + std::to_string(step) +
                                " not committed: " + why);
     }
-    if (fs::exists(fs::path(staging) / rank_name("shards-rank%05d.json", r), ec)) {
+    if (fs::exists(fs::path(staging) / ckpt::part_file_name(r), ec)) {
       ++r;
       continue;
     }
@@ -161,7 +130,7 @@ class ShardedCheckpointIO : public CheckpointIO {
     const Phase phase = s.phase.load();
     if (phase == Phase::kIdle) return "";
     std::string latest = "nothing";
-    std::ifstream in(fs::path(root) / "latest");
+    std::ifstream in(fs::path(root) / ckpt::kLatestFileName);
     if (in) std::getline(in, latest);
     const std::string what = "the background save of step " + std::to_string(s.step.load());
     if (phase == Phase::kCommitting) {
@@ -178,9 +147,7 @@ class ShardedCheckpointIO : public CheckpointIO {
     const int rank = dist_.rank();
     auto& world = dist_.group("world");
     const auto mine = plan(params, optimizer_state);
-    const auto rngs = rng_states_by_rank(dist_);
-    if (rank == 0) ckpt::CheckpointWriter::prepare(o_.root, step);
-    world.barrier();
+    const auto commit = step_commit(dist_, o_, step, state, config_, all_ranks(world.size()));
 
     // The slices this rank writes: copied now when written in the background,
     // so training may change the parameters meanwhile.
@@ -196,44 +163,31 @@ class ShardedCheckpointIO : public CheckpointIO {
           ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.split_dim,
                        e.spec.split_groups()});
     }
-    nlohmann::json run_state;
-    if (rank == 0) run_state = run_state_json(state, rngs, config_, dist_);
     const int world_size = world.size();
     const auto timeout = world.timeout();
-    auto layout = dist_.mesh().sizes();
-    const std::string config_text = checkpoint_config_text(config_);
     auto shared = shared_;
     const auto root = o_.root;
-    const int keep = o_.keep;
 
     auto write = [=] {
       const auto t0 = Clock::now();
       ckpt::CheckpointWriter w(root, step, rank);
-      std::string file = "(none)";
+      std::string file;  // "": the one w.current_file() names
       try {
         if (async_ && fault::armed("checkpoint.async_write")) {
-          file = rank_name("model-rank%05d.safetensors", rank);
+          file = ckpt::model_file_name(rank);
           const std::string tensor = model->empty() ? std::string("(none)") : model->front().name;
           fault::hit("checkpoint.async_write",
                      "cannot write " + file + " (tensor '" + tensor + "')");
+          file.clear();
         }
-        if (!model->empty()) {
-          file = rank_name("model-rank%05d.safetensors", rank);
-          w.write_file(file, *model);
-        }
-        if (!optim->empty()) {
-          file = rank_name("optim-rank%05d.safetensors", rank);
-          w.write_file(file, *optim);
-        }
-        file = rank_name("shards-rank%05d.json", rank);
-        w.finish_rank();
+        w.write_rank(*model, *optim);
       } catch (const std::exception& e) {
+        if (file.empty()) file = w.current_file();
         std::string why = "rank " + std::to_string(rank) + ": checkpoint step " +
                           std::to_string(step) + ": writing " + file + " in " + w.staging_dir() +
                           " failed: " + e.what();
         why = why.substr(0, why.find('\n'));
-        std::ofstream(fs::path(w.staging_dir()) / rank_name("failed-rank%05d.txt", rank))
-            << why << "\n";
+        std::ofstream(fs::path(w.staging_dir()) / ckpt::failed_file_name(rank)) << why << "\n";
         throw std::runtime_error(why);
       }
       if (shared->written_bytes) shared->written_bytes->set(static_cast<double>(bytes));
@@ -241,18 +195,12 @@ class ShardedCheckpointIO : public CheckpointIO {
         shared->write_seconds->set(std::chrono::duration<double>(Clock::now() - t0).count());
       }
     };
-    auto commit = [=] {
-      ckpt::CheckpointWriter::commit(root, step, run_state, layout, config_text, keep,
-                                     all_ranks(world_size));
-    };
 
     if (!async_) {
-      write();
-      world.barrier();
-      if (rank == 0) commit();
-      world.barrier();
+      save_step(dist_, root, step, write, commit);
       return;
     }
+    begin_save(dist_, root, step);
     shared_->job.start([=] {
       shared->step = step;
       shared->phase = Phase::kWriting;
@@ -266,9 +214,7 @@ class ShardedCheckpointIO : public CheckpointIO {
       write();
       if (rank != 0) return;
       shared->phase = Phase::kWaitingForParts;
-      wait_for_parts(
-          (fs::path(root) / (ckpt::CheckpointWriter::step_dir_name(step) + ".tmp")).string(),
-          world_size, timeout, step, shared->cancel);
+      wait_for_parts(ckpt::staging_dir(root, step), world_size, timeout, step, shared->cancel);
       shared->phase = Phase::kCommitting;
       commit();
       log::logger()->info("checkpoint step {} committed in the background", step);
@@ -295,19 +241,19 @@ class ShardedCheckpointIO : public CheckpointIO {
   std::vector<Held> plan(const std::vector<ParamEntry>& params,
                          const std::vector<ParamEntry>& optimizer_state) {
     std::vector<Held> held;
-    std::vector<SliceDesc> desc;
+    std::vector<ckpt::SliceDesc> desc;
     auto add = [&](const std::vector<ParamEntry>& entries, bool optimizer) {
       for (const auto& e : entries) {
         held.push_back({optimizer, &e});
         const auto bytes = static_cast<std::uint64_t>(e.tensor.numel() * e.tensor.element_size());
-        desc.push_back({std::string(optimizer ? "optim:" : "model:") + e.spec.name + "@" +
-                            box_text(e.spec.offsets()) + "/" + box_text(e.spec.local_shape()),
+        desc.push_back({std::string(optimizer ? "optim:" : "model:") +
+                            ckpt::slice_key(e.spec.name, e.spec.offsets(), e.spec.local_shape()),
                         bytes});
       }
     };
     add(params, false);
     add(optimizer_state, true);
-    const std::string mine = encode_slices(desc);
+    const std::string mine = ckpt::encode_slices(desc);
     // Planned once, at the first save, by every rank together; a later change
     // is refused on this rank rather than re-planned, since the other ranks
     // would not join a second exchange.
@@ -318,14 +264,14 @@ class ShardedCheckpointIO : public CheckpointIO {
           "of this run; the write plan cannot follow (please report)");
     }
     if (!planned_) {
-      std::vector<std::vector<SliceDesc>> by_rank;
-      for (const auto& text : all_gather_text(dist_.group("world"), mine))
-        by_rank.push_back(decode_slices(text));
-      const auto plan = plan_writers(by_rank);
+      std::vector<std::vector<ckpt::SliceDesc>> by_rank;
+      for (const auto& text : dist::all_gather_text(dist_.group("world"), mine))
+        by_rank.push_back(ckpt::decode_slices(text));
+      const auto plan = ckpt::plan_writers(by_rank);
       plan_ = plan[static_cast<std::size_t>(dist_.rank())];
       planned_for_ = mine;
       planned_ = true;
-      const auto bytes = bytes_per_rank(by_rank, plan);
+      const auto bytes = ckpt::bytes_per_rank(by_rank, plan);
       if (dist_.rank() == 0) {
         std::string per_rank;
         for (std::size_t r = 0; r < bytes.size(); ++r) {

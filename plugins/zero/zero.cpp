@@ -3,8 +3,8 @@
 // slice per replica (its tensor-parallel split dimension when it has one,
 // else dimension 0, so a slice is still a range of the global tensor that a
 // ShardSpec describes). After backward each rank reduce-scatters the
-// gradients in buckets (Gloo in LibTorch 1.13 has no reduce_scatter: an
-// uneven all-to-all of the slices, then a local sum in member order),
+// gradients in buckets (Group::reduce_scatter with uneven chunks: an
+// all-to-all of the slices, then a local sum in member order),
 // clips with the global norm of the slices, updates only its slice with the
 // same update rule as the unsharded optimizer, and all-gathers the updated
 // slices. Its state is saved by global name with the slice's ShardSpec, so
@@ -13,6 +13,7 @@
 #include <c10/core/GradMode.h>
 
 #include "backends/dist/context.h"
+#include "backends/dist/gather.h"
 #include "backends/dist/group.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
@@ -132,29 +133,27 @@ struct Shards {
     for (auto& [joined, grads] : pre) all_reduce_bucketed(*dist, ShardSpec::groups_of(joined), grads, bucket_bytes);
   }
 
-  /// Starts the scatter of one bucket: an uneven all-to-all of every
-  /// member's slices (member-major, bucket order); null for a group of one.
+  /// Starts the reduce-scatter of one bucket: every member's slices
+  /// (member-major, bucket order; member m's chunk is counts[m] elements),
+  /// summed in member order so every replica adds in the same order; null
+  /// for a group of one.
   std::unique_ptr<dist::Work> launch_scatter(const Bucket& bucket) {
     c10::NoGradGuard no_grad;
     auto& g = dist->group(bucket.group);
     const int n = g.size();
     if (n == 1) return nullptr;
     std::vector<at::Tensor> parts;
-    std::vector<std::int64_t> send(static_cast<std::size_t>(n), 0);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
     for (int m = 0; m < n; ++m) {
       for (std::size_t i : bucket.cuts) {
         parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
-        send[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+        counts[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
       }
     }
-    std::int64_t mine = 0;
-    for (std::size_t i : bucket.cuts) mine += cuts[i].numel_of(cuts[i].me);
-    std::vector<std::int64_t> recv(static_cast<std::size_t>(n), mine);
-    return g.all_to_all_async(at::cat(parts), send, recv);
+    return g.reduce_scatter_async(at::cat(parts), counts);
   }
 
-  /// Waits a bucket's scatter and sums what came in member order, so every
-  /// replica adds in the same order; the slices' gradients are views into
+  /// Waits a bucket's reduce-scatter; the slices' gradients are views into
   /// the summed bucket (no copy).
   void finish_scatter(const Bucket& bucket, std::unique_ptr<dist::Work> work) {
     c10::NoGradGuard no_grad;
@@ -162,12 +161,7 @@ struct Shards {
       for (std::size_t i : bucket.cuts) cuts[i].slice_grad = cuts[i].param.tensor.grad();
       return;
     }
-    const int n = dist->group(bucket.group).size();
-    std::int64_t mine = 0;
-    for (std::size_t i : bucket.cuts) mine += cuts[i].numel_of(cuts[i].me);
-    at::Tensor got = work->wait().view({n, mine});
-    at::Tensor sum = got[0].clone();
-    for (int m = 1; m < n; ++m) sum.add_(got[m]);
+    const at::Tensor sum = work->wait();
     std::int64_t off = 0;
     for (std::size_t i : bucket.cuts) {
       auto& c = cuts[i];
@@ -195,12 +189,9 @@ struct Shards {
       for (int m = 0; m < n; ++m) {
         for (std::size_t i : bucket) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
       }
-      const std::int64_t longest = *std::max_element(totals.begin(), totals.end());
       std::vector<at::Tensor> mine;
       for (std::size_t i : bucket) mine.push_back(cuts[i].slice_of(cuts[i].param.tensor, cuts[i].me).reshape({-1}));
-      at::Tensor flat = at::cat(mine);
-      if (flat.numel() < longest) flat = at::cat({flat, at::zeros({longest - flat.numel()}, flat.options())});
-      auto all = g.all_gather_list(flat);
+      const auto all = dist::all_gather_uneven(g, at::cat(mine), 0, totals);
       for (int m = 0; m < n; ++m) {
         if (m == g.rank()) continue;
         std::int64_t off = 0;

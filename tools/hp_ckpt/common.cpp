@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "checkpoint/error.h"
+#include "checkpoint/file_names.h"
 #include "checkpoint/reader.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 
@@ -12,7 +13,7 @@ namespace fs = std::filesystem;
 
 std::string resolve_step_dir(const std::string& dir) {
   std::error_code ec;
-  if (fs::is_regular_file(fs::path(dir) / "manifest.json", ec)) {
+  if (fs::is_regular_file(fs::path(dir) / ckpt::kManifestFileName, ec)) {
     return dir;
   }
   if (!fs::is_directory(dir, ec)) {
@@ -26,8 +27,8 @@ std::string resolve_step_dir(const std::string& dir) {
                                 " holds neither manifest.json (a step directory) nor "
                                 "'latest' (a checkpoint root): nothing to read");
   }
-  if (!fs::is_regular_file(fs::path(step_dir) / "manifest.json", ec)) {
-    throw ckpt::CheckpointError((fs::path(step_dir) / "manifest.json").string() +
+  if (!fs::is_regular_file(fs::path(step_dir) / ckpt::kManifestFileName, ec)) {
+    throw ckpt::CheckpointError((fs::path(step_dir) / ckpt::kManifestFileName).string() +
                                 " is missing: the step directory 'latest' names is damaged");
   }
   return step_dir;
@@ -38,7 +39,7 @@ bool is_optimizer_state(const ckpt::TensorRecord& tensor) {
     return false;
   }
   for (const auto& s : tensor.shards) {
-    if (s.file.rfind("optim", 0) != 0) {
+    if (!ckpt::is_optimizer_file(s.file)) {
       return false;
     }
   }

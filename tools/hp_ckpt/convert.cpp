@@ -1,8 +1,8 @@
 // hp-ckpt convert DIR --to OUT: an offline re-shard into a committed
 // checkpoint of the target layout, written by one CheckpointWriter per target
-// rank. Each piece of the target layout is written once, by the holder (among
-// the ranks whose coordinates select it) with the fewest bytes so far, so
-// replicas share the writing as the sharded writer does.
+// rank. Each piece of the target layout is written once, by one of its
+// holders, chosen by the sharded writer's rule (checkpoint/write_plan.h), so
+// replicas share the writing as they do in a run.
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -11,23 +11,15 @@
 
 #include "checkpoint/error.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/write_plan.h"
 #include "checkpoint/writer.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"
 #include "tools/hp_ckpt/recut.h"
 
 namespace hp::ckpt_tool {
-namespace {
 
 namespace fs = std::filesystem;
-
-std::string rank_file(const char* kind, int rank) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-rank%05d.safetensors", kind, rank);
-  return buf;
-}
-
-}  // namespace
 
 int run_convert(const std::string& dir, const std::string& out, const TargetLayout& target) {
   const std::string step_dir = resolve_step_dir(dir);
@@ -35,41 +27,38 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
   const auto mesh = target_mesh(target.sizes);
   const int world = mesh.world_size();
   const auto& manifest = reader.manifest();
-  const fs::path final_dir = fs::path(out) / ckpt::CheckpointWriter::step_dir_name(reader.step());
+  const fs::path final_dir = fs::path(out) / ckpt::step_dir_name(reader.step());
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
     throw UsageError("--to " + out + " already holds " + final_dir.filename().string() +
                      "; convert writes a new step there: choose another --to or remove it");
   }
 
-  // Plan every piece before writing anything, so a bad size fails first.
-  std::vector<std::vector<Piece>> by_writer(static_cast<std::size_t>(world));
-  std::vector<std::uint64_t> bytes(static_cast<std::size_t>(world), 0);
-  std::size_t pieces = 0;
+  // Plan every piece before writing anything, so a bad size fails first:
+  // each target rank lists the piece of every tensor it holds, and the
+  // sharded writer's rule (checkpoint/write_plan.h) picks one writer each.
+  std::vector<std::vector<Piece>> held(static_cast<std::size_t>(world));
+  std::vector<std::vector<ckpt::SliceDesc>> by_rank(static_cast<std::size_t>(world));
   for (const auto& [name, record] : manifest.tensors) {
-    const auto count = piece_count(name, record, mesh);
-    for (std::int64_t k = 0; k < count; ++k) {
-      int writer = -1;
-      for (int r = 0; r < world; ++r) {
-        if (piece_index(record, mesh, r) == k &&
-            (writer < 0 ||
-             bytes[static_cast<std::size_t>(r)] < bytes[static_cast<std::size_t>(writer)])) {
-          writer = r;
-        }
-      }
-      auto p = piece(name, record, mesh, k);
-      bytes[static_cast<std::size_t>(writer)] += p.bytes;
-      by_writer[static_cast<std::size_t>(writer)].push_back(std::move(p));
-      ++pieces;
+    piece_count(name, record, mesh);  // refuses an unknown group or a size it does not divide
+    for (int r = 0; r < world; ++r) {
+      auto p = piece(name, record, mesh, piece_index(record, mesh, r));
+      by_rank[static_cast<std::size_t>(r)].push_back(
+          {ckpt::slice_key(name, p.offsets, p.lengths), p.bytes});
+      held[static_cast<std::size_t>(r)].push_back(std::move(p));
     }
   }
+  const auto plan = ckpt::plan_writers(by_rank);
+  std::size_t pieces = 0;
+  for (const auto& mine : plan) pieces += mine.size();
 
   ckpt::CheckpointWriter::prepare(out, reader.step());
   std::vector<int> writers;
   for (int r = 0; r < world; ++r) {
     ckpt::CheckpointWriter w(out, reader.step(), r);
     std::vector<ckpt::ShardedTensor> model, optim;
-    for (const auto& p : by_writer[static_cast<std::size_t>(r)]) {
+    for (const auto i : plan[static_cast<std::size_t>(r)]) {
+      const auto& p = held[static_cast<std::size_t>(r)][i];
       ckpt::ShardedTensor t{p.name,
                             reader.read(p.name, p.offsets, p.lengths),
                             p.record->global_shape,
@@ -78,9 +67,7 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
                             p.record->split_groups};
       (is_optimizer_state(*p.record) ? optim : model).push_back(std::move(t));
     }
-    if (!model.empty()) w.write_file(rank_file("model", r), model);
-    if (!optim.empty()) w.write_file(rank_file("optim", r), optim);
-    w.finish_rank();
+    w.write_rank(model, optim);
     writers.push_back(r);
   }
   ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), layout_sizes(mesh),

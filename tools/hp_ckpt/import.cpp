@@ -24,8 +24,8 @@ int run_import(const std::string& file, const std::string& root) {
     throw UsageError(file +
                      " is not a file: give a safetensors file of full weights by global name");
   }
-  if (fs::exists(fs::path(root) / "latest", ec) ||
-      fs::exists(fs::path(root) / ckpt::CheckpointWriter::step_dir_name(0), ec)) {
+  if (fs::exists(fs::path(root) / ckpt::kLatestFileName, ec) ||
+      fs::exists(fs::path(root) / ckpt::step_dir_name(0), ec)) {
     throw UsageError("--to " + root + " already holds checkpoints ('latest' or step_00000000); " +
                      "import writes step 0 of a new checkpoint root: choose another --to");
   }
@@ -42,14 +42,13 @@ int run_import(const std::string& file, const std::string& root) {
   }
   ckpt::CheckpointWriter::prepare(root, 0);
   ckpt::CheckpointWriter w(root, 0, 0);
-  w.write_file("model-rank00000.safetensors", tensors);
-  w.finish_rank();
+  w.write_rank(tensors, {});
   const nlohmann::json state = {{"step", 0}, {"imported_from", fs::absolute(file).string()}};
   ckpt::CheckpointWriter::commit(root, 0, state, layout_sizes(layout_mesh({})), "",
                                  0, {0});
   std::printf("imported %zu tensors (%llu bytes) from %s as step 0 in %s\n", tensors.size(),
               static_cast<unsigned long long>(bytes), file.c_str(),
-              (fs::path(root) / ckpt::CheckpointWriter::step_dir_name(0)).string().c_str());
+              (fs::path(root) / ckpt::step_dir_name(0)).string().c_str());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/file_names.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
@@ -39,7 +40,7 @@ std::string dtype_text(const ckpt::TensorRecord& t) {
 
 int run_inspect(const std::string& dir, bool as_json) {
   const std::string step_dir = resolve_step_dir(dir);
-  const ckpt::Manifest m = ckpt::load_manifest((fs::path(step_dir) / "manifest.json").string());
+  const ckpt::Manifest m = ckpt::load_manifest((fs::path(step_dir) / ckpt::kManifestFileName).string());
 
   std::set<std::string> files;
   std::uint64_t total_bytes = 0;

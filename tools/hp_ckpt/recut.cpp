@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "backends/dist/slice.h"
 #include "checkpoint/error.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"
@@ -64,14 +65,12 @@ Piece piece(const std::string& name, const ckpt::TensorRecord& tensor,
   Piece p;
   p.name = name;
   p.record = &tensor;
-  p.offsets.assign(tensor.global_shape.size(), 0);
-  p.lengths = tensor.global_shape;
-  if (tensor.split_dim >= 0) {
-    const auto d = static_cast<std::size_t>(tensor.split_dim);
-    const auto length = tensor.global_shape[d] / piece_count(name, tensor, mesh);
-    p.offsets[d] = index * length;
-    p.lengths[d] = length;
-  }
+  // The trainer's own cut (piece_count has refused a size the groups do not
+  // divide, so every piece is equal).
+  auto box = dist::slice_box(tensor.global_shape, tensor.split_dim,
+                             piece_count(name, tensor, mesh), index);
+  p.offsets = std::move(box.offsets);
+  p.lengths = std::move(box.lengths);
   p.bytes = c10::elementSize(tensor.dtype);
   for (const auto l : p.lengths) p.bytes *= static_cast<std::uint64_t>(l);
   return p;

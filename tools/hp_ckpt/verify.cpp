@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/error.h"
+#include "checkpoint/file_names.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
@@ -188,7 +189,7 @@ void verify_config(const fs::path& step_dir, const ckpt::Manifest& m) {
 int run_verify(const std::string& dir) {
   const std::string step_dir = resolve_step_dir(dir);
   const fs::path root(step_dir);
-  const std::string manifest_path = (root / "manifest.json").string();
+  const std::string manifest_path = (root / ckpt::kManifestFileName).string();
   try {
     const ckpt::Manifest m = ckpt::load_manifest(manifest_path);
     std::map<std::string, std::vector<ShardRef>> by_file;

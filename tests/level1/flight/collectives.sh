@@ -3,9 +3,10 @@
 # forward of step 3) while the others go on into the next collective of its
 # group: under expert parallel that is the backward all-to-all of the MoE
 # dispatch (group 'ep'); under zero it is the reduce-scatter of the gradient
-# sync (an all-to-all of gradient slices on 'dp': Gloo in LibTorch 1.13 has
-# no reduce_scatter). The stall report names the group, the operation, the
-# stopped rank and what the waiting rank is doing within stall_seconds + 5 s.
+# sync on 'dp' (Group::reduce_scatter: an all-to-all of the gradient
+# slices, Gloo in LibTorch 1.13 having no reduce_scatter). The stall report
+# names the group, the operation, the stopped rank and what the waiting
+# rank is doing within stall_seconds + 5 s.
 # Then the stopped rank is either let go (SIGCONT: the run finishes) or
 # killed (SIGKILL: the launcher ends the job, the waiting rank's flight
 # record holds the pending operation and hp-flight names it).
@@ -60,12 +61,12 @@ stop_case ep2 cont "stall on group 'ep': rank 1 has not entered all_to_all #[0-9
 # zero (dp=2): rank 0 waits in the gradient sync for a reduce-scatter it
 # launched during backward (distributed.overlap), and the report says both;
 # rank 1 is killed.
-stop_case zero kill "stall on group 'dp': rank 1 has not entered all_to_all #[0-9]+ and its heartbeat stopped \(last seen in [^;]+; last heartbeat [0-9.]+ s ago\); rank 0 has waited [0-9.]+ s in all_to_all \(issued in step [0-9]+, backward of micro-batch [0-9]+; now in step [0-9]+, gradient sync\)" \
+stop_case zero kill "stall on group 'dp': rank 1 has not entered reduce_scatter #[0-9]+ and its heartbeat stopped \(last seen in [^;]+; last heartbeat [0-9.]+ s ago\); rank 0 has waited [0-9.]+ s in reduce_scatter \(issued in step [0-9]+, backward of micro-batch [0-9]+; now in step [0-9]+, gradient sync\)" \
   --set features.zero.enabled=true
 grep -qE "rank 1 \(pid [0-9]+\) failed: killed by signal 9 \(SIGKILL\)" "$WORK/zero.log" || { cat "$WORK/zero.log"; fail "zero: the summary does not name the killed rank"; }
 [[ -s "$WORK/zero/flight/rank0.json" ]] || { cat "$WORK/zero.log"; fail "zero: rank 0 wrote no flight record"; }
 cmp=$("$BIN/hp-flight" "$WORK/zero/flight") || fail "hp-flight failed: $cmp"
 echo "== hp-flight after the kill"; echo "$cmp" | head -12
-grep -qE "^  rank 0: entered [0-9]+, completed [0-9]+, in all_to_all #[0-9]+ \([a-z ]+, step [0-9]+, (gradient sync|backward of micro-batch [0-9]+)\)" <<<"$cmp" \
-  || fail "hp-flight does not show rank 0 waiting in the gradient sync's all_to_all: $cmp"
+grep -qE "^  rank 0: entered [0-9]+, completed [0-9]+, in reduce_scatter #[0-9]+ \([a-z ]+, step [0-9]+, (gradient sync|backward of micro-batch [0-9]+)\)" <<<"$cmp" \
+  || fail "hp-flight does not show rank 0 waiting in the gradient sync's reduce_scatter: $cmp"
 echo PASS

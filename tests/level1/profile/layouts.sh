@@ -3,7 +3,7 @@
 # once: one 4-process run of the MoE GPT at tp=2 x dp=2 with ep=2 and zero.
 # While it trains, every rank's /metrics passes `promtool check metrics` and
 # counts bytes of tp's all-reduce, ep's all-to-all, and zero's gradient
-# reduce-scatter (an all-to-all on dp) and parameter all-gather; afterwards
+# reduce-scatter on dp and parameter all-gather; afterwards
 # the merged trace is valid (check_trace.load) with those collectives in
 # both profiled steps of every rank, each span carrying group and bytes.
 source "$(dirname "$0")/../../lib/common.sh"
@@ -50,7 +50,7 @@ echo "run: $((SECONDS - t0)) s"
 for r in 0 1 2 3; do
   problems=$(promtool check metrics < "$WORK/scrape$r" 2>&1); rc=$?
   [[ $rc -eq 0 && -z "$problems" ]] || fail "promtool on rank $r's scrape: $problems"
-  for s in 'group="tp",op="all_reduce"' 'group="ep",op="all_to_all"' 'group="dp",op="all_to_all"' 'group="dp",op="all_gather"'; do
+  for s in 'group="tp",op="all_reduce"' 'group="ep",op="all_to_all"' 'group="dp",op="reduce_scatter"' 'group="dp",op="all_gather"'; do
     grep -q "^hp_comm_bytes_total{rank=\"$r\",$s} [1-9]" "$WORK/scrape$r" \
       || fail "rank $r: no bytes counted for $s: $(grep '^hp_comm_bytes_total' "$WORK/scrape$r")"
   done
@@ -58,6 +58,6 @@ for r in 0 1 2 3; do
 done
 echo "promtool: 4 scrapes clean; rank 0: $(grep '^hp_comm_bytes_total' "$WORK/scrape0" | tr '\n' ' ')"
 grep -q "profile of steps \[2, 3\] written to $WORK/run/trace.json" "$WORK/log" || fail "the run did not log where the trace went"
-python3 "$HERE/check_layout_trace.py" "$WORK/run/trace.json" 4 2 3 tp:all_reduce ep:all_to_all dp:all_to_all dp:all_gather \
+python3 "$HERE/check_layout_trace.py" "$WORK/run/trace.json" 4 2 3 tp:all_reduce ep:all_to_all dp:reduce_scatter dp:all_gather \
   || fail "trace"
 echo PASS

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "backends/dist/gather.h"
 #include "backends/dist/group.h"
 #include "tests/support/multi_rank.h"
 
@@ -97,6 +98,51 @@ TEST_P(Collectives, ReduceScatterRefusesAnIndivisibleDimension) {
     } catch (const hp::dist::CommError& e) {
       EXPECT_NE(std::string(e.what()).find("reduce_scatter on group 'world'"), std::string::npos);
       EXPECT_NE(std::string(e.what()).find("not divisible by the group size"), std::string::npos);
+    }
+  });
+}
+
+TEST_P(Collectives, ReduceScatterOfUnevenChunksSumsInMemberOrder) {
+  const int n = GetParam();
+  // Member m's chunk is m % 3 rows (member 0's is empty); zero's buckets.
+  std::vector<int64_t> counts;
+  int64_t rows = 0;
+  for (int m = 0; m < n; ++m) rows += counts.emplace_back(m % 3);
+  hp::test::run_ranks(n, [&](DistributedContext& ctx) {
+    const int me = ctx.rank();
+    int64_t start = 0;
+    for (int m = 0; m < me; ++m) start += counts[m];
+    // The same arithmetic as the group: member 0's chunk, then the others in order.
+    auto expect = input_of(0, {rows, 3}).narrow(0, start, counts[me]).clone();
+    for (int r = 1; r < n; ++r) expect.add_(input_of(r, {rows, 3}).narrow(0, start, counts[me]));
+    auto out = ctx.group("world").reduce_scatter(input_of(me, {rows, 3}), counts);
+    EXPECT_EQ(out.sizes(), expect.sizes());
+    EXPECT_TRUE(torch::equal(out, expect)) << "bitwise, rank " << me;
+  });
+}
+
+TEST_P(Collectives, AllGatherOfUnevenTensorsTrimsEachMembers) {
+  const int n = GetParam();
+  // Member r holds r columns (member 0 none) of a 2-row tensor, and r
+  // characters of text.
+  hp::test::run_ranks(n, [&](DistributedContext& ctx) {
+    auto& g = ctx.group("world");
+    const int me = ctx.rank();
+    std::vector<int64_t> lengths;
+    for (int r = 0; r < n; ++r) lengths.push_back(r);
+    const auto mine = input_of(me, {2, 4}).narrow(1, 0, me);
+    const auto exchanged = hp::dist::all_gather_uneven(g, mine, 1);
+    const auto known = hp::dist::all_gather_uneven(g, mine, 1, lengths);
+    const auto texts =
+        hp::dist::all_gather_text(g, std::string(static_cast<std::size_t>(me), 'a' + me));
+    ASSERT_EQ(exchanged.size(), static_cast<std::size_t>(n));
+    ASSERT_EQ(known.size(), static_cast<std::size_t>(n));
+    ASSERT_EQ(texts.size(), static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      const auto expect = input_of(r, {2, 4}).narrow(1, 0, r);
+      EXPECT_TRUE(torch::equal(exchanged[r], expect)) << "member " << r;
+      EXPECT_TRUE(torch::equal(known[r], expect)) << "member " << r;
+      EXPECT_EQ(texts[r], std::string(static_cast<std::size_t>(r), 'a' + r));
     }
   });
 }

@@ -1,11 +1,11 @@
-#include "plugins/sharded_checkpoint/write_plan.h"
+#include "checkpoint/write_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <set>
 
-namespace hp::sharded_checkpoint {
+namespace hp::ckpt {
 namespace {
 
 using Lists = std::vector<std::vector<SliceDesc>>;
@@ -98,4 +98,4 @@ TEST(WritePlan, EncodeDecodeRoundTrip) {
 }
 
 }  // namespace
-}  // namespace hp::sharded_checkpoint
+}  // namespace hp::ckpt

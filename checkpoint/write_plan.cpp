@@ -1,11 +1,11 @@
-#include "plugins/sharded_checkpoint/write_plan.h"
+#include "checkpoint/write_plan.h"
 
 #include <algorithm>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 
-namespace hp::sharded_checkpoint {
+namespace hp::ckpt {
 
 std::vector<std::vector<std::size_t>> plan_writers(const std::vector<std::vector<SliceDesc>>& by_rank) {
   struct Holders {
@@ -46,6 +46,19 @@ std::vector<std::vector<std::size_t>> plan_writers(const std::vector<std::vector
   return plan;
 }
 
+namespace {
+std::string box_text(const std::vector<std::int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+}  // namespace
+
+std::string slice_key(const std::string& name, const std::vector<std::int64_t>& offsets,
+                      const std::vector<std::int64_t>& lengths) {
+  return name + "@" + box_text(offsets) + "/" + box_text(lengths);
+}
+
 std::vector<std::uint64_t> bytes_per_rank(const std::vector<std::vector<SliceDesc>>& by_rank,
                                           const std::vector<std::vector<std::size_t>>& plan) {
   std::vector<std::uint64_t> out(by_rank.size(), 0);
@@ -78,4 +91,4 @@ std::vector<SliceDesc> decode_slices(const std::string& text) {
   return out;
 }
 
-}  // namespace hp::sharded_checkpoint
+}  // namespace hp::ckpt
