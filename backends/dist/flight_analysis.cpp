@@ -75,6 +75,20 @@ std::vector<std::string> diagnose(const Heartbeat& waiting, const std::string& g
                     (stale ? " and its heartbeat stopped (" : " (") + where + ")" + tail);
     }
     if (all_in && out.empty()) {
+      // Everyone reached the operation, but a member that stopped beating
+      // while inside it (frozen, swapped out, stopped by a debugger) holds the
+      // rest: name it, not the transport.
+      for (int m : mine.members) {
+        if (m == waiting.rank) continue;
+        bool stale = false;
+        const std::string where = whereabouts(members.at(m), now, heartbeat_seconds, stale);
+        if (stale) {
+          out.push_back(head + "rank " + std::to_string(m) + " entered " + e.op + " #" + std::to_string(e.seq) +
+                        " but its heartbeat stopped (" + where + ")" + tail);
+        }
+      }
+    }
+    if (all_in && out.empty()) {
       out.push_back(head + "every member is in " + e.op + " #" + std::to_string(e.seq) + " for " + secs(waited) +
                     " (waiting on the transport)");
     }

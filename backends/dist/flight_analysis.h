@@ -24,6 +24,7 @@ constexpr double kStaleBeats = 3.0;
 ///     backward of micro-batch 1; last heartbeat 12.0 s ago)
 ///   stall on group 'pp': rank 0 has not sent message #6 to rank 1 (it is in ...; last heartbeat ...)
 ///   collective mismatch on group 'dp' #57: rank 0 calls all_reduce (4096 bytes), rank 1 calls broadcast (4096 bytes)
+///   stall on group 'dp': rank 1 entered all_reduce #57 but its heartbeat stopped (last seen in ...)
 ///   stall on group 'dp': every member is in all_reduce #57 for 12.0 s (waiting on the transport)
 std::vector<std::string> diagnose(const Heartbeat& waiting, const std::string& group, double waited,
                                   const std::map<int, Heartbeat>& members, double now, double heartbeat_seconds);

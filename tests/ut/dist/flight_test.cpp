@@ -168,6 +168,19 @@ TEST(FlightDiagnosis, EveryoneInTheSameCallIsATransportWait) {
   EXPECT_EQ(lines[0], "stall on group 'dp': every member is in all_reduce #5 for 10.0 s (waiting on the transport)");
 }
 
+TEST(FlightDiagnosis, AMemberFrozenInsideTheCallIsNamedNotTheTransport) {
+  // Rank 1 entered all_reduce #5 and was then stopped (SIGSTOP, a debugger):
+  // it is in the call, but its beats stopped 10 s ago.
+  auto me = beat(0, 100.0, {3, flight::Phase::kGradSync}, 5, "all_reduce", 90.0);
+  auto other = beat(1, 90.0, {3, flight::Phase::kGradSync}, 5, "all_reduce", 90.0);
+  auto lines = flight::diagnose(me, "dp", 10.0, {{1, other}}, 100.0, 1.0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "stall on group 'dp': rank 1 entered all_reduce #5 but its heartbeat stopped (last seen in step 3, "
+            "gradient sync; last heartbeat 10.0 s ago); rank 0 has waited 10.0 s in all_reduce (step 3, gradient "
+            "sync)");
+}
+
 namespace {
 /// Stage 1 (rank 1, heartbeat at t=50) waits in recv #6 from stage 0 for
 /// 4 s; stage 0 (rank 0) has sent `sent` messages to it, last beat at
