@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A checkpoint of format version 1 (tests/fixtures/checkpoint_v1, written
+# before placements: tensors split over tp, ep, dp and tp then dp) still
+# loads: hp-ckpt verifies it, a resume at its layout reproduces its logged
+# steps 3 and 4 bitwise, a resume at another layout (dp=2, no tp, no ep)
+# runs, and hp-ckpt re-shards it offline to one rank.
+source "$(dirname "$0")/../../lib/common.sh"
+BIN=$1
+FIX="$(cd "$(dirname "$0")/../../fixtures/checkpoint_v1" && pwd)"
+STEP="$FIX/checkpoints/step_00000002"
+grep -q '"format_version": 1' "$STEP/manifest.json" || fail "the fixture is not format version 1"
+"$BIN/hp-ckpt" verify "$STEP" || fail "hp-ckpt verify refused the version-1 fixture"
+layout=(--set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+        --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
+        --set features.zero.enabled=true --set features.sharded_checkpoint.enabled=true)
+run() {
+  local name=$1 n=$2; shift 2
+  "$BIN/hp-train" "$FIX/config.yaml" --nproc "$n" --set checkpoint.resume="$STEP" --set checkpoint.interval=0 \
+    --set run.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "run $name"; }
+}
+run same 4 "${layout[@]}"
+mkdir -p "$WORK/fixture" && cp "$FIX/metrics.jsonl" "$WORK/fixture/"
+"$BIN/hp-compare" "$WORK/fixture" "$WORK/same" --from-step 3 --exact --phase resume \
+  || fail "resuming the version-1 fixture at its layout did not reproduce its steps 3 and 4"
+run other 2
+[[ -n "$(loss_at "$WORK/other" 4)" ]] || fail "the resume at dp=2 logged no step 4"
+"$BIN/hp-ckpt" convert "$STEP" --to "$WORK/one" > "$WORK/convert.log" 2>&1 \
+  || { cat "$WORK/convert.log"; fail "hp-ckpt convert of the version-1 fixture to one rank"; }
+"$BIN/hp-ckpt" verify "$WORK/one" || fail "the converted fixture does not verify"
+echo PASS
