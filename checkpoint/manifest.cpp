@@ -111,6 +111,92 @@ std::string xxh64_hex(const std::string& bytes) {
   return format_xxh64(XXH64(bytes.data(), bytes.size(), 0));
 }
 
+namespace {
+
+json dims_to_json(const std::vector<dist::MeshDim>& dims) {
+  json out = json::array();
+  for (const auto& d : dims) {
+    out.push_back({{"name", d.name}, {"size", d.size}, {"role", dist::to_string(d.role)}, {"by", d.by}});
+  }
+  return out;
+}
+
+bool role_from_string(const std::string& text, dist::MeshRole& out) {
+  for (auto r : {dist::MeshRole::kPartition, dist::MeshRole::kSplit, dist::MeshRole::kReplicate,
+                 dist::MeshRole::kSequence}) {
+    if (text == dist::to_string(r)) return out = r, true;
+  }
+  return false;
+}
+
+std::vector<std::string> strings_of(const json& j, const std::string& what, const std::string& source) {
+  if (!j.is_array()) throw CheckpointError("bad manifest " + source + ": mesh " + what + " is not an array of names");
+  std::vector<std::string> out;
+  for (const auto& e : j) {
+    if (!e.is_string()) throw CheckpointError("bad manifest " + source + ": mesh " + what + " is not an array of names");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+std::vector<dist::MeshDim> dims_from_json(const json& j, const std::string& what, const std::string& source) {
+  if (!j.is_array()) throw CheckpointError("bad manifest " + source + ": mesh " + what + " is not an array");
+  std::vector<dist::MeshDim> out;
+  for (const auto& e : j) {
+    dist::MeshDim d;
+    if (!e.is_object() || !e.contains("name") || !e.at("name").is_string() || !e.contains("size") ||
+        !e.at("size").is_number_integer() || !e.contains("role") || !e.at("role").is_string() ||
+        !role_from_string(e.at("role").get<std::string>(), d.role)) {
+      throw CheckpointError("bad manifest " + source + ": mesh " + what + " holds " + e.dump() +
+                            ", not {\"name\", \"size\", \"role\": partition, split, replicate or sequence}");
+    }
+    d.name = e.at("name").get<std::string>();
+    d.size = e.at("size").get<int>();
+    if (e.contains("by") && e.at("by").is_string()) d.by = e.at("by").get<std::string>();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace
+
+json mesh_to_json(const dist::ProcessMesh& mesh) {
+  json views = json::array(), flats = json::array();
+  for (const auto& v : mesh.views()) {
+    views.push_back({{"name", v.name}, {"over", v.over}, {"dims", dims_to_json(v.dims)}, {"by", v.by}});
+  }
+  for (const auto& f : mesh.flats()) flats.push_back({{"name", f.name}, {"dims", f.dims}, {"by", f.by}});
+  return {{"order", mesh.order()}, {"dims", dims_to_json(mesh.dims())}, {"views", views}, {"flats", flats}};
+}
+
+dist::ProcessMesh mesh_from_json(const json& j, const std::string& source) {
+  if (!j.is_object() || !j.contains("dims")) {
+    throw CheckpointError("bad manifest " + source + ": mesh is not an object with \"dims\"");
+  }
+  auto dims = dims_from_json(j.at("dims"), "dims", source);
+  std::vector<dist::MeshView> views;
+  std::vector<dist::MeshFlat> flats;
+  for (const auto& v : j.value("views", json::array())) {
+    if (!v.is_object() || !v.contains("name") || !v.at("name").is_string()) {
+      throw CheckpointError("bad manifest " + source + ": a mesh view has no name");
+    }
+    views.push_back({v.at("name").get<std::string>(), strings_of(v.value("over", json()), "view over", source),
+                     dims_from_json(v.value("dims", json()), "view dims", source), v.value("by", std::string())});
+  }
+  for (const auto& f : j.value("flats", json::array())) {
+    if (!f.is_object() || !f.contains("name") || !f.at("name").is_string()) {
+      throw CheckpointError("bad manifest " + source + ": a mesh flat group has no name");
+    }
+    flats.push_back({f.at("name").get<std::string>(), strings_of(f.value("dims", json()), "flat dims", source),
+                     f.value("by", std::string())});
+  }
+  try {
+    return dist::ProcessMesh(std::move(dims), std::move(views), std::move(flats));
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError("bad manifest " + source + ": its mesh is not valid: " + e.what());
+  }
+}
+
 json manifest_to_json(const Manifest& m) {
   json tensors = json::object();
   for (const auto& [name, t] : m.tensors) {
@@ -129,8 +215,10 @@ json manifest_to_json(const Manifest& m) {
                                     ", which safetensors cannot store");
     }
     tensors[name] = {{"global_shape", t.global_shape}, {"dtype", *dtype}, {"shards", shards}};
-    if (t.split_dim >= 0 || !t.split_groups.empty()) {
-      tensors[name]["split"] = {{"dim", t.split_dim}, {"groups", t.split_groups}};
+    if (!t.placements.empty()) {
+      json pl = json::array();
+      for (const auto& p : t.placements) pl.push_back({{"dim", p.dim}, {"placement", p.placement.str()}});
+      tensors[name]["placements"] = pl;
     }
   }
   json out = {{"format_version", m.format_version},
@@ -141,6 +229,7 @@ json manifest_to_json(const Manifest& m) {
   if (!m.state_xxh64.empty()) out["state_xxh64"] = m.state_xxh64;
   if (!m.config_file.empty()) out["config_file"] = m.config_file;
   if (!m.checksum_file.empty()) out["checksum_file"] = m.checksum_file;
+  if (m.mesh) out["mesh"] = mesh_to_json(*m.mesh);
   return out;
 }
 
@@ -151,10 +240,12 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
   }
   Manifest m;
   const auto version = p.integer(j, "format_version", "");
-  if (version != Manifest::kFormatVersion) {
+  if (version < Manifest::kOldestVersion || version > Manifest::kFormatVersion) {
     throw CheckpointError("unknown checkpoint format version " + std::to_string(version) + " in " +
-                          source + "; this hyperparallel reads version " +
-                          std::to_string(Manifest::kFormatVersion));
+                          source + "; this hyperparallel reads versions " +
+                          std::to_string(Manifest::kOldestVersion) + " to " +
+                          std::to_string(Manifest::kFormatVersion) +
+                          (version > Manifest::kFormatVersion ? ": load it with the newer build that wrote it" : ""));
   }
   m.format_version = static_cast<int>(version);
   m.step = p.integer(j, "step", "");
@@ -189,6 +280,9 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
   for (const auto& [axis, degree] : layout.items()) {
     m.layout[axis] = static_cast<int>(p.integer(layout, axis, "layout."));
   }
+  if (version >= 2 && j.contains("mesh")) {
+    m.mesh = std::make_shared<const dist::ProcessMesh>(mesh_from_json(j.at("mesh"), source));
+  }
   const auto& tensors = p.field(j, "tensors", "");
   if (!tensors.is_object()) {
     p.fail("tensors", "is not an object");
@@ -204,27 +298,42 @@ Manifest manifest_from_json(const json& j, const std::string& source) {
                                  supported_safetensors_dtypes() + ")");
     }
     t.dtype = *dtype;
-    if (tj.contains("split")) {
+    if (version == 1 && tj.contains("split")) {
+      // Version 1: {"dim": d, "groups": [g1, g2, ...]}, each group a shard along d.
       const auto& split = tj.at("split");
       const auto dim = p.integer(split, "dim", path + "split.");
       const auto& groups = p.field(split, "groups", path + "split.");
       if (!groups.is_array()) {
         p.fail(path + "split.groups", "is not an array of group names: " + quote(groups));
       }
+      if (dim < -1 || dim > 64) p.fail(path + "split", "is invalid: dim " + std::to_string(dim) + " is not a dimension");
+      if ((dim == -1) != groups.empty()) {
+        p.fail(path + "split", dim == -1 ? "is invalid: split dim -1 (whole) but split groups are given"
+                                         : "is invalid: split dim " + std::to_string(dim) + " but no split groups");
+      }
       for (const auto& g : groups) {
         if (!g.is_string()) {
           p.fail(path + "split.groups", "is not an array of group names: " + quote(groups));
         }
-        t.split_groups.push_back(g.get<std::string>());
+        t.placements.push_back({g.get<std::string>(), dist::Placement::shard(static_cast<int>(dim))});
       }
-      const auto problem =
-          dim < -1 || dim > 64
-              ? "dim " + std::to_string(dim) + " is not a dimension"
-              : split_problem(static_cast<int>(dim), t.split_groups, t.global_shape.size());
-      if (!problem.empty()) {
-        p.fail(path + "split", "is invalid: " + problem);
+    }
+    if (version >= 2 && tj.contains("placements")) {
+      const auto& pl = tj.at("placements");
+      if (!pl.is_array()) p.fail(path + "placements", "is not an array: " + quote(pl));
+      for (const auto& e : pl) {
+        dist::Placement placement;
+        if (!e.is_object() || !e.contains("dim") || !e.at("dim").is_string() || !e.contains("placement") ||
+            !e.at("placement").is_string() ||
+            !dist::Placement::parse(e.at("placement").get<std::string>(), placement)) {
+          p.fail(path + "placements", "holds " + quote(e) +
+                                          ", not {\"dim\": <mesh dimension>, \"placement\": \"S(<d>)\" or \"R\"}");
+        }
+        t.placements.push_back({e.at("dim").get<std::string>(), placement});
       }
-      t.split_dim = static_cast<int>(dim);
+    }
+    if (const auto problem = placement_problem(t.placements, t.global_shape.size()); !problem.empty()) {
+      p.fail(path + (version == 1 ? "split" : "placements"), "is invalid: " + problem);
     }
     const auto& shards = p.field(tj, "shards", path);
     if (!shards.is_array() || shards.empty()) {
@@ -340,19 +449,27 @@ Manifest load_manifest(const std::string& path) {
   return m;
 }
 
-std::string split_problem(int split_dim, const std::vector<std::string>& split_groups,
-                          std::size_t ndim) {
-  if (split_dim < -1 || split_dim >= static_cast<std::int64_t>(ndim)) {
-    return "split dim " + std::to_string(split_dim) + " is outside [-1, " + std::to_string(ndim) +
-           ") for a tensor of " + std::to_string(ndim) + " dimensions";
+int TensorRecord::split_dim() const {
+  for (const auto& p : placements) {
+    if (p.placement.shards()) return p.placement.dim;
   }
-  if ((split_dim == -1) != split_groups.empty()) {
-    return split_dim == -1 ? "split dim -1 (whole) but split groups are given"
-                           : "split dim " + std::to_string(split_dim) + " but no split groups";
-  }
-  for (const auto& g : split_groups) {
-    if (g.empty()) {
-      return "a split group name is empty";
+  return -1;
+}
+
+std::string placement_problem(const dist::Placements& placements, std::size_t ndim) {
+  for (std::size_t i = 0; i < placements.size(); ++i) {
+    const auto& p = placements[i];
+    if (p.dim.empty()) return "a mesh dimension name is empty";
+    for (std::size_t j = 0; j < i; ++j) {
+      if (placements[j].dim == p.dim) return "mesh dimension '" + p.dim + "' is placed twice";
+    }
+    if (p.placement.kind == dist::Placement::Kind::kHeadTail || p.placement.kind == dist::Placement::Kind::kPartial) {
+      return p.dim + ":" + p.placement.str() + " is not a layout a checkpoint holds (only shards and replicas)";
+    }
+    if (p.placement.kind == dist::Placement::Kind::kShard &&
+        (p.placement.dim < 0 || p.placement.dim >= static_cast<int>(ndim))) {
+      return "split dim " + std::to_string(p.placement.dim) + " is outside [-1, " + std::to_string(ndim) +
+             ") for a tensor of " + std::to_string(ndim) + " dimensions";
     }
   }
   return "";

@@ -31,9 +31,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+
+#include "backends/dist/mesh.h"
+#include "backends/dist/placement.h"
 
 namespace hp::ckpt {
 
@@ -56,18 +60,23 @@ struct TensorRecord {
   std::vector<std::int64_t> global_shape;
   at::ScalarType dtype = at::kFloat;
   std::vector<ShardRecord> shards;
-  /// The dimension the run split this tensor along, -1 when it held it whole
-  /// (or the writer did not say).
-  int split_dim = -1;
-  /// The mesh groups it was split over, outermost first: {"tp"}, {"ep"},
-  /// {"tp", "dp"} for a ZeRO slice of a tensor-parallel parameter. Empty
-  /// exactly when split_dim is -1.
-  std::vector<std::string> split_groups;
+  /// How the run laid it out over its mesh, outermost first (empty: whole,
+  /// or the writer did not say): [tp:S(0)], [ep:S(0)], [tp:S(0), dp:S(0)]
+  /// for a ZeRO slice of a tensor-parallel parameter. Read from "split" in
+  /// a version-1 manifest (each group a shard along its dim).
+  dist::Placements placements;
+  /// The one tensor dimension its shards cut, -1 when whole.
+  int split_dim() const;
+  /// The mesh dimensions that shard it, outermost first.
+  std::vector<std::string> split_groups() const { return dist::shard_dims(placements); }
 };
 
 struct Manifest {
-  /// The only format this build reads or writes.
-  static constexpr int kFormatVersion = 1;
+  /// The format this build writes; it reads it and every older one
+  /// (kOldestVersion..kFormatVersion). 2: placements per tensor in place of
+  /// version 1's "split" {dim, groups}.
+  static constexpr int kFormatVersion = 2;
+  static constexpr int kOldestVersion = 1;
 
   int format_version = kFormatVersion;
   std::int64_t step = 0;
@@ -85,7 +94,19 @@ struct Manifest {
   /// checksum, "" in manifests written before it (and in the ranks' parts).
   std::string checksum_file;
   std::map<std::string, TensorRecord> tensors;
+  /// The mesh the run had: its dimensions with sizes, roles and owners, the
+  /// order, views and flat groups ("mesh" in the JSON), so tools re-shard
+  /// over any dimension a feature registers. Null in a version-1 manifest
+  /// and from a writer that did not give it.
+  std::shared_ptr<const dist::ProcessMesh> mesh;
 };
+
+/// {"order": "tp-dp-pp", "dims": [{"name", "size", "role", "by"}, ...]
+///  (innermost first), "views": [{"name", "over", "dims", "by"}],
+///  "flats": [{"name", "dims", "by"}]}.
+nlohmann::json mesh_to_json(const dist::ProcessMesh& mesh);
+/// The inverse; CheckpointError naming `source` and the problem.
+dist::ProcessMesh mesh_from_json(const nlohmann::json& json, const std::string& source);
 
 nlohmann::json manifest_to_json(const Manifest& manifest);
 /// Parses and validates (shard boxes inside the global shape, byte ranges
@@ -112,11 +133,10 @@ bool check_manifest_checksum(const std::string& manifest_path, const std::string
 /// an overlap), or "" when they do.
 std::string tiling_problem(const TensorRecord& tensor);
 
-/// Why split_dim / split_groups of a tensor of `ndim` dimensions are not
-/// valid (dim outside [-1, ndim), groups empty exactly when dim is not -1,
-/// no empty group name), or "" when they are.
-std::string split_problem(int split_dim, const std::vector<std::string>& split_groups,
-                          std::size_t ndim);
+/// Why the placements of a tensor of `ndim` dimensions are not valid (a
+/// shard outside [0, ndim), an empty or repeated mesh dimension, a placement
+/// a checkpoint cannot hold: head-tail or partial), or "" when they are.
+std::string placement_problem(const dist::Placements& placements, std::size_t ndim);
 
 /// 16 lowercase hex digits.
 std::string format_xxh64(std::uint64_t hash);

@@ -35,17 +35,9 @@ std::int64_t committed_step(const std::string& name) {
 
 std::string fs_reason(const std::error_code& ec) { return ec.message(); }
 
-/// "split along dim 0 over tp+dp", "whole (no split)".
-std::string describe_split(int dim, const std::vector<std::string>& groups) {
-  if (dim < 0 && groups.empty()) {
-    return "whole (no split)";
-  }
-  std::string joined;
-  for (const auto& g : groups) {
-    joined += (joined.empty() ? "" : "+") + g;
-  }
-  return "split along dim " + std::to_string(dim) + " over " +
-         (joined.empty() ? "nothing" : joined);
+/// "placed tp:S(0) dp:S(0)", "placed whole (no split)".
+std::string describe_split(const dist::Placements& placements) {
+  return placements.empty() ? "whole (no split)" : "placed " + dist::describe(placements);
 }
 
 void rename_or_throw(const fs::path& from, const fs::path& to) {
@@ -189,16 +181,15 @@ void CheckpointWriter::write_file(const std::string& file_name,
                             format_shape(t.offsets) + " does not fit inside global shape " +
                             format_shape(t.global_shape));
     }
-    const auto split = split_problem(t.split_dim, t.split_groups, ndim);
+    const auto split = placement_problem(t.placements, ndim);
     if (!split.empty()) {
       throw CheckpointError(what + split);
     }
     const auto it = shards_.find(t.name);
     if (it != shards_.end() &&
-        (it->second.split_dim != t.split_dim || it->second.split_groups != t.split_groups)) {
-      throw CheckpointError(what + "rank " + std::to_string(rank_) + " already wrote it with " +
-                            describe_split(it->second.split_dim, it->second.split_groups) +
-                            ", now " + describe_split(t.split_dim, t.split_groups));
+        it->second.placements != t.placements) {
+      throw CheckpointError(what + "rank " + std::to_string(rank_) + " already wrote it " +
+                            describe_split(it->second.placements) + ", now " + describe_split(t.placements));
     }
     if (it != shards_.end() &&
         (it->second.global_shape != t.global_shape || it->second.dtype != t.local.scalar_type())) {
@@ -217,8 +208,7 @@ void CheckpointWriter::write_file(const std::string& file_name,
     auto& record = shards_[t.name];
     record.global_shape = t.global_shape;
     record.dtype = t.local.scalar_type();
-    record.split_dim = t.split_dim;
-    record.split_groups = t.split_groups;
+    record.placements = t.placements;
     record.shards.push_back(ShardRecord{file_name, t.offsets, t.local.sizes().vec(),
                                         written[i].begin, written[i].end,
                                         format_xxh64(written[i].xxh64)});
@@ -256,10 +246,22 @@ void CheckpointWriter::finish_rank() {
   finished_ = true;
 }
 
+void CheckpointWriter::commit_with_mesh(const std::string& root, std::int64_t step, const nlohmann::json& state,
+                                        const dist::ProcessMesh& mesh, const std::string& config_text, int keep,
+                                        const std::vector<int>& writers) {
+  commit_impl(root, step, state, mesh.sizes(), &mesh, config_text, keep, writers);
+}
+
 void CheckpointWriter::commit(const std::string& root, std::int64_t step,
                               const nlohmann::json& state, const Layout& layout,
                               const std::string& config_text, int keep,
                               const std::vector<int>& writers) {
+  commit_impl(root, step, state, layout, nullptr, config_text, keep, writers);
+}
+
+void CheckpointWriter::commit_impl(const std::string& root, std::int64_t step, const nlohmann::json& state,
+                                   const Layout& layout, const dist::ProcessMesh* mesh,
+                                   const std::string& config_text, int keep, const std::vector<int>& writers) {
   const fs::path root_dir(root);
   const std::string name = step_dir_name(step);
   const fs::path staging = ckpt::staging_dir(root, step);
@@ -304,6 +306,7 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
   Manifest manifest;
   manifest.step = step;
   manifest.layout = layout;
+  if (mesh != nullptr) manifest.mesh = std::make_shared<const dist::ProcessMesh>(*mesh);
   if (!config_text.empty()) {
     manifest.config_file = kConfigFileName;
     manifest.config_hash = xxh64_hex(config_text);
@@ -318,15 +321,12 @@ void CheckpointWriter::commit(const std::string& root, std::int64_t step,
       if (inserted) {
         merged.global_shape = record.global_shape;
         merged.dtype = record.dtype;
-        merged.split_dim = record.split_dim;
-        merged.split_groups = record.split_groups;
+        merged.placements = record.placements;
         tensor_rank[tensor] = rank;
-      } else if (merged.split_dim != record.split_dim ||
-                 merged.split_groups != record.split_groups) {
-        throw CheckpointInternalError(what + "tensor '" + tensor + "' is " +
-                                      describe_split(merged.split_dim, merged.split_groups) +
+      } else if (merged.placements != record.placements) {
+        throw CheckpointInternalError(what + "tensor '" + tensor + "' is " + describe_split(merged.placements) +
                                       " on rank " + std::to_string(tensor_rank[tensor]) + " but " +
-                                      describe_split(record.split_dim, record.split_groups) +
+                                      describe_split(record.placements) +
                                       " on rank " + std::to_string(rank) +
                                       "; every writer must record the same split");
       } else if (merged.global_shape != record.global_shape || merged.dtype != record.dtype) {

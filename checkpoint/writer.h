@@ -36,17 +36,16 @@ namespace hp::ckpt {
 /// starting at `offsets` (one per dimension). A whole tensor has zero offsets
 /// and `local.sizes() == global_shape`.
 ///
-/// `split_dim` / `split_groups` record how the run splits the tensor (its
-/// ShardSpec), whether or not this write stores a slice: -1 / {} for a whole
-/// tensor; e.g. 0 / {"tp", "dp"} for a ZeRO slice of a tensor-parallel
-/// parameter (outermost group first). They land in the manifest's "split".
+/// `placements` record how the run lays the tensor out (its ShardSpec),
+/// whether or not this write stores a slice: empty for a whole tensor; e.g.
+/// [tp:S(0), dp:S(0)] for a ZeRO slice of a tensor-parallel parameter. They
+/// land in the manifest's "placements".
 struct ShardedTensor {
   std::string name;
   at::Tensor local;
   std::vector<std::int64_t> global_shape;
   std::vector<std::int64_t> offsets;
-  int split_dim = -1;
-  std::vector<std::string> split_groups;
+  dist::Placements placements;
 };
 
 /// Writes one rank's part of step `step` under `root_dir`.
@@ -92,6 +91,11 @@ class CheckpointWriter {
   static void commit(const std::string& root, std::int64_t step, const nlohmann::json& state,
                      const Layout& layout, const std::string& config_text, int keep = 0,
                      const std::vector<int>& writers = {});
+  /// Same, recording the run's whole mesh in the manifest (its sizes as the
+  /// layout): what a run and hp-ckpt convert write.
+  static void commit_with_mesh(const std::string& root, std::int64_t step, const nlohmann::json& state,
+                               const dist::ProcessMesh& mesh, const std::string& config_text, int keep = 0,
+                               const std::vector<int>& writers = {});
 
   /// "step_00000100" (ckpt::step_dir_name, file_names.h).
   static std::string step_dir_name(std::int64_t step);
@@ -101,6 +105,10 @@ class CheckpointWriter {
   int rank() const { return rank_; }
 
  private:
+  static void commit_impl(const std::string& root, std::int64_t step, const nlohmann::json& state,
+                          const Layout& layout, const dist::ProcessMesh* mesh, const std::string& config_text,
+                          int keep, const std::vector<int>& writers);
+
   std::string root_;
   std::int64_t step_;
   int rank_;

@@ -310,6 +310,36 @@ std::vector<std::string> ProcessMesh::data_dims() const {
   return out;
 }
 
+std::vector<std::string> ProcessMesh::grad_sync_dims(const std::vector<std::string>& shard_dims) const {
+  std::vector<std::string> out;
+  std::vector<const MeshView*> along;
+  for (const auto& v : views_) {
+    for (const auto& d : v.dims) {
+      if (std::find(shard_dims.begin(), shard_dims.end(), d.name) != shard_dims.end()) {
+        along.push_back(&v);
+        break;
+      }
+    }
+  }
+  for (const auto& d : data_dims()) {
+    const MeshView* covering = nullptr;
+    for (const auto* v : along) {
+      if (std::find(v->over.begin(), v->over.end(), d) != v->over.end()) covering = v;
+    }
+    if (covering == nullptr) {
+      out.push_back(d);
+      continue;
+    }
+    for (const auto& vd : covering->dims) {
+      if ((vd.role == MeshRole::kReplicate || vd.role == MeshRole::kSequence) &&
+          std::find(out.begin(), out.end(), vd.name) == out.end()) {
+        out.push_back(vd.name);
+      }
+    }
+  }
+  return out;
+}
+
 int ProcessMesh::replica_rank(int rank) const {
   const auto c = base_coords(rank);
   int index = 0, stride = 1;

@@ -101,6 +101,11 @@ class ProcessMesh {
   /// The dimensions a replicated parameter's gradient is summed over: the
   /// base dimensions with the replicate or sequence role, in mesh order.
   std::vector<std::string> data_dims() const;
+  /// The dimensions the gradient of a parameter sharded over `shard_dims`
+  /// is summed over: data_dims(), where a view one of `shard_dims` belongs
+  /// to replaces the base dimensions it covers by its own replicate and
+  /// sequence dimensions (experts sharded over ep sum over edp, not dp).
+  std::vector<std::string> grad_sync_dims(const std::vector<std::string>& shard_dims) const;
   /// The dimensions that split tensors (base and view), in mesh order.
   std::vector<std::string> split_groups() const { return dims_with(MeshRole::kSplit); }
   /// Samples are split over the base replicate dimensions: this rank's index

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "backends/dist/context.h"
@@ -47,57 +48,47 @@ int BuildContext::group_size(const std::string& g) const { return dist_->group(g
 int BuildContext::group_rank(const std::string& g) const { return dist_->group(g).rank(); }
 dist::Group* BuildContext::group(const std::string& g) const { return &dist_->group(g); }
 
-std::string BuildContext::data_sync(const std::string& first) const {
-  std::string out = first;
-  for (const auto& d : dist_->mesh().data_dims()) out += (out.empty() ? "" : "+") + d;
-  return out;
-}
-
 at::Tensor BuildContext::param(torch::nn::Module& module, const std::string& global_name,
                                const std::string& local_name,
                                const std::vector<std::int64_t>& global_shape, Init init,
-                               int split_dim, const std::string& split_group,
-                               const std::string& grad_sync_group) {
-  if (split_dim >= 0 && split_group.empty()) {
-    throw std::logic_error("internal error: parameter '" + global_name + "' is split without a group, please report");
-  }
-  if (split_dim < 0 || group_size(split_group) == 1) {
-    return param_slice(module, global_name, local_name, global_shape, init, -1, 0, 0, "",
-                       grad_sync_group);
-  }
-  const auto box =
-      dist::slice_box(global_shape, split_dim, group_size(split_group), group_rank(split_group));
-  const auto d = static_cast<std::size_t>(split_dim);
-  return param_slice(module, global_name, local_name, global_shape, init, split_dim,
-                     box.offsets[d], box.lengths[d], split_group, grad_sync_group);
+                               dist::Placements placements, std::vector<std::string> partial_grad) {
+  // A placement over a dimension of one rank changes nothing: leave it out,
+  // so the same parameter has the same spec whatever the feature's size.
+  placements.erase(std::remove_if(placements.begin(), placements.end(),
+                                  [&](const dist::DimPlacement& p) { return group_size(p.dim) == 1; }),
+                   placements.end());
+  partial_grad.erase(std::remove_if(partial_grad.begin(), partial_grad.end(),
+                                    [&](const std::string& d) { return group_size(d) == 1; }),
+                     partial_grad.end());
+  const auto coords = dist::coords_of(dist_->mesh(), placements, dist_->rank());
+  return param_at(module, global_name, local_name, global_shape, init, std::move(placements), coords,
+                  std::move(partial_grad));
 }
 
-at::Tensor BuildContext::param_slice(torch::nn::Module& module, const std::string& global_name,
-                                     const std::string& local_name,
-                                     const std::vector<std::int64_t>& global_shape, Init init,
-                                     int split_dim, std::int64_t offset, std::int64_t length,
-                                     const std::string& split_group,
-                                     const std::string& grad_sync_group) {
+at::Tensor BuildContext::param_at(torch::nn::Module& module, const std::string& global_name,
+                                  const std::string& local_name, const std::vector<std::int64_t>& global_shape,
+                                  Init init, dist::Placements placements, const std::vector<dist::MeshCoord>& coords,
+                                  std::vector<std::string> partial_grad) {
   for (const auto& p : params_) {
     if (p.spec.name == global_name) {
       throw std::logic_error("model error: parameter '" + global_name +
                              "' is created twice; every parameter needs a unique global name");
     }
   }
-  at::Tensor full = initial_value(seed_, global_name, global_shape, init);
+  const auto part = dist::part_of(global_shape, placements, coords);
+  if (part.boxes.size() != 1 || part.partial) {
+    throw std::logic_error("model error: parameter '" + global_name + "' is placed " + dist::describe(placements) +
+                           "; a parameter's part must be one box (shard or replicate, no head-tail or partial)");
+  }
   ShardSpec spec;
   spec.name = global_name;
   spec.global_shape = global_shape;
-  spec.grad_sync_group = grad_sync_group.empty() ? data_sync() : grad_sync_group;
-  at::Tensor local = full;
-  if (split_dim >= 0) {
-    spec.split_dim = split_dim;
-    spec.offset = offset;
-    spec.length = length;
-    spec.split_group = split_group;
-    local = dist::slice_of(full, dist::range_box(global_shape, split_dim, offset, length)).clone();
-  }
-  at::Tensor p = module.register_parameter(local_name, local.contiguous());
+  spec.grad_sync = std::move(partial_grad);
+  for (const auto& d : dist_->mesh().grad_sync_dims(dist::shard_dims(placements))) spec.grad_sync.push_back(d);
+  spec.placements = std::move(placements);
+  spec.box = part.boxes[0];
+  at::Tensor full = initial_value(seed_, global_name, global_shape, init);
+  at::Tensor p = module.register_parameter(local_name, dist::cut(full, part));
   params_.push_back({spec, p});
   return p;
 }

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/slice.h"
+#include "backends/dist/placement.h"
 #include "framework/model/activations.h"
 #include "framework/model/shard_spec.h"
 
@@ -70,26 +70,24 @@ class BuildContext {
   int group_size(const std::string& group) const;
   int group_rank(const std::string& group) const;
   dist::Group* group(const std::string& group) const;
-  /// The groups a replicated parameter's gradient is summed over, as a
-  /// grad_sync_group: `first` (a split group whose ranks see different
-  /// positions, e.g. under sequence parallel; "" for none) then the mesh's
-  /// data dimensions (replicate and sequence roles).
-  std::string data_sync(const std::string& first = "") const;
-
-  /// Creates, initialises and registers parameter `local_name` of `module`.
-  /// With `split_dim` >= 0 the full tensor is split over `split_group` with
-  /// split_range(), and this rank keeps its piece. `grad_sync_group` ""
-  /// means the mesh's replicate group.
+  /// Creates, initialises and registers parameter `local_name` of `module`:
+  /// the full tensor (from the seed and the global name) cut to this rank's
+  /// part by `placements` (outermost first; dist::cut), so the weights never
+  /// depend on the layout. Placements over mesh dimensions of size 1 are
+  /// dropped. The gradient is summed over `partial_grad` (the feature's own
+  /// dimensions whose ranks see different positions of the data, e.g. tp
+  /// under sequence parallel) and then over the mesh's data dimensions, each
+  /// replaced by the replicate dimensions of a view the parameter is sharded
+  /// along (experts sharded over ep sum over the rest of dp, edp).
   at::Tensor param(torch::nn::Module& module, const std::string& global_name,
                    const std::string& local_name, const std::vector<std::int64_t>& global_shape,
-                   Init init, int split_dim = -1, const std::string& split_group = "",
-                   const std::string& grad_sync_group = "");
-  /// Same, with an explicit slice (for layouts split_range does not describe).
-  at::Tensor param_slice(torch::nn::Module& module, const std::string& global_name,
-                         const std::string& local_name,
-                         const std::vector<std::int64_t>& global_shape, Init init, int split_dim,
-                         std::int64_t offset, std::int64_t length, const std::string& split_group,
-                         const std::string& grad_sync_group = "");
+                   Init init, dist::Placements placements = {}, std::vector<std::string> partial_grad = {});
+  /// Same, at explicit coordinates along the placements' dimensions (one
+  /// per placement) instead of this rank's.
+  at::Tensor param_at(torch::nn::Module& module, const std::string& global_name,
+                      const std::string& local_name, const std::vector<std::int64_t>& global_shape,
+                      Init init, dist::Placements placements, const std::vector<dist::MeshCoord>& coords,
+                      std::vector<std::string> partial_grad = {});
 
   const std::vector<ParamEntry>& params() const { return params_; }
 

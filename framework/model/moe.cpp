@@ -324,16 +324,12 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
   });
 }
 
-ExpertWeights MoeLayer::make_experts(BuildContext& ctx, std::int64_t first, std::int64_t count,
-                                     const std::string& split_group,
-                                     const std::string& grad_sync_group) {
+ExpertWeights MoeLayer::make_experts(BuildContext& ctx, const dist::Placements& placements) {
   const std::int64_t E = o_.num_experts, H = hidden_, F = ffn_;
-  const int dim = split_group.empty() ? -1 : 0;
   auto make = [&](const std::string& what, std::vector<std::int64_t> shape, Init init) {
     std::string local = "experts_" + what;
     std::replace(local.begin(), local.end(), '.', '_');
-    return ctx.param_slice(*this, name_ + ".experts." + what, local, shape, init, dim,
-                           dim < 0 ? 0 : first, dim < 0 ? 0 : count, split_group, grad_sync_group);
+    return ctx.param(*this, name_ + ".experts." + what, local, shape, init, placements);
   };
   ExpertWeights w;
   w.w1 = make("fc1.weight", {E, F, H}, Init::normal(init_std_));
@@ -372,7 +368,7 @@ namespace {
 class DenseMoe : public MoeLayer {
  public:
   DenseMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx) {
-    experts_ = make_experts(ctx, 0, options().num_experts, "", "");
+    experts_ = make_experts(ctx);
   }
 
  protected:

@@ -118,11 +118,10 @@ class MoeLayer : public Layer {
   at::Tensor forward(const at::Tensor& x) override;
   const MoeOptions& options() const { return o_; }
   const MoeStats& stats() const { return stats_; }
-  /// Creates the stacked expert parameters, experts [first, first + count)
-  /// of E, split over `split_group` ("" when all are here); gradients are
-  /// summed over `grad_sync_group` ("" for the replicate group).
-  ExpertWeights make_experts(BuildContext& ctx, std::int64_t first, std::int64_t count,
-                             const std::string& split_group, const std::string& grad_sync_group);
+  /// Creates the stacked expert parameters ([E, ...] each), laid out by
+  /// `placements` (none: every expert here; a shard along dimension 0
+  /// holds a range of the experts).
+  ExpertWeights make_experts(BuildContext& ctx, const dist::Placements& placements = {});
 
  protected:
   /// For each token, the sum over its kept assignments (ascending expert

@@ -1,59 +1,47 @@
 #pragma once
 // How one parameter of this rank relates to the full, layout-independent
-// tensor: its global name and shape, which dimension is split and which slice
-// this rank holds, and over which group its gradient is averaged.
+// tensor: its global name and shape, its placements over the mesh (which
+// dimensions shard it, along which tensor dimension), the box of it this
+// rank holds, and the mesh dimensions its gradient is summed over.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "backends/dist/mesh.h"
+#include "backends/dist/placement.h"
 
 namespace hp {
 
 struct ShardSpec {
-  std::string name;                       ///< "blocks.3.attn.qkv.weight", the same on every layout
+  std::string name;  ///< "blocks.3.attn.qkv.weight", the same on every layout
   std::vector<std::int64_t> global_shape;
-  int split_dim = -1;                     ///< -1: this rank holds the whole tensor
-  std::int64_t offset = 0;                ///< start of this rank's slice along split_dim
-  std::int64_t length = 0;                ///< its length along split_dim
-  /// Group(s) the tensor is split over, "" when whole. Several joined by
-  /// '+' split it again, outermost first: "tp+dp" is a tensor-parallel slice
-  /// cut once more over the data-parallel ranks (zero's optimizer state);
-  /// all levels split the same dimension, so the slice is still one range.
-  std::string split_group;
-  /// Group(s) the gradient is summed over after backward, joined by '+'
-  /// in order: the mesh's data dimensions normally (BuildContext fills them
-  /// in: replicate and sequence roles), a split group first for replicated
-  /// parameters used on a sequence slice, a view's replicate dimension for
-  /// parameters held along a view (experts).
-  std::string grad_sync_group = dist::ProcessMesh::data_dim();
+  /// Its layout, outermost first; dimensions of size 1 are left out, so an
+  /// empty list is a tensor every rank holds whole. A tensor-parallel slice
+  /// cut again by zero over dp is [{tp, S(0)}, {dp, S(0)}].
+  dist::Placements placements;
+  /// The box of the global tensor this rank holds (empty: the whole tensor).
+  dist::Box box;
+  /// The mesh dimensions the gradient is summed over after backward, in
+  /// order: a dimension of the parameter's own feature first when its ranks
+  /// see different positions (sequence parallel), then the data dimensions
+  /// (BuildContext derives them from the mesh's roles).
+  std::vector<std::string> grad_sync;
 
-  bool sharded() const { return split_dim >= 0; }
-  /// split_group / grad_sync_group as a list.
-  std::vector<std::string> split_groups() const { return groups_of(split_group); }
-  std::vector<std::string> grad_sync_groups() const { return groups_of(grad_sync_group); }
-  static std::vector<std::string> groups_of(const std::string& joined) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    while (start < joined.size()) {
-      auto end = joined.find('+', start);
-      if (end == std::string::npos) end = joined.size();
-      if (end > start) out.push_back(joined.substr(start, end - start));
-      start = end + 1;
+  bool sharded() const { return !dist::shard_dims(placements).empty(); }
+  /// The mesh dimensions that shard it, outermost first.
+  std::vector<std::string> split_groups() const { return dist::shard_dims(placements); }
+  const std::vector<std::string>& grad_sync_groups() const { return grad_sync; }
+  /// The one tensor dimension its shards cut, -1 when whole.
+  int split_dim() const {
+    for (const auto& p : placements) {
+      if (p.placement.shards()) return p.placement.dim;
     }
-    return out;
+    return -1;
   }
-  /// Offsets of this rank's slice in the global tensor, per dimension.
+  /// Offsets of this rank's box in the global tensor, per dimension.
   std::vector<std::int64_t> offsets() const {
-    std::vector<std::int64_t> o(global_shape.size(), 0);
-    if (sharded()) o[static_cast<std::size_t>(split_dim)] = offset;
-    return o;
+    return box.offsets.empty() ? std::vector<std::int64_t>(global_shape.size(), 0) : box.offsets;
   }
-  std::vector<std::int64_t> local_shape() const {
-    auto s = global_shape;
-    if (sharded()) s[static_cast<std::size_t>(split_dim)] = length;
-    return s;
-  }
+  std::vector<std::int64_t> local_shape() const { return box.lengths.empty() ? global_shape : box.lengths; }
 };
 
 }  // namespace hp

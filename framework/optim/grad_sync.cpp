@@ -79,19 +79,19 @@ double global_grad_norm(dist::DistributedContext& dist, const std::vector<ParamE
   // Sum of squares per split group: whole tensors are identical on every
   // rank of their stage and count once; split ones are summed over the
   // groups that split them. Accumulated as tensors and read once per group.
-  std::map<std::string, at::Tensor> acc;
+  std::map<std::vector<std::string>, at::Tensor> acc;
   for (const auto& p : grads) {
     if (!p.tensor.defined()) continue;
     at::Tensor sq = p.tensor.to(at::kDouble).pow(2).sum();
-    auto& slot = acc[p.spec.sharded() ? p.spec.split_group : ""];
+    auto& slot = acc[p.spec.split_groups()];
     slot = slot.defined() ? slot + sq : sq;
   }
   // Every rank of a stage holds the same names, so the same split groups in
   // the same (sorted) order: no collective is left waiting.
   double total = 0;
-  for (const auto& [joined, t] : acc) {
+  for (const auto& [groups, t] : acc) {
     at::Tensor s = t.reshape({1});
-    for (const auto& name : ShardSpec::groups_of(joined)) {
+    for (const auto& name : groups) {
       auto& g = dist.group(name);
       if (g.size() > 1) g.all_reduce(s);
     }
@@ -129,13 +129,13 @@ class BucketedReducer : public GradReducer {
     // Reverse order: the last layers' gradients are ready first (as DDP
     // does). One set per list of groups; one queue per first group, in the
     // sets' order.
-    std::map<std::string, std::vector<std::size_t>> by_set;
-    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync_group].push_back(i);
+    std::map<std::vector<std::string>, std::vector<std::size_t>> by_set;
+    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync].push_back(i);
     std::vector<std::vector<std::size_t>> buckets, queues;
     std::vector<dist::Group*> queue_group;
-    for (const auto& [joined, idx] : by_set) {
+    for (const auto& [names, idx] : by_set) {
       Set set;
-      set.groups = groups_to_sum(dist_, ShardSpec::groups_of(joined));
+      set.groups = groups_to_sum(dist_, names);
       if (set.groups.empty()) continue;
       std::size_t q = 0;
       while (q < queue_group.size() && queue_group[q] != set.groups[0]) ++q;

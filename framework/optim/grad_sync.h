@@ -1,7 +1,7 @@
 #pragma once
 // The gradient reducer collaborator: what happens to gradients between
 // backward and the optimizer step. The built-in one all-reduces them in
-// buckets over each parameter's grad_sync_group; a feature (zero) may
+// buckets over each parameter's grad_sync dimensions; a feature (zero) may
 // reduce-scatter instead. Clipping and the global norm work from the
 // ShardSpecs and the mesh roles, so a replicated parameter counts once, a
 // split one is summed over its split groups, and every pipeline stage
@@ -107,7 +107,7 @@ class BucketLauncher {
   std::unique_ptr<Hooks> hooks_;
 };
 
-/// Bucketed all-reduce over each parameter's grad_sync_group. Buckets are
+/// Bucketed all-reduce over each parameter's grad_sync dimensions. Buckets are
 /// cut once, in reverse parameter order, per group list, at most
 /// options.bucket_bytes each. With options.overlap each bucket is launched
 /// (over the list's first group) from a post-hook on its parameters'

@@ -45,15 +45,18 @@ void set_rng_state_hex(const std::string& hex) {
 }
 
 at::Tensor gather_full(dist::DistributedContext& d, const ShardSpec& spec, const at::Tensor& t) {
-  if (!spec.sharded()) return t;
-  const auto groups = spec.split_groups();
   at::Tensor out = t;
-  // Inner levels hold consecutive sub-ranges of the outer slice, in member order.
-  for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
-    auto& g = d.group(*it);
-    if (g.size() > 1) {
-      out = at::cat(dist::all_gather_uneven(g, out, spec.split_dim), spec.split_dim);
+  // Inner placements cut what the outer ones left, in member order: gather
+  // innermost first.
+  for (auto it = spec.placements.rbegin(); it != spec.placements.rend(); ++it) {
+    const auto& p = it->placement;
+    if (p.kind != dist::Placement::Kind::kShard) {
+      if (p.kind == dist::Placement::Kind::kReplicate) continue;
+      throw std::logic_error("internal error: cannot gather '" + spec.name + "' placed " +
+                             dist::describe(spec.placements) + " (only shards), please report");
     }
+    auto& g = d.group(it->dim);
+    if (g.size() > 1) out = at::cat(dist::all_gather_uneven(g, out, p.dim), p.dim);
   }
   return out;
 }
@@ -248,9 +251,8 @@ std::function<void()> step_commit(dist::DistributedContext& d, const CheckpointO
                                   const Config& config, std::vector<int> writers) {
   const auto rngs = rng_states_by_rank(d);
   return [root = o.root, step, run_state = run_state_json(state, rngs, config, d),
-          layout = d.mesh().sizes(), config_text = config.to_yaml(), keep = o.keep,
-          writers = std::move(writers)] {
-    ckpt::CheckpointWriter::commit(root, step, run_state, layout, config_text, keep, writers);
+          mesh = d.mesh(), config_text = config.to_yaml(), keep = o.keep, writers = std::move(writers)] {
+    ckpt::CheckpointWriter::commit_with_mesh(root, step, run_state, mesh, config_text, keep, writers);
   };
 }
 
@@ -285,8 +287,7 @@ class GatheredCheckpointIO : public CheckpointIO {
       for (const auto& e : entries) {
         at::Tensor t = gather_full(dist_, e.spec, e.tensor.detach());
         out.push_back({e.spec.name, t.contiguous(), e.spec.global_shape,
-                       std::vector<std::int64_t>(e.spec.global_shape.size(), 0), e.spec.split_dim,
-                       e.spec.split_groups()});
+                       std::vector<std::int64_t>(e.spec.global_shape.size(), 0), e.spec.placements});
       }
       return out;
     };

@@ -52,8 +52,7 @@ std::string write_grad_dump(const std::string& dir, std::int64_t step,
     placement[s.name] = {{"global_shape", s.global_shape},
                          {"offsets", s.offsets()},
                          {"shape", local},
-                         {"split_dim", s.split_dim},
-                         {"split_group", s.split_group},
+                         {"placements", dist::describe(s.placements)},
                          {"replicas", replicate_group(mesh, rank, s)}};
   }
   char name[64];

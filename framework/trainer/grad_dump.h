@@ -11,8 +11,8 @@
 //   "format":     "hyperparallel gradient dump 1"
 //   "step", "rank", "world_size", "mesh" ("pp=1 dp=2 tp=2 ep=1")
 //   "placement":  JSON {"<name>": {"global_shape": [..], "offsets": [..],
-//                  "shape": [..], "split_dim": d (-1: whole), "split_group":
-//                  "tp+dp" ("" when whole), "replicas": [ranks]}, ...}
+//                  "shape": [..], "placements": "tp:S(0) dp:S(0)" ("replicated"
+//                  when whole), "replicas": [ranks]}, ...}
 //
 // "replicas" is the sorted list of global ranks that hold the identical
 // slice (same pipeline stage, same index in every split group of the

@@ -38,7 +38,7 @@ class ExpertParallelMoe : public MoeLayer {
     const std::int64_t E = options().num_experts, P = g_.size();
     per_rank_ = E / P;
     first_ = g_.rank() * per_rank_;
-    experts_ = make_experts(ctx, first_, per_rank_, P > 1 ? kExperts : "", P > 1 ? kExpertReplicas : "");
+    experts_ = make_experts(ctx, {{kExperts, dist::Placement::shard(0)}});
   }
 
  protected:

@@ -160,8 +160,7 @@ class ShardedCheckpointIO : public CheckpointIO {
       t = async_ ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
       bytes += static_cast<std::uint64_t>(t.numel() * t.element_size());
       (h.optimizer ? optim : model)
-          ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.split_dim,
-                       e.spec.split_groups()});
+          ->push_back({e.spec.name, t, e.spec.global_shape, e.spec.offsets(), e.spec.placements});
     }
     const int world_size = world.size();
     const auto timeout = world.timeout();

@@ -12,18 +12,20 @@ namespace hp::tensor_parallel {
 
 namespace {
 
-dist::Group& tp_group(BuildContext& ctx) { return *ctx.group("tp"); }
 
 /// The sequence dimension of [batch, seq, features] activations.
 constexpr std::int64_t kSeqDim = 1;
 
-/// Where the gradient of a replicated (unsplit) parameter is summed. Used on
-/// a sequence slice, each rank's gradient is partial: it is summed over tp
-/// too, with the data-parallel sync after backward (one bucketed
-/// all-reduce per step, as Megatron's layer-norm gradient all-reduce).
-// Replicated parameters used on a sequence slice sum their gradient over tp
-// first, then over the data dimensions (the mesh's, never spelt here).
-std::string replicated_sync(const BuildContext& ctx, bool sp) { return ctx.data_sync(sp ? "tp" : ""); }
+/// The tensor-parallel dimension this plugin registers.
+const char* kTp = "tp";
+/// Split along tensor dimension `d` over tp.
+dist::Placements over_tp(int d) { return {{kTp, dist::Placement::shard(d)}}; }
+/// A replicated parameter used on a sequence slice has a partial gradient on
+/// each tp rank: summed over tp, then over the data dimensions, after
+/// backward (one bucketed all-reduce per step, as Megatron's layer-norm
+/// gradient all-reduce).
+std::vector<std::string> partial_over_tp(bool sp) { return sp ? std::vector<std::string>{kTp} : std::vector<std::string>{}; }
+dist::Group& tp_group(BuildContext& ctx) { return *ctx.group(kTp); }
 
 class ColumnLinear : public Layer {
  public:
@@ -32,9 +34,9 @@ class ColumnLinear : public Layer {
     if (!s.tied_weight.empty()) {
       weight_ = ctx.shared(s.tied_weight);  // the embedding's vocabulary slice
     } else {
-      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 0, "tp");
+      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), over_tp(0));
     }
-    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), 0, "tp");
+    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), over_tp(0));
   }
   at::Tensor forward(const at::Tensor& x) override {
     // Sequence parallel: the input is this rank's slice of the sequence;
@@ -57,9 +59,9 @@ class RowLinear : public Layer {
  public:
   RowLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
       : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), 1, "tp");
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), over_tp(1));
     if (s.bias) {
-      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), -1, "tp", replicated_sync(ctx, sp));
+      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), {}, partial_over_tp(sp));
     }
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -86,7 +88,7 @@ class RowLinear : public Layer {
 class VocabEmbedding : public Layer {
  public:
   VocabEmbedding(const LayerSpec& s, BuildContext& ctx, bool sp) : g_(tp_group(ctx)), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), 0, "tp");
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), over_tp(0));
     ctx.share(s.name + ".weight", weight_);
     auto [off, len] = split_range(s.in, g_.size(), g_.rank());
     begin_ = off;
@@ -111,8 +113,8 @@ class VocabEmbedding : public Layer {
 class SequenceLayerNorm : public Layer {
  public:
   SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), -1, "tp", replicated_sync(ctx, true));
-    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), -1, "tp", replicated_sync(ctx, true));
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), {}, partial_over_tp(true));
+    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), {}, partial_over_tp(true));
   }
   at::Tensor forward(const at::Tensor& x) override { return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5); }
 
@@ -126,8 +128,8 @@ class SequenceLayerNorm : public Layer {
 class SequencePositions : public Layer {
  public:
   SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), -1, "tp",
-                        replicated_sync(ctx, true));
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), {},
+                        partial_over_tp(true));
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
@@ -205,13 +207,10 @@ class TensorParallelMoe : public MoeLayer {
  public:
   TensorParallelMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx), g_(tp_group(ctx)) {
     const std::int64_t E = options().num_experts, H = hidden_, F = ffn_;
-    auto [off, len] = split_range(F, g_.size(), g_.rank());
     const std::string base = name_ + ".experts.";
-    w1_ = ctx.param_slice(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), 1, off,
-                          len, "tp");
-    b1_ = ctx.param_slice(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), 1, off, len, "tp");
-    w2_ = ctx.param_slice(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), 2, off,
-                          len, "tp");
+    w1_ = ctx.param(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), over_tp(1));
+    b1_ = ctx.param(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), over_tp(1));
+    w2_ = ctx.param(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), over_tp(2));
     b2_ = ctx.param(*this, base + "fc2.bias", "experts_fc2_bias", {E, H}, Init::zeros());
   }
 

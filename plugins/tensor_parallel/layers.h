@@ -15,7 +15,7 @@
 //   linear.row        reduce-scatters its output along the sequence (all-gather in backward)
 //   embedding.vocab   reduce-scatters along the sequence
 //   layer_norm        runs on the slice; weight and bias gradients summed over tp
-//                     (grad_sync_group "tp+dp": in the one bucketed sync after backward)
+//                     then the data dimensions (partial over tp: in the one bucketed sync after backward)
 //   embedding.position adds the rows of this rank's slice; gradient summed over tp
 //   dropout           applies the mask elements of this rank's positions (the
 //                     mask is a function of the global position, no generator)

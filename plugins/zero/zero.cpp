@@ -67,18 +67,17 @@ struct Shards {
       c.shard_group = groups.back();
       groups.pop_back();
       c.pre_groups = groups;
-      c.dim = p.spec.sharded() ? p.spec.split_dim : 0;
+      c.dim = p.spec.sharded() ? p.spec.split_dim() : 0;
       auto& g = d.group(c.shard_group);
       c.me = g.rank();
       const std::int64_t len = p.tensor.size(c.dim);
       for (int m = 0; m < g.size(); ++m) c.ranges.push_back(split_range(len, g.size(), m));
       c.slice_spec = p.spec;
       if (g.size() > 1) {
-        c.slice_spec.split_dim = c.dim;
-        c.slice_spec.offset = (p.spec.sharded() ? p.spec.offset : 0) + c.ranges[static_cast<std::size_t>(c.me)].first;
-        c.slice_spec.length = c.ranges[static_cast<std::size_t>(c.me)].second;
-        c.slice_spec.split_group =
-            p.spec.sharded() ? p.spec.split_group + "+" + c.shard_group : c.shard_group;
+        // The parameter's placements, cut once more over the shard group.
+        c.slice_spec.placements.push_back({c.shard_group, dist::Placement::shard(c.dim)});
+        const auto& pl = c.slice_spec.placements;
+        c.slice_spec.box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(d.mesh(), pl, d.rank())).boxes.at(0);
       }
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       c.slice_grad = at::zeros(c.slice_of(p.tensor, c.me).sizes(), p.tensor.options());
@@ -123,14 +122,11 @@ struct Shards {
   /// for sequence-parallel replicated parameters), before their scatter.
   void pre_sum() {
     c10::NoGradGuard no_grad;
-    std::map<std::string, std::vector<at::Tensor>> pre;
+    std::map<std::vector<std::string>, std::vector<at::Tensor>> pre;
     for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {
-      if (it->pre_groups.empty()) continue;
-      std::string joined;
-      for (const auto& g : it->pre_groups) joined += (joined.empty() ? "" : "+") + g;
-      pre[joined].push_back(it->param.tensor.grad());
+      if (!it->pre_groups.empty()) pre[it->pre_groups].push_back(it->param.tensor.grad());
     }
-    for (auto& [joined, grads] : pre) all_reduce_bucketed(*dist, ShardSpec::groups_of(joined), grads, bucket_bytes);
+    for (auto& [groups, grads] : pre) all_reduce_bucketed(*dist, groups, grads, bucket_bytes);
   }
 
   /// Starts the reduce-scatter of one bucket: every member's slices

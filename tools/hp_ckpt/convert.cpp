@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 int run_convert(const std::string& dir, const std::string& out, const TargetLayout& target) {
   const std::string step_dir = resolve_step_dir(dir);
   const ckpt::CheckpointReader reader(step_dir);
-  const auto mesh = target_mesh(target.sizes);
+  const auto mesh = target_mesh(target.sizes, reader.manifest());
   const int world = mesh.world_size();
   const auto& manifest = reader.manifest();
   const fs::path final_dir = fs::path(out) / ckpt::step_dir_name(reader.step());
@@ -40,9 +40,9 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
   std::vector<std::vector<Piece>> held(static_cast<std::size_t>(world));
   std::vector<std::vector<ckpt::SliceDesc>> by_rank(static_cast<std::size_t>(world));
   for (const auto& [name, record] : manifest.tensors) {
-    piece_count(name, record, mesh);  // refuses an unknown group or a size it does not divide
+    check_cut(name, record, mesh);  // refuses an unknown group or a size it does not divide
     for (int r = 0; r < world; ++r) {
-      auto p = piece(name, record, mesh, piece_index(record, mesh, r));
+      auto p = piece_of(name, record, mesh, r);
       by_rank[static_cast<std::size_t>(r)].push_back(
           {ckpt::slice_key(name, p.offsets, p.lengths), p.bytes});
       held[static_cast<std::size_t>(r)].push_back(std::move(p));
@@ -63,15 +63,13 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
                             reader.read(p.name, p.offsets, p.lengths),
                             p.record->global_shape,
                             p.offsets,
-                            p.record->split_dim,
-                            p.record->split_groups};
+                            p.record->placements};
       (is_optimizer_state(*p.record) ? optim : model).push_back(std::move(t));
     }
     w.write_rank(model, optim);
     writers.push_back(r);
   }
-  ckpt::CheckpointWriter::commit(out, reader.step(), reader.state(), layout_sizes(mesh),
-                                 reader.config_text(), 0, writers);
+  ckpt::CheckpointWriter::commit_with_mesh(out, reader.step(), reader.state(), mesh, reader.config_text(), 0, writers);
   std::printf(
       "converted step %lld from layout %s to %s: %zu tensors as %zu pieces written by %d "
       "ranks into %s\n",

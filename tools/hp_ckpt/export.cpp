@@ -79,7 +79,9 @@ int run_consolidate(const std::string& dir, const std::string& out) {
 }
 
 int run_per_rank(const std::string& dir, const std::string& out, const TargetLayout& target) {
-  const auto mesh = target_mesh(target.sizes);
+  const std::string step_dir = resolve_step_dir(dir);
+  const ckpt::CheckpointReader reader(step_dir);
+  const auto mesh = target_mesh(target.sizes, reader.manifest());
   const std::string stages = mesh.partition_dim();
   if (mesh.group_size(stages) != 1) {
     throw UsageError("--per-rank with --" + stages + " " + std::to_string(mesh.group_size(stages)) +
@@ -87,13 +89,11 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
                      "which a checkpoint does not record; use --pp 1 (every rank directory then "
                      "holds every block) or load the checkpoint with resharding");
   }
-  const std::string step_dir = resolve_step_dir(dir);
-  const ckpt::CheckpointReader reader(step_dir);
   require_fresh_output(out, "--per-rank");
   std::vector<std::string> model;
   for (const auto& [name, record] : reader.manifest().tensors) {
     if (is_optimizer_state(record)) continue;
-    piece_count(name, record, mesh);  // refuses a size the layout does not divide, before writing
+    check_cut(name, record, mesh);  // refuses a size the layout does not divide, before writing
     model.push_back(name);
   }
   make_dir(out);
@@ -103,7 +103,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
     json slices = json::object();
     for (const auto& name : model) {
       const auto& record = reader.manifest().tensors.at(name);
-      const auto p = piece(name, record, mesh, piece_index(record, mesh, r));
+      const auto p = piece_of(name, record, mesh, r);
       tensors.emplace_back(name, reader.read(name, p.offsets, p.lengths));
       slices[name] = {{"global_shape", record.global_shape}, {"offsets", p.offsets}};
     }

@@ -25,10 +25,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 std::string split_text(const ckpt::TensorRecord& t) {
-  if (t.split_dim < 0) {
-    return "-";
-  }
-  return "dim " + std::to_string(t.split_dim) + " over " + join(t.split_groups, "+");
+  return t.placements.empty() ? "-" : dist::describe(t.placements);
 }
 
 std::string dtype_text(const ckpt::TensorRecord& t) {
@@ -52,14 +49,14 @@ int run_inspect(const std::string& dir, bool as_json) {
     total_bytes += tensor_bytes(t);
     shards += t.shards.size();
     for (const auto& s : t.shards) files.insert(s.file);
-    json split = nullptr;
-    if (t.split_dim >= 0) split = {{"dim", t.split_dim}, {"groups", t.split_groups}};
+    json placements = json::array();
+    for (const auto& p : t.placements) placements.push_back({{"dim", p.dim}, {"placement", p.placement.str()}});
     tensors.push_back({{"name", name},
                        {"kind", optim ? "optimizer" : "model"},
                        {"global_shape", t.global_shape},
                        {"dtype", dtype_text(t)},
                        {"bytes", tensor_bytes(t)},
-                       {"split", split},
+                       {"placements", placements},
                        {"shards", t.shards.size()}});
   }
 
@@ -97,7 +94,7 @@ int run_inspect(const std::string& dir, bool as_json) {
                                        ? "no checksum in the manifest (written before they were)"
                                        : ("xxh64 " + m.state_xxh64).c_str());
   std::vector<std::vector<std::string>> rows = {
-      {"tensor", "kind", "global shape", "dtype", "bytes", "split", "shards"}};
+      {"tensor", "kind", "global shape", "dtype", "bytes", "placements", "shards"}};
   for (const auto& t : tensors) {
     const auto& rec = m.tensors.at(t["name"].get<std::string>());
     rows.push_back({t["name"].get<std::string>(), t["kind"].get<std::string>(),

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <string>
 
 #include "backends/dist/mesh.h"
@@ -18,9 +19,10 @@ namespace {
 constexpr const char* kConvertHelp = R"(
 Default: OUT is a checkpoint root; it receives a committed step (same step
 number, state.json copied, the target layout recorded) of the layout
---tp/--dp/--ep/--pp (each 1 when not given). A tensor split over groups
-(manifest "split", outermost first) is cut into the product of those groups'
-target sizes, equal ranges along its split dimension; a tensor with no split
+--tp/--dp/--ep/--pp (each 1 when not given). A tensor is cut by the
+placements its manifest records (outermost first; "split" in a version-1
+manifest), at each target rank's coordinates, as the trainer cuts it; the
+sizes must divide each split dimension evenly. A tensor with no placement
 recorded stays whole. Each piece is written once by one of the target ranks
 holding it (model-rankNNNNN / optim-rankNNNNN files). --pp only sets the
 layout recorded and the number of writers: pipeline stages hold whole blocks,
@@ -68,8 +70,8 @@ int main(int argc, char** argv) {
 
   auto* inspect = app.add_subcommand(
       "inspect",
-      "Step, layout, config hash, and per tensor: global shape, dtype, bytes, split "
-      "(dim and groups; '-' when whole or not recorded) and shard count");
+      "Step, layout, config hash, and per tensor: global shape, dtype, bytes, placements "
+      "(e.g. 'tp:S(0) dp:S(0)'; '-' when whole or not recorded) and shard count");
   inspect->add_option("dir", dir, "Step directory or checkpoint root")->required();
   inspect->add_flag("--json", json, "Machine-readable output");
 
@@ -88,12 +90,18 @@ int main(int argc, char** argv) {
   convert->footer(kConvertHelp);
   convert->add_option("dir", dir, "Step directory or checkpoint root")->required();
   convert->add_option("--to", out, "Output (see above)")->required();
-  // One option per mesh dimension of a layout (--tp, --dp, --ep, --pp).
+  // A shorthand per shipped mesh dimension (--tp, --dp, --ep, --pp), and
+  // --size NAME=N for any dimension the checkpoint's mesh has.
   std::vector<CLI::Option*> sizes;
+  std::map<std::string, int> shorthand;
   for (const auto& dim : hp::ckpt_tool::layout_dims()) {
-    target.sizes[dim] = 1;
-    sizes.push_back(convert->add_option("--" + dim, target.sizes[dim], "Target " + dim + " size (default 1)"));
+    shorthand[dim] = 1;
+    sizes.push_back(convert->add_option("--" + dim, shorthand[dim], "Target " + dim + " size (default 1)"));
   }
+  std::vector<std::string> named_sizes;
+  sizes.push_back(convert->add_option("--size", named_sizes,
+                                      "Target size of any mesh dimension the checkpoint records, NAME=N "
+                                      "(repeatable; e.g. --size cp=2); a dimension not given is 1"));
   auto* cons = convert->add_flag("--consolidate", consolidate,
                                  "One plain safetensors file of the full model weights");
   auto* per = convert->add_flag("--per-rank", per_rank,
@@ -117,6 +125,27 @@ int main(int argc, char** argv) {
   }
 
   const std::string command = app.get_subcommands().front()->get_name();
+  for (std::size_t i = 0; i < hp::ckpt_tool::layout_dims().size(); ++i) {
+    const auto& dim = hp::ckpt_tool::layout_dims()[i];
+    if (sizes[i]->count() > 0) target.sizes[dim] = shorthand[dim];
+  }
+  for (const auto& text : named_sizes) {
+    const auto eq = text.find('=');
+    int n = 0;
+    try {
+      std::size_t used = 0;
+      n = eq == std::string::npos ? 0 : std::stoi(text.substr(eq + 1), &used);
+      if (eq != std::string::npos && used != text.size() - eq - 1) n = 0;
+    } catch (const std::exception&) {
+      n = 0;
+    }
+    if (eq == std::string::npos || eq == 0 || n < 1) {
+      std::fprintf(stderr, "hp-ckpt %s: --size %s: not NAME=N with N at least 1 (e.g. --size tp=2)\n", command.c_str(),
+                   text.c_str());
+      return 2;
+    }
+    target.sizes[text.substr(0, eq)] = n;
+  }
   try {
     if (*inspect) return tool::run_inspect(dir, json);
     if (*verify) return tool::run_verify(dir);

@@ -1,9 +1,7 @@
 #pragma once
-// How hp-ckpt cuts a checkpoint's tensors for a target layout: a tensor
-// split over groups g1, g2, ... (outermost first) along dim d becomes
-// size(g1) * size(g2) * ... equal ranges along d, and a rank holds the range
-// its coordinates in those groups index (inner groups vary fastest), the
-// order the trainer gathers them in. Whole tensors stay whole.
+// How hp-ckpt cuts a checkpoint's tensors for a target layout: by the
+// placements recorded in the manifest, at each target rank's coordinates,
+// with the trainer's own function (dist::part_of). Whole tensors stay whole.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,22 +21,19 @@ struct Piece {
   std::uint64_t bytes = 0;
 };
 
-/// The target mesh; UsageError when a size is below 1 or the expert-parallel
-/// size does not divide the data-parallel one.
-dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes);
+/// The target mesh: `source`'s mesh (every dimension its run registered)
+/// at `sizes`; UsageError when a dimension is unknown, a size is below 1 or
+/// the sizes do not fit (ep must divide dp).
+dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes, const ckpt::Manifest& source);
 
-/// How many pieces `tensor` is cut into on `mesh`. CheckpointError naming
-/// the tensor, its size, the groups and their product when they do not
-/// divide it, or naming a group the mesh does not have.
-std::int64_t piece_count(const std::string& name, const ckpt::TensorRecord& tensor,
-                         const dist::ProcessMesh& mesh);
+/// Refuses (CheckpointError naming the tensor, its size, the groups and
+/// their product) a tensor the target sizes do not divide evenly, or one
+/// placed over a group the mesh does not have.
+void check_cut(const std::string& name, const ckpt::TensorRecord& tensor, const dist::ProcessMesh& mesh);
 
-/// Piece `index` (0 <= index < piece_count) of `tensor`.
-Piece piece(const std::string& name, const ckpt::TensorRecord& tensor,
-            const dist::ProcessMesh& mesh, std::int64_t index);
-
-/// Which piece `rank` of `mesh` holds.
-std::int64_t piece_index(const ckpt::TensorRecord& tensor, const dist::ProcessMesh& mesh, int rank);
+/// The piece of `tensor` that `rank` of `mesh` holds: its placements cut at
+/// the rank's coordinates (dist::part_of, the trainer's own rule).
+Piece piece_of(const std::string& name, const ckpt::TensorRecord& tensor, const dist::ProcessMesh& mesh, int rank);
 
 /// "rank 5: tp=1 dp=1 pp=0 ep=1 edp=0" (its index in each group)
 std::string describe_rank(const dist::ProcessMesh& mesh, int rank);

@@ -77,7 +77,7 @@ TEST(Checkpoint, WholeTensorsRoundTripBitwise) {
   EXPECT_EQ(st.metadata().at("format"), "pt");
   EXPECT_TRUE(bitwise_equal(st.read("embed.weight"), tensors[0].second));
   const json m = json::parse(read_bytes(step_dir(dir, 100) + "/manifest.json"));
-  EXPECT_EQ(m["format_version"], 1);
+  EXPECT_EQ(m["format_version"], 2);
   EXPECT_EQ(m["step"], 100);
   EXPECT_EQ(m["config_hash"], xxh64_hex(config));
   EXPECT_EQ(m["config_file"], "config.yaml");
@@ -309,7 +309,7 @@ TEST(Checkpoint, UnknownFormatVersionIsRefused) {
   write_manifest_resealed(step, m.dump());
   EXPECT_EQ(error_of([&] { CheckpointReader r(step); }),
             "unknown checkpoint format version 7 in " + manifest +
-                "; this hyperparallel reads version 1");
+                "; this hyperparallel reads versions 1 to 2: load it with the newer build that wrote it");
 }
 
 TEST(Checkpoint, CheckNamesTensorShapesDtypesAndFile) {

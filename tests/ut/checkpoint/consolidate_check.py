@@ -94,8 +94,8 @@ def main():
         manifest_path = os.path.join(tmp, "imported", "step_00000000", "manifest.json")
         with open(manifest_path) as f:
             manifest = json.load(f)
-        manifest["tensors"]["blocks.0.attn.w"]["split"] = {"dim": 0, "groups": ["tp"]}
-        manifest["tensors"]["head.weight"]["split"] = {"dim": 1, "groups": ["tp"]}
+        manifest["tensors"]["blocks.0.attn.w"]["placements"] = [{"dim": "tp", "placement": "S(0)"}]
+        manifest["tensors"]["head.weight"]["placements"] = [{"dim": "tp", "placement": "S(1)"}]
         # Edited by hand, so written as a manifest from before manifests had
         # a checksum (no checksum_file, no manifest.json.xxh64): such a
         # checkpoint still converts.
@@ -122,7 +122,7 @@ def main():
         with open(os.path.join(out, "config.json")) as f:
             config = json.load(f)
         check(config["step"] == 0 and config["state_step"] == 0, f"config.json: {config}")
-        check(config["layout"] == {"dp": 1, "ep": 1, "pp": 1, "tp": 2}, f"config.json layout: {config['layout']}")
+        check(config["layout"] == {"dp": 1, "edp": 1, "ep": 1, "pp": 1, "tp": 2}, f"config.json layout: {config['layout']}")
     print(f"consolidate_check: OK, {len(expected)} tensors match")
 
 

@@ -76,10 +76,10 @@ struct Sharded {
       std::vector<ShardedTensor> model, optim;
       if (dp == 0) {
         model.push_back(
-            {"blocks.0.w", w.narrow(0, 4 * tp, 4).clone(), {8, 4}, {4 * tp, 0}, 0, {"tp"}});
+            {"blocks.0.w", w.narrow(0, 4 * tp, 4).clone(), {8, 4}, {4 * tp, 0}, {{"tp", dist::Placement::shard(0)}}});
       } else {
         model.push_back(
-            {"embed", embed.narrow(1, 6 * tp, 6).clone(), {4, 12}, {0, 6 * tp}, 1, {"tp"}});
+            {"embed", embed.narrow(1, 6 * tp, 6).clone(), {4, 12}, {0, 6 * tp}, {{"tp", dist::Placement::shard(1)}}});
       }
       if (r == 0) model.push_back({"blocks.0.b", b, {6}, {0}});
       if (r == 3) optim.push_back({"exp_avg/blocks.0.b", m_b, {6}, {0}});
@@ -88,8 +88,7 @@ struct Sharded {
                        m_w.narrow(0, 2 * piece, 2).clone(),
                        {8, 4},
                        {2 * piece, 0},
-                       0,
-                       {"tp", "dp"}});
+                       {{"tp", dist::Placement::shard(0)}, {"dp", dist::Placement::shard(0)}}});
       writer.write_file(file_of("model", r), model);
       writer.write_file(file_of("optim", r), optim);
       writer.finish_rank();
@@ -133,33 +132,33 @@ TEST(HpCkptInspect, TextNamesStepLayoutAndEveryTensorsSplit) {
   const ToolRun r = hp_ckpt({"inspect", ckpt.dir.path()});  // the root: its latest step
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("checkpoint   " + ckpt.step_dir()), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("step         30 (format version 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step         30 (format version 2)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("layout       dp=2 ep=1 pp=1 tp=2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("config       config.yaml, xxh64 " + xxh64_hex(kConfig)), std::string::npos)
       << r.out;
   EXPECT_NE(
       r.out.find(
-          "tensor              kind       global shape  dtype  bytes  split             shards"),
+          "tensor              kind       global shape  dtype  bytes  placements       shards"),
       std::string::npos)
       << r.out;
   EXPECT_NE(
       r.out.find(
-          "blocks.0.w          model      [8, 4]        F32      128  dim 0 over tp          2"),
+          "blocks.0.w          model      [8, 4]        F32      128  tp:S(0)               2"),
       std::string::npos)
       << r.out;
   EXPECT_NE(
       r.out.find(
-          "embed               model      [4, 12]       BF16      96  dim 1 over tp          2"),
+          "embed               model      [4, 12]       BF16      96  tp:S(1)               2"),
       std::string::npos)
       << r.out;
   EXPECT_NE(
       r.out.find(
-          "exp_avg/blocks.0.b  optimizer  [6]           F32       24  -                      1"),
+          "exp_avg/blocks.0.b  optimizer  [6]           F32       24  -                     1"),
       std::string::npos)
       << r.out;
   EXPECT_NE(
       r.out.find(
-          "exp_avg/blocks.0.w  optimizer  [8, 4]        F32      128  dim 0 over tp+dp       4"),
+          "exp_avg/blocks.0.w  optimizer  [8, 4]        F32      128  tp:S(0) dp:S(0)       4"),
       std::string::npos)
       << r.out;
   EXPECT_NE(
@@ -188,13 +187,14 @@ TEST(HpCkptInspect, JsonIsMachineReadable) {
   const auto it = std::find_if(t.begin(), t.end(),
                                [](const json& e) { return e["name"] == "exp_avg/blocks.0.w"; });
   ASSERT_NE(it, t.end());
-  EXPECT_EQ((*it)["split"], json({{"dim", 0}, {"groups", {"tp", "dp"}}}));
+  EXPECT_EQ((*it)["placements"],
+            json::parse(R"J([{"dim": "tp", "placement": "S(0)"}, {"dim": "dp", "placement": "S(0)"}])J"));
   EXPECT_EQ((*it)["kind"], "optimizer");
   EXPECT_EQ((*it)["shards"], 4);
   EXPECT_EQ((*it)["global_shape"], json({8, 4}));
   EXPECT_EQ((*it)["dtype"], "F32");
   EXPECT_EQ((*it)["bytes"], 128);
-  EXPECT_TRUE(t[0]["split"].is_null());  // blocks.0.b
+  EXPECT_TRUE(t[0]["placements"].empty());  // blocks.0.b
 }
 
 TEST(HpCkptVerify, GoodDirectoryIsOneOkLine) {
@@ -297,7 +297,7 @@ TEST(HpCkptVerify, FlippedManifestBytesAreEachOneLine) {
 TEST(HpCkptVerify, NewerFormatVersion) {
   Sharded ckpt;
   ckpt.edit_manifest([](json& m) { m["format_version"] = m["format_version"].get<int>() + 1; });
-  expect_verify_fails(ckpt, "manifest.json", "", "unknown checkpoint format version 2");
+  expect_verify_fails(ckpt, "manifest.json", "", "unknown checkpoint format version 3");
   // inspect and convert refuse it the same way, in one line.
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"inspect", ckpt.dir.path()}, {"convert", ckpt.dir.path(), "--to", ckpt.dir / "out"}}) {
@@ -338,7 +338,7 @@ TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
       << r.out;
   const CheckpointReader reader(CheckpointReader::latest(out.path()));
   EXPECT_EQ(reader.step(), 30);
-  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 2}, {"tp", 4}, {"ep", 1}}));
+  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 2}, {"tp", 4}, {"ep", 1}, {"edp", 2}}));
   EXPECT_EQ(reader.config_hash(), xxh64_hex(kConfig));
   EXPECT_EQ(reader.config_text(), kConfig);
   EXPECT_EQ(reader.state(), ckpt.state);
@@ -351,9 +351,9 @@ TEST(HpCkptConvert, RecutToTp4Dp2ReadsBackEqual) {
     EXPECT_EQ(s.lengths, (std::vector<std::int64_t>{2, 4}));
   EXPECT_EQ(t.at("embed").shards.size(), 4u);
   EXPECT_EQ(t.at("exp_avg/blocks.0.w").shards.size(), 8u);
-  EXPECT_EQ(t.at("exp_avg/blocks.0.w").split_groups, (std::vector<std::string>{"tp", "dp"}));
+  EXPECT_EQ(t.at("exp_avg/blocks.0.w").split_groups(), (std::vector<std::string>{"tp", "dp"}));
   EXPECT_EQ(t.at("blocks.0.b").shards.size(), 1u);
-  EXPECT_EQ(t.at("blocks.0.b").split_dim, -1);
+  EXPECT_EQ(t.at("blocks.0.b").split_dim(), -1);
   // Optimizer state stays in optim-* files; replicas (dp=1: ranks 4-7) share the writing.
   for (const auto& s : t.at("exp_avg/blocks.0.w").shards)
     EXPECT_EQ(s.file.rfind("optim-rank", 0), 0u);
@@ -376,7 +376,7 @@ TEST(HpCkptConvert, MergeToOneRank) {
     EXPECT_EQ(record.shards[0].lengths, record.global_shape) << name;
     EXPECT_TRUE(bitwise_equal(reader.read_full(name), ckpt.all().at(name))) << name;
   }
-  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}}));
+  EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"edp", 1}}));
 }
 
 TEST(HpCkptConvert, SizeNotDivisibleIsOneLineNamingTensorSizeAndN) {
@@ -428,7 +428,7 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
 
 TEST(HpCkptConvert, UnknownSplitGroupIsNamed) {
   Sharded ckpt;
-  ckpt.edit_manifest([](json& m) { m["tensors"]["embed"]["split"]["groups"] = {"cp"}; });
+  ckpt.edit_manifest([](json& m) { m["tensors"]["embed"]["placements"][0]["dim"] = "cp"; });
   const ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", ckpt.dir / "out", "--tp", "2"});
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err,
@@ -445,6 +445,55 @@ TEST(HpCkptHelp, SaysWhatImportAndPerRankWrite) {
   EXPECT_EQ(convert.code, 0);
   EXPECT_NE(convert.out.find("rank = (pp * dp_size + dp) * tp_size + tp"), std::string::npos)
       << convert.out;
+}
+
+// A dimension hp-ckpt has never heard of, registered by some feature and
+// recorded in the manifest's mesh (here "xp", split, over 2 ranks, with a
+// view "xv" refactoring it with dp): convert re-shards over it by name
+// (--size xp=4), the target manifest records the new mesh, and the tensor
+// reads back bitwise.
+TEST(HpCkptConvert, ADimensionOnlyTheManifestsMeshKnowsReshards) {
+  TempDir dir;
+  const auto w = sample({8, 4}, at::kFloat);
+  dist::MeshPlan plan;
+  plan.claim("xp", 2, "some_feature", dist::MeshRole::kSplit);
+  plan.view({"xv", {"xp", "dp"}, {{"xa", 0, dist::MeshRole::kSplit, "some_feature"}}, "some_feature"});
+  dist::ProcessMesh mesh;
+  dist::MeshProblem problem;
+  ASSERT_TRUE(dist::resolve_mesh(plan, 2, 1, mesh, problem)) << problem.rule;
+  const dist::Placements xp = {{"xp", dist::Placement::shard(0)}};
+  CheckpointWriter::prepare(dir.path(), 5);
+  for (int r = 0; r < 2; ++r) {
+    CheckpointWriter writer(dir.path(), 5, r);
+    writer.write_file(file_of("model", r), {{"w", w.narrow(0, 4 * r, 4).clone(), {8, 4}, {4 * r, 0}, xp}});
+    writer.finish_rank();
+  }
+  CheckpointWriter::commit_with_mesh(dir.path(), 5, json{{"step", 5}}, mesh, kConfig);
+  const std::string src = dir / "step_00000005";
+  const json m = json::parse(read_bytes(src + "/manifest.json"));
+  EXPECT_EQ(m["mesh"]["dims"][0]["name"], "xp");
+  EXPECT_EQ(m["mesh"]["views"][0]["name"], "xv");
+
+  const ToolRun r = hp_ckpt({"convert", src, "--to", dir / "out", "--size", "xp=4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const CheckpointReader reader(dir / "out/step_00000005");
+  const auto& t = reader.manifest().tensors.at("w");
+  ASSERT_EQ(t.shards.size(), 4u);
+  for (const auto& s : t.shards) EXPECT_EQ(s.lengths, (std::vector<std::int64_t>{2, 4}));
+  EXPECT_EQ(t.placements, xp);
+  ASSERT_TRUE(reader.manifest().mesh);
+  EXPECT_EQ(reader.manifest().mesh->group_size("xp"), 4);
+  EXPECT_EQ(reader.manifest().mesh->group_size("xa"), 4) << "the view's remainder follows";
+  EXPECT_TRUE(bitwise_equal(reader.read_full("w"), w));
+
+  const ToolRun unknown = hp_ckpt({"convert", src, "--to", dir / "out2", "--size", "cp=2"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("unknown mesh dimension 'cp' (this layout has dp, edp, ep, pp, tp, xa, xp)"),
+            std::string::npos)
+      << unknown.err;
+  const ToolRun bad = hp_ckpt({"convert", src, "--to", dir / "out2", "--size", "xp"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err, "hp-ckpt convert: --size xp: not NAME=N with N at least 1 (e.g. --size tp=2)\n");
 }
 
 TEST(HpCkptConvert, ConsolidateWritesFullModelWeightsAndConfig) {

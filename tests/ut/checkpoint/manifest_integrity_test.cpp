@@ -41,7 +41,7 @@ TEST(ManifestIntegrity, CommitWritesTheChecksumBesideTheManifest) {
   const std::string text = read_bytes(step + "/manifest.json");
   EXPECT_EQ(read_bytes(step + "/manifest.json.xxh64"), xxh64_hex(text) + "  manifest.json\n");
   EXPECT_EQ(json::parse(text)["checksum_file"], "manifest.json.xxh64");
-  EXPECT_EQ(json::parse(text)["format_version"], 1);
+  EXPECT_EQ(json::parse(text)["format_version"], 2);
   EXPECT_EQ(CheckpointReader(step).manifest().checksum_file, kManifestChecksumFile);
 }
 

@@ -59,7 +59,7 @@ std::string parse_error(const json& j) {
 TEST(Manifest, JsonRoundTrip) {
   const Manifest m = sample_manifest();
   const json j = manifest_to_json(m);
-  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["format_version"], 2);
   EXPECT_EQ(j["tensors"]["layers.0.w"]["dtype"], "F32");
   EXPECT_EQ(j["tensors"]["layers.0.w"]["shards"][1]["byte_range"], json({100, 148}));
   EXPECT_EQ(j["tensors"]["layers.0.w"]["shards"][1]["xxh64"], "00000000deadbeef");
@@ -81,10 +81,10 @@ TEST(Manifest, JsonRoundTrip) {
 
 TEST(Manifest, RefusesAnotherFormatVersion) {
   json j = manifest_to_json(sample_manifest());
-  j["format_version"] = 2;
+  j["format_version"] = 3;
   EXPECT_EQ(parse_error(j),
-            "unknown checkpoint format version 2 in /ckpt/manifest.json; this hyperparallel "
-            "reads version 1");
+            "unknown checkpoint format version 3 in /ckpt/manifest.json; this hyperparallel "
+            "reads versions 1 to 2: load it with the newer build that wrote it");
 }
 
 TEST(Manifest, ValidationNamesTheKeyAndTheFile) {

@@ -162,6 +162,26 @@ TEST(ProcessMesh, TwoTensorParallelViewsOfDifferentSizesOnTheSameRanks) {
       << m.describe();
 }
 
+// Where a parameter's gradient is summed, from the roles alone: a replicated
+// one over the data dimensions (cp and dp); one sharded along a view's
+// dimension over that view's replicate dimensions in place of the base ones
+// it covers (experts over edp, not dp; cp stays); one sharded over a base
+// dimension as a replicated one.
+TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
+  MeshPlan plan;
+  plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
+  plan.claim("cp", 2, "context_parallel", MeshRole::kSequence);
+  plan.view({"ffn", {"tp", "dp"}, {{"ffn_tp", 4, MeshRole::kSplit, "t"}, {"ffn_dp", 0, MeshRole::kReplicate, "t"}}, "t"});
+  plan.carve("ep", 2, "edp", "expert_parallel", MeshRole::kSplit);
+  const ProcessMesh m = resolved(plan, 16);
+  using V = std::vector<std::string>;
+  EXPECT_EQ(m.grad_sync_dims({}), (V{"cp", "dp"}));
+  EXPECT_EQ(m.grad_sync_dims({"tp"}), (V{"cp", "dp"}));
+  EXPECT_EQ(m.grad_sync_dims({"ep"}), (V{"cp", "edp"}));
+  EXPECT_EQ(m.grad_sync_dims({"ffn_tp"}), (V{"cp", "ffn_dp"}));
+  EXPECT_EQ(m.grad_sync_dims({"tp", "ep"}), (V{"cp", "edp"}));
+}
+
 // ZeRO over a flattened dp x cp: one shard group joining both.
 TEST(ProcessMesh, FlatGroupJoinsReplicateDimensions) {
   MeshPlan plan;

@@ -205,9 +205,10 @@ TEST(BuildContext, InitialValueIsTheSameSliceAtAnySplit) {
         auto [off, len] = hp::split_range(full.size(dim), parts, i);
         hp::BuildContext ctx(s.config, one(), hp::LayerRegistry::dense(), 7);
         torch::nn::Module m;
-        auto p = ctx.param_slice(m, "blocks.0.mlp.fc1.weight", "w", {10, 6}, hp::Init::normal(0.02), dim, off, len,
-                                 "tp");
-        EXPECT_EQ(ctx.params()[0].spec.offset, off);
+        auto p = ctx.param_at(m, "blocks.0.mlp.fc1.weight", "w", {10, 6}, hp::Init::normal(0.02),
+                              {{"tp", hp::dist::Placement::shard(dim)}}, {{parts, i}});
+        EXPECT_EQ(ctx.params()[0].spec.box.offsets[static_cast<std::size_t>(dim)], off);
+        EXPECT_EQ(ctx.params()[0].spec.box.lengths[static_cast<std::size_t>(dim)], len);
         pieces.push_back(p.detach());
       }
       EXPECT_TRUE(torch::equal(torch::cat(pieces, dim), full)) << parts << " parts along " << dim;

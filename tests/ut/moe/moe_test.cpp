@@ -364,7 +364,7 @@ void ep_against_dense(int ep, std::int64_t k, Steer how) {
       const auto& p = ctx.params()[i];
       auto full = dctx.params()[i].tensor.grad();
       auto expect =
-          p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+          p.spec.sharded() ? hp::dist::slice_of(full, p.spec.box) : full;
       EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6))
           << p.spec.name << " on rank " << r;
     }

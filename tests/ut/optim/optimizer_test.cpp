@@ -147,27 +147,25 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
   auto full = [](std::vector<std::int64_t> shape, std::uint64_t seed) {
     return torch::randn(shape, torch::make_generator<at::CPUGeneratorImpl>(seed));
   };
-  auto add = [&](const std::string& name, torch::Tensor whole, int dim, const std::string& sync) {
+  auto add = [&](const std::string& name, torch::Tensor whole, int dim, std::vector<std::string> sync) {
     hp::ParamEntry e;
     e.spec.name = name;
     e.spec.global_shape = whole.sizes().vec();
-    e.spec.grad_sync_group = sync;
+    e.spec.grad_sync = std::move(sync);
     torch::Tensor local = whole;
     if (dim >= 0 && T > 1) {
       auto [off, len] = hp::split_range(whole.size(dim), T, t);
-      e.spec.split_dim = dim;
-      e.spec.offset = off;
-      e.spec.length = len;
-      e.spec.split_group = "tp";
+      e.spec.placements = {{"tp", hp::dist::Placement::shard(dim)}};
+      e.spec.box = hp::dist::range_box(e.spec.global_shape, dim, off, len);
       local = whole.narrow(dim, off, len);
     }
     e.tensor = local.clone().requires_grad_(true);
     out.push_back(e);
   };
-  add("p0", full({6, 8}, 1), 1, "dp");
-  add("p1", full({5}, 2), -1, "dp");
-  add("p2", full({7, 3}, 3), 0, "dp");
-  add("p3", full({9}, 4), -1, "tp+dp");
+  add("p0", full({6, 8}, 1), 1, {"dp"});
+  add("p1", full({5}, 2), -1, {"dp"});
+  add("p2", full({7, 3}, 3), 0, {"dp"});
+  add("p3", full({9}, 4), -1, {"tp", "dp"});
   return out;
 }
 
@@ -213,8 +211,9 @@ TEST(Zero, ShardedStepEqualsTheUnshardedStepAtDp2AndDp2Tp2) {
       ASSERT_EQ(st.size(), ref_opt->state().size());
       EXPECT_EQ(st[0].spec.name, "exp_avg/p0");
       if (d.group("dp").size() > 1) {
-        EXPECT_EQ(st[0].spec.split_group, d.group("tp").size() > 1 ? "tp+dp" : "dp");
-        EXPECT_EQ(st[2].spec.split_group, "dp") << "a whole parameter is cut along dimension 0";
+        // p0: a tp slice along dimension 1 cut again along it; whole (tp=1) along dimension 0.
+        EXPECT_EQ(hp::dist::describe(st[0].spec.placements), d.group("tp").size() > 1 ? "tp:S(1) dp:S(1)" : "dp:S(0)");
+        EXPECT_EQ(hp::dist::describe(st[2].spec.placements), "dp:S(0)") << "a whole parameter is cut along dimension 0";
       }
     });
   }
@@ -241,7 +240,14 @@ TEST(Zero, ReportedGradientSlicesTileTheFullGradient) {
     ASSERT_EQ(grads.size(), ref.size());
     for (std::size_t i = 0; i < grads.size(); ++i) {
       const auto& s = grads[i].spec;
-      auto expect = ref[i].tensor.grad().narrow(s.split_dim, s.offset, s.length);
+      // The slice of the full (unsharded, all tp ranks identical here) gradient.
+      auto expect = hp::dist::slice_of(ref[i].tensor.grad(), [&] {
+        auto b = s.box;
+        for (const auto& p : ref[i].spec.placements) {  // tp's cut is already in the local tensor
+          b.offsets[static_cast<std::size_t>(p.placement.dim)] -= ref[i].spec.box.offsets[static_cast<std::size_t>(p.placement.dim)];
+        }
+        return b;
+      }());
       EXPECT_TRUE(torch::allclose(grads[i].tensor, expect, 1e-6, 1e-7)) << s.name;
     }
   });

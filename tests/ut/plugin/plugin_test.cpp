@@ -58,7 +58,7 @@ TEST(PluginLoader, NoSuchFeatureSuggestsAndSaysWhereItLooked) {
   EXPECT_NE(err.find("no such feature 'test_godo': no libhp_feature_test_godo.so in [" + kDir + "]"),
             std::string::npos) << err;
   EXPECT_NE(err.find("did you mean 'test_good'?"), std::string::npos) << err;
-  EXPECT_NE(err.find("features found: test_collab, test_conflicts, test_faults, test_good"), std::string::npos) << err;
+  EXPECT_NE(err.find("features found: test_collab, test_conflicts, test_dims, test_faults, test_good"), std::string::npos) << err;
 }
 
 TEST(PluginLoader, LibraryThatFailsToLoadShowsTheLoaderError) {

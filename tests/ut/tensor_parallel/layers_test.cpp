@@ -53,7 +53,7 @@ void expect_grads_match(const std::vector<hp::ParamEntry>& par, const std::vecto
   for (std::size_t i = 0; i < par.size(); ++i) {
     const auto& p = par[i];
     auto full = dense[i].tensor.grad();
-    auto expect = p.spec.sharded() ? full.narrow(p.spec.split_dim, p.spec.offset, p.spec.length) : full;
+    auto expect = hp::dist::slice_of(full, p.spec.box.offsets.empty() ? hp::dist::range_box(full.sizes().vec(), -1, 0, 0) : p.spec.box);
     EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, rtol, 1e-6)) << p.spec.name;
   }
 }
@@ -300,15 +300,15 @@ TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
 INSTANTIATE_TEST_SUITE_P(T, SequenceParallelKinds, ::testing::Values(2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
-// The gradient sync sums each parameter over its grad_sync_group; "tp+dp"
-// (sequence parallel's replicated parameters) over tp and then dp.
+// The gradient sync sums each parameter over its grad_sync dimensions; tp
+// then dp for sequence parallel's replicated parameters.
 TEST(GradSyncGroups, SumsOverEachNamedGroup) {
   hp::test::run_ranks(hp::test::grid(1, 2, 2), [](hp::dist::DistributedContext& d) {
     std::vector<hp::ParamEntry> params;
-    for (const char* group : {"dp", "tp", "tp+dp"}) {
+    for (const std::vector<std::string>& groups : {std::vector<std::string>{"dp"}, {"tp"}, {"tp", "dp"}}) {
       hp::ParamEntry e;
-      e.spec.name = group;
-      e.spec.grad_sync_group = group;
+      e.spec.name = groups.size() == 1 ? groups[0] : "tp then dp";
+      e.spec.grad_sync = groups;
       e.tensor = torch::zeros({3}).requires_grad_(true);
       e.tensor.mutable_grad() = torch::full({3}, static_cast<double>(d.rank() + 1));
       params.push_back(e);
