@@ -24,9 +24,11 @@ run() {  # name nproc [extra args]
 }
 run ref 1
 run own 4 "${own[@]}" --set features.sharded_checkpoint.enabled=true --set checkpoint.interval=6
-grep -qE "mesh dp=2 xt=2 .*over 4 ranks" "$WORK/own.log" || { grep mesh "$WORK/own.log" | head -3; fail "the mesh line does not show dp=2 xt=2"; }
-grep -q "view xv over xt x dp: xu = 2 split; xr = 2 replicate" "$WORK/own.log" \
-  || { grep -A12 "mesh xt" "$WORK/own.log" | head -20; fail "the view is not described"; }
+grep -q "mesh dp=2 xt=2 xu=2 xr=2 over 4 ranks" "$WORK/own.log" \
+  || { grep mesh "$WORK/own.log" | head -3; fail "the mesh line does not show dp=2 xt=2 and the view's xu=2 xr=2"; }
+plan=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 4 "${own[@]}" --dry-run 2>&1) || fail "--dry-run: $plan"
+grep -q "view xv over xt x dp: xu = 2 split; xr = 2 replicate; (test_dims)" <<<"$plan" \
+  || { grep -A3 "^mesh" <<<"$plan"; fail "--dry-run does not describe the plugin's view"; }
 echo "== xt=2 x dp=2 against one process"
 "$BIN/hp-compare" "$WORK/ref" "$WORK/own" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --grad-rtol 1e-5 \
   --phase "the plugin's own dimension" || fail "parity of the plugin's own dimension"
