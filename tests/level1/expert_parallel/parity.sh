@@ -3,7 +3,7 @@
 # same global batch and micro-batches (first-step loss and every gradient
 # by global name within 1e-5, losses within 1e-4: 50 steps where the MoE
 # balancing shows (ep=2 and the aux-loss-free bias layout), 20 for the other
-# layouts, the PARITY.md minimum), dropless and
+# layouts, the docs/PARITY.md minimum), dropless and
 # with capacity dropping; recompute on vs off bitwise; ep=2 with block
 # attention (model.attention: block) against the eager reference.
 source "$(dirname "$0")/../../lib/common.sh"
