@@ -1,5 +1,9 @@
 #include "backends/dist/flight_recorder.h"
 
+#include <unistd.h>
+
+#include <atomic>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -107,13 +111,19 @@ Heartbeat heartbeat_from(const nlohmann::json& j) {
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  // One temporary file per write: the watchdog thread (a stall), the stop
+  // thread (SIGTERM) and a failing main thread may record at the same time,
+  // and two writers truncating and filling one shared ".tmp" left a record
+  // with another's tail after its end (seen in level1.flight.collectives).
+  static std::atomic<std::uint64_t> serial{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
 }
 
 }  // namespace
