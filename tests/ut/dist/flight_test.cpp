@@ -3,8 +3,11 @@
 // mismatch, and the exact message formats.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "backends/dist/flight_analysis.h"
@@ -272,5 +275,52 @@ TEST(FlightWatchdog, ReportsOnceAndDumpsARecord) {
   EXPECT_NE(reported[0].find("stall on group 'dp': rank 1 has not entered all_reduce #3"), std::string::npos)
       << reported[0];
   EXPECT_TRUE(std::filesystem::exists(dir + "/heartbeat-rank0.json"));
+  std::filesystem::remove_all(dir);
+}
+
+// The watchdog (a stall), the stop thread (SIGTERM) and a failing main
+// thread may each write rank<R>.json at the same moment: every record on
+// disk is one whole record, never one writer's text with another's tail.
+TEST(FlightWatchdog, RecordsWrittenAtOnceFromManyThreadsStayWhole) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "hp_flight_ut_race").string();
+  std::filesystem::remove_all(dir);
+  auto rec = std::make_shared<flight::Recorder>(0, 32);
+  rec->add_group("dp", {0, 1});
+  for (int i = 0; i < 20; ++i) rec->finish(rec->issue("dp", "all_reduce", flight::Kind::kCollective, -1, 4096), true);
+  flight::WatchOptions o;
+  o.dir = dir;
+  o.heartbeat_seconds = 10;
+  o.stall_seconds = 100;
+  flight::Watchdog w(rec, o, [](const std::string&) {});
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      // Reasons of very different lengths, so a shorter record over a longer one shows.
+      for (int i = 0; i < 50; ++i) w.dump(std::string(static_cast<std::size_t>(1 + (t * 997 + i * 131) % 3000), 'x'));
+    });
+  }
+  // Every read while they write finds one whole record (or none yet).
+  std::atomic<bool> done{false};
+  std::atomic<int> broken{0};
+  std::thread reader([&] {
+    while (!done) {
+      std::ifstream r(dir + "/rank0.json");
+      if (!r.good()) continue;
+      std::stringstream t;
+      t << r.rdbuf();
+      if (!nlohmann::json::accept(t.str())) ++broken;
+    }
+  });
+  for (auto& th : writers) th.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(broken.load(), 0) << "reads found a record that is not one whole JSON document";
+  std::ifstream in(dir + "/rank0.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NO_THROW((void)nlohmann::json::parse(text.str())) << "the record on disk is not one whole JSON document";
+  std::size_t leftovers = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) leftovers += e.path().string().find(".tmp") != std::string::npos;
+  EXPECT_EQ(leftovers, 0u) << "temporary files left behind";
   std::filesystem::remove_all(dir);
 }
