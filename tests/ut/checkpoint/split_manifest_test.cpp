@@ -191,3 +191,38 @@ TEST(ManifestSplit, CommitRefusesWritersThatDisagreeNamingTheTensor) {
 }
 
 }  // namespace hp::ckpt::test
+
+namespace hp::ckpt::test {
+
+// The run's mesh in a version-2 manifest: round trip, and a damaged one
+// refused in one line naming the file and the problem.
+TEST(ManifestMesh, RoundTripsAndABadOneIsRefusedNamingTheFile) {
+  dist::MeshPlan plan;
+  plan.claim("tp", 2, "tensor_parallel", dist::MeshRole::kSplit);
+  plan.carve("ep", 2, "edp", "expert_parallel", dist::MeshRole::kSplit);
+  dist::ProcessMesh mesh;
+  dist::MeshProblem problem;
+  ASSERT_TRUE(dist::resolve_mesh(plan, 8, 0, mesh, problem)) << problem.rule;
+  Manifest m = split_manifest();
+  m.mesh = std::make_shared<const dist::ProcessMesh>(mesh);
+  const json j = manifest_to_json(m);
+  const Manifest back = manifest_from_json(json::parse(j.dump()), "mem");
+  ASSERT_TRUE(back.mesh);
+  EXPECT_EQ(back.mesh->shape(), mesh.shape());
+  EXPECT_EQ(back.mesh->order(), mesh.order());
+  EXPECT_EQ(back.mesh->group_ranks("edp", 5), mesh.group_ranks("edp", 5));
+
+  json bad = j;
+  bad["mesh"]["dims"] = 3;
+  EXPECT_EQ(parse_error(bad), "bad manifest /ckpt/manifest.json: mesh dims is not an array");
+  bad = j;
+  bad["mesh"]["dims"][0]["role"] = "sideways";
+  EXPECT_NE(parse_error(bad).find("bad manifest /ckpt/manifest.json: mesh dims holds "), std::string::npos)
+      << parse_error(bad);
+  bad = j;
+  bad["mesh"]["views"][0]["over"] = {"cp"};
+  EXPECT_NE(parse_error(bad).find("bad manifest /ckpt/manifest.json: its mesh is not valid: view"), std::string::npos)
+      << parse_error(bad);
+}
+
+}  // namespace hp::ckpt::test
