@@ -235,6 +235,7 @@ void Recorder::finish(std::uint64_t id, bool ok) {
   if (it == live_.end()) return;
   Entry& e = ring_[it->second];
   live_.erase(it);
+  waited_sends_.erase(id);
   if (e.id != id) return;  // overwritten by a wrap-around while in flight
   e.end = t;
   e.state = ok ? State::kDone : State::kFailed;
@@ -251,12 +252,26 @@ void Recorder::finish(std::uint64_t id, bool ok) {
     g.pending = false;
     for (const auto& [live_id, slot] : live_) {
       const Entry& o = ring_[slot];
-      if (o.id == live_id && o.group == e.group && o.kind != Kind::kSend) {
+      if (o.id == live_id && o.group == e.group && (o.kind != Kind::kSend || waited_sends_.count(live_id))) {
         g.pending = true;
         g.current = o;
         break;  // live_ is ordered by id: the first is the oldest
       }
     }
+  }
+}
+
+void Recorder::waiting(std::uint64_t id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  const Entry& e = ring_[it->second];
+  if (e.id != id || e.kind != Kind::kSend) return;
+  waited_sends_.insert(id);
+  GroupProgress& g = groups_[e.group];
+  if (!g.pending) {
+    g.pending = true;
+    g.current = e;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,10 @@ class Recorder {
   /// Records an operation entering; returns its id for finish().
   std::uint64_t issue(const std::string& group, const std::string& op, Kind kind, int peer, std::uint64_t bytes);
   void finish(std::uint64_t id, bool ok);
+  /// The rank now blocks on operation `id`: a send being waited for becomes
+  /// its group's pending operation (a send only posted is not, so a receive
+  /// or collective issued after it is what a stall report names).
+  void waiting(std::uint64_t id);
 
   /// The ring's entries, oldest first (at most capacity).
   std::vector<Entry> entries() const;
@@ -113,6 +118,7 @@ class Recorder {
   std::uint64_t next_id_ = 1;
   std::map<std::string, GroupProgress> groups_;
   std::map<std::uint64_t, std::size_t> live_;  ///< id -> ring slot of operations in flight
+  std::set<std::uint64_t> waited_sends_;       ///< sends this rank blocks on (in flight)
 };
 
 /// JSON text of a heartbeat / a whole record (heartbeat + entries), and back.

@@ -124,6 +124,11 @@ at::Tensor Work::wait() {
   bool ok = true;
   std::string cause;
   if (w.work) {
+    // A send blocks until the peer takes it (Gloo hands it over on the
+    // receiver's request): from here on a stall on it is this rank's to report.
+    if (g.recorder_ && w.flight_id && w.kind == flight::Kind::kSend && !w.work->isCompleted()) {
+      g.recorder_->waiting(w.flight_id);
+    }
     try {
       w.work->wait(g.timeout_);
     } catch (const std::exception& e) {

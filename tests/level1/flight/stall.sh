@@ -15,7 +15,8 @@ stall_case tp2 2 1 "stall on group 'tp': rank 1 (has not entered|entered) [a-z_]
 # and one stopped inside a collective all ranks entered is named as frozen in it;
 # stopped after its last backward, stage 1 waits in the step's gradient sync instead;
 # stopped before the step's first barrier, stage 1 waits in that barrier (at "forward");
-# a receive posted ahead is named with where it was issued and where stage 1 is now.
-stall_case pp2 2 0 "stall on group 'pp': rank 0 (has not sent message #[0-9]+ to rank 1|has not entered [a-z_]+ #[0-9]+|entered [a-z_]+ #[0-9]+|posted message #[0-9]+ to rank 1 but it never arrived) and its heartbeat stopped \(last seen in step [0-9]+, [a-z ]+.*\(pipeline stage 0\); last heartbeat [0-9.]+ s ago\); rank 1 has waited [0-9.]+ s in [a-z_]+ \((issued in step [0-9]+, [^;]+; now in )?step [0-9]+, ([a-z]+ of micro-batch [0-9]+, chunk [0-9]|forward|gradient sync|optimizer) \(pipeline stage 1\)\)" \
+# a receive posted ahead is named with where it was issued and where stage 1 is now;
+# stage 1 done with its schedule and blocked on its last send names stage 0 as not receiving.
+stall_case pp2 2 0 "stall on group 'pp': rank 0 (has not sent message #[0-9]+ to rank 1|has not received message #[0-9]+ from rank 1|has not entered [a-z_]+ #[0-9]+|entered [a-z_]+ #[0-9]+|posted message #[0-9]+ to rank 1 but it never arrived) and its heartbeat stopped \(last seen in step [0-9]+, [a-z ]+.*\(pipeline stage 0\); last heartbeat [0-9.]+ s ago\); rank 1 has waited [0-9.]+ s in [a-z_]+ \((issued in step [0-9]+, [^;]+; now in )?step [0-9]+, ([a-z]+ of micro-batch [0-9]+, chunk [0-9]|forward|gradient sync|optimizer) \(pipeline stage 1\)\)" \
   --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2 --set training.global_batch_size=32
 echo PASS

@@ -9,20 +9,22 @@
 # (hp-ckpt verify, then the next round's resume). A last run resumes from
 # the last `latest` and finishes, and from there on it is bitwise equal to
 # one uninterrupted run of the same config, layout and checkpoint cadence.
-#   crash.sh BIN [dp2 | pp2tp2]   (dp2: 2 processes, 10 rounds, 120 steps; pp2tp2: 4, 4 rounds, 60 steps)
+#   crash.sh BIN [dp2 | pp2tp2]   (dp2: 2 processes, 6-10 rounds, 200 steps; pp2tp2: 4, 3-4 rounds, 90 steps)
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 LAYOUT=${2:-dp2}
 small_config "$WORK/c.yaml"
-# Far enough that no round reaches the end before its kill (a round trains
-# at most 4 commits of 2 steps past its resume, whatever the machine's
-# speed), the same for every run so the schedule is the same.
-MAX=120
+# Far enough that no round reaches the end before its kill, the same for
+# every run so the schedule is the same. A round usually trains 4-10 steps
+# past its resume, but a fast machine (or async saves that commit late) can
+# take 20: the chain stops once `latest` passes MAX - MARGIN, and must have
+# made MIN_ROUNDS rounds by then.
+MAX=200; MARGIN=40
 args=(--set checkpoint.interval=2 --set features.sharded_checkpoint.enabled=true
       --set features.sharded_checkpoint.async=true)
 case $LAYOUT in
-  dp2) NPROC=2; ROUNDS=10 ;;
-  pp2tp2) NPROC=4; ROUNDS=4; MAX=60  # 4 rounds of at most 8 steps each stay below it
+  dp2) NPROC=2; ROUNDS=10; MIN_ROUNDS=6 ;;
+  pp2tp2) NPROC=4; ROUNDS=4; MIN_ROUNDS=3; MAX=90; MARGIN=30
     args+=(--set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
            --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2) ;;
   *) fail "unknown layout $LAYOUT (dp2 or pp2tp2)" ;;
@@ -66,9 +68,12 @@ for i in $(seq 1 $ROUNDS); do
   at=$(cat "$WORK/run/checkpoints/latest")
   stopped=$(grep -o "rank [0-9]* stopped by SIGTERM.*" "$WORK/log" | head -1 | cut -c1-160)
   echo "round $i: killed rank $rank; latest is $at${stopped:+; e.g. $stopped}"
+  rounds=$i
+  (( 10#${at#step_} < MAX - MARGIN )) || break
 done
 step=$(( 10#${at#step_} ))
 (( step < MAX )) || fail "the chain reached step $MAX; raise MAX"
+(( rounds >= MIN_ROUNDS )) || fail "only $rounds rounds before step $(( MAX - MARGIN )) (want $MIN_ROUNDS): rounds train too many steps"
 # The last run reads the chain's checkpoints and logs into a fresh directory.
 "$BIN/hp-train" "$WORK/c.yaml" --nproc $NPROC "${args[@]}" --set checkpoint.dir="$WORK/run/checkpoints" \
   --set run.output_dir="$WORK/last" > "$WORK/log" 2>&1 || { tail -20 "$WORK/log"; fail "the last resume from $at failed"; }

@@ -243,6 +243,47 @@ TEST(FlightDiagnosis, APostedMessageFromAFrozenSenderNamesTheSender) {
   EXPECT_EQ(lines[0], "stall on group 'pp': rank 0 sent message #6 to rank 1, still in transit after 4.0 s");
 }
 
+// A send the rank blocks on (Gloo hands a message over only when the
+// receiver asks for it) becomes the group's pending operation, so the stage
+// that finished its schedule and waits for its last send to be taken still
+// reports the frozen receiver; a send only posted does not hide a receive.
+TEST(FlightDiagnosis, ASendTheRankWaitsOnNamesTheReceiver) {
+  flight::Recorder r(1, 16);
+  r.add_group("pp", {0, 1});
+  flight::set_action({6, flight::Phase::kBackward, 15, 1, "pipeline stage 1"});
+  const auto posted = r.issue("pp", "send", flight::Kind::kSend, 0, 4096);
+  EXPECT_FALSE(r.heartbeat().groups.at("pp").pending) << "a posted send is not what the rank waits on";
+  r.waiting(posted);
+  auto me = r.heartbeat();
+  ASSERT_TRUE(me.groups.at("pp").pending);
+  EXPECT_EQ(me.groups.at("pp").current.kind, flight::Kind::kSend);
+  EXPECT_EQ(me.groups.at("pp").current.seq, 1u);
+  flight::Heartbeat peer;
+  peer.rank = 0;
+  peer.time = me.time - 3.0;
+  peer.action = {6, flight::Phase::kBackward, 14, 0, "pipeline stage 0"};
+  peer.groups["pp"].members = {0, 1};
+  auto lines = flight::diagnose(me, "pp", 3.0, {{0, peer}}, me.time, 0.5);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("stall on group 'pp': rank 0 has not received message #1 from rank 1 and its heartbeat "
+                           "stopped (last seen in step 6, backward of micro-batch 14, chunk 0 (pipeline stage 0); "
+                           "last heartbeat 3.0 s ago); rank 1 has waited ", 0), 0u)
+      << lines[0];
+  // Taken: nothing pending; a receive issued after a waited send that
+  // completed is what the group shows next.
+  r.finish(posted, true);
+  EXPECT_FALSE(r.heartbeat().groups.at("pp").pending);
+  const auto s2 = r.issue("pp", "send", flight::Kind::kSend, 0, 4096);
+  const auto rv = r.issue("pp", "recv", flight::Kind::kRecv, 0, 0);
+  r.waiting(s2);
+  EXPECT_EQ(r.heartbeat().groups.at("pp").current.kind, flight::Kind::kRecv) << "the receive was pending first";
+  r.finish(rv, true);
+  EXPECT_EQ(r.heartbeat().groups.at("pp").current.kind, flight::Kind::kSend) << "then the send still waited on";
+  r.finish(s2, true);
+  flight::set_action({});
+  flight::set_where("");
+}
+
 // The watchdog itself, on files: it reads the other rank's heartbeat and
 // reports the stall once; the record it dumps parses back.
 TEST(FlightWatchdog, ReportsOnceAndDumpsARecord) {
