@@ -89,7 +89,7 @@ at::Tensor BuildContext::param_at(torch::nn::Module& module, const std::string& 
   spec.box = part.boxes[0];
   at::Tensor full = initial_value(seed_, global_name, global_shape, init);
   at::Tensor p = module.register_parameter(local_name, dist::cut(full, part));
-  params_.push_back({spec, p});
+  params_.push_back({spec, p, current_block_});
   return p;
 }
 

@@ -43,6 +43,7 @@ struct Init {
 struct ParamEntry {
   ShardSpec spec;
   at::Tensor tensor;
+  int block = -1;  ///< index (in model order) of the block that created it; -1 outside blocks
 };
 
 /// Wraps a forward computation (used by recompute): gets the inner function
@@ -50,6 +51,9 @@ struct ParamEntry {
 using ForwardFn = std::function<Activations(const Activations&)>;
 using Wrapper = std::function<Activations(const ForwardFn& inner, const Activations& in)>;
 using WrapperFilter = std::function<bool(int block_index, const std::string& block_name)>;
+/// Called before every forward of a block (with its index in model order),
+/// inside any block wrapper, so a recomputed block's replay calls it too.
+using BlockObserver = std::function<void(int block_index)>;
 
 /// [offset, length) of part `index` when `total` is split into `parts`
 /// nearly equal pieces (backends/dist/slice.h).
@@ -112,6 +116,9 @@ class BuildContext {
   void set_wrapper(const std::string& scope, Wrapper w, WrapperFilter applies = nullptr);
   /// The wrapper of `scope` for the block being built now, or null.
   const Wrapper* wrapper(const std::string& scope) const;
+  /// Observers of every block's forward (features: zero's just-in-time waits).
+  void add_block_observer(BlockObserver o) { observers_.push_back(std::move(o)); }
+  const std::vector<BlockObserver>& block_observers() const { return observers_; }
   /// Index (in model order) of the block being built; -1 outside blocks.
   void set_current_block(int index, std::string name = "") {
     current_block_ = index;
@@ -133,6 +140,7 @@ class BuildContext {
     WrapperFilter applies;
   };
   std::map<std::string, ScopedWrapper> wrappers_;
+  std::vector<BlockObserver> observers_;
   int current_block_ = -1;
   std::string current_block_name_;
 };

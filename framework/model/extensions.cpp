@@ -14,8 +14,13 @@ void ModelExtensions::add_wrapper(const std::string& scope, const std::string& o
   wrappers_[scope] = Entry{owner, std::move(w), std::move(applies)};
 }
 
+void ModelExtensions::add_block_observer(const std::string& owner, BlockObserver o) {
+  observers_.emplace_back(owner, std::move(o));
+}
+
 void ModelExtensions::apply_to(BuildContext& ctx) const {
   for (const auto& [scope, e] : wrappers_) ctx.set_wrapper(scope, e.fn, e.applies);
+  for (const auto& [owner, o] : observers_) ctx.add_block_observer(o);
 }
 
 }  // namespace hp

@@ -20,7 +20,10 @@ class ModelExtensions {
   /// same scope is refused naming both.
   void add_wrapper(const std::string& scope, const std::string& owner, Wrapper w,
                    WrapperFilter applies = nullptr);
-  /// Hands every wrapper to a build context.
+  /// Adds an observer of every block's forward (any number of owners; called
+  /// in the order added).
+  void add_block_observer(const std::string& owner, BlockObserver o);
+  /// Hands every wrapper and observer to a build context.
   void apply_to(BuildContext& ctx) const;
 
  private:
@@ -31,6 +34,7 @@ class ModelExtensions {
     WrapperFilter applies;
   };
   std::map<std::string, Entry> wrappers_;
+  std::vector<std::pair<std::string, BlockObserver>> observers_;
 };
 
 }  // namespace hp

@@ -22,6 +22,25 @@ class WrappedBlock : public Block {
   std::shared_ptr<Block> inner_;
   Wrapper w_;
 };
+
+/// A block whose every forward is announced to the observers first.
+class ObservedBlock : public Block {
+ public:
+  ObservedBlock(std::shared_ptr<Block> inner, int index, std::vector<BlockObserver> observers)
+      : inner_(std::move(inner)), index_(index), observers_(std::move(observers)) {
+    register_module("inner", inner_);
+  }
+  Activations forward(const Activations& in) override {
+    for (const auto& o : observers_) o(index_);
+    return inner_->forward(in);
+  }
+  BlockCost cost() const override { return inner_->cost(); }
+
+ private:
+  std::shared_ptr<Block> inner_;
+  int index_;
+  std::vector<BlockObserver> observers_;
+};
 }  // namespace
 
 Activations BuiltModel::forward(const Activations& in) const {
@@ -43,6 +62,7 @@ BuiltModel build_model(const ModelDescription& desc, BuildContext& ctx,
     if (!which.empty() && std::find(which.begin(), which.end(), i) == which.end()) continue;
     ctx.set_current_block(i, desc.blocks[static_cast<std::size_t>(i)].name);
     auto block = desc.blocks[static_cast<std::size_t>(i)].build(ctx);
+    if (!ctx.block_observers().empty()) block = std::make_shared<ObservedBlock>(block, i, ctx.block_observers());
     if (const Wrapper* w = ctx.wrapper("block")) block = std::make_shared<WrappedBlock>(block, *w);
     m.names.push_back(desc.blocks[static_cast<std::size_t>(i)].name);
     m.indices.push_back(i);

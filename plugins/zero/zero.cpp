@@ -7,16 +7,23 @@
 // all-to-all of the slices, then a local sum in member order),
 // clips with the global norm of the slices, updates only its slice with the
 // same update rule as the unsharded optimizer, and all-gathers the updated
-// slices. Its state is saved by global name with the slice's ShardSpec, so
+// slices: with distributed.overlap the gathers are issued after the update
+// in forward order and each is waited just before the first block that
+// needs it (a block observer), so they overlap the next step's start and
+// forward; a save, an evaluation or a load waits for all of them. Its state is saved by global name with the slice's ShardSpec, so
 // a zero run resumes at another data-parallel size and with zero off.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <optional>
 
 #include "backends/dist/context.h"
 #include "backends/dist/gather.h"
 #include "backends/dist/group.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
+#include "framework/model/extensions.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
 #include "framework/plugin/feature_runtime.h"
@@ -173,33 +180,115 @@ struct Shards {
     return out;
   }
 
-  /// Every replica's updated slices back into every parameter.
-  void all_gather_params() {
-    c10::NoGradGuard no_grad;
-    for (const auto& b : buckets()) {
-      const auto& bucket = b.cuts;
-      auto& g = dist->group(b.group);
-      const int n = g.size();
-      if (n == 1) continue;
-      std::vector<std::int64_t> totals(static_cast<std::size_t>(n), 0);
-      for (int m = 0; m < n; ++m) {
-        for (std::size_t i : bucket) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
-      }
-      std::vector<at::Tensor> mine;
-      for (std::size_t i : bucket) mine.push_back(cuts[i].slice_of(cuts[i].param.tensor, cuts[i].me).reshape({-1}));
-      const auto all = dist::all_gather_uneven(g, at::cat(mine), 0, totals);
-      for (int m = 0; m < n; ++m) {
-        if (m == g.rank()) continue;
-        std::int64_t off = 0;
-        for (std::size_t i : bucket) {
-          auto& c = cuts[i];
-          at::Tensor dst = c.slice_of(c.param.tensor, m);
-          const std::int64_t k = c.numel_of(m);
-          dst.copy_(all[static_cast<std::size_t>(m)].narrow(0, off, k).view(dst.sizes()));
-          off += k;
-        }
+  // ---- The all-gather of updated parameters ----------------------------------
+
+  /// Gather buckets (groups of more than one member) in forward order: by
+  /// their first parameter in model order.
+  std::vector<Bucket> gather_plan;
+  /// For each block index of this rank, how many of gather_plan must have
+  /// arrived before its forward (every bucket holding a parameter of that
+  /// block or an earlier one: a tied weight lives in an earlier block).
+  std::map<int, std::size_t> needed_before;
+  std::vector<std::optional<dist::UnevenGather>> in_flight;
+  std::size_t arrived = 0;  ///< gather_plan[0, arrived) are in the parameters
+  bool overlap = true;
+  bool planned = false;
+  double waited_seconds = 0;  ///< spent waiting for gathers since the last report
+  std::size_t in_forward = 0;  ///< gathers waited by a block's forward since the last report
+
+  void plan_gathers() {
+    if (planned) return;
+    planned = true;
+    for (auto& b : buckets()) {
+      if (dist->group(b.group).size() > 1) gather_plan.push_back(b);
+    }
+    auto first = [&](const Bucket& b) { return *std::min_element(b.cuts.begin(), b.cuts.end()); };
+    std::stable_sort(gather_plan.begin(), gather_plan.end(),
+                     [&](const Bucket& a, const Bucket& b) { return first(a) < first(b); });
+    std::map<int, std::size_t> last_of_block;  // block -> 1 + last position holding one of its parameters
+    for (std::size_t pos = 0; pos < gather_plan.size(); ++pos) {
+      for (std::size_t i : gather_plan[pos].cuts) {
+        auto& n = last_of_block[cuts[i].param.block];
+        n = std::max(n, pos + 1);
       }
     }
+    std::size_t running = 0;
+    for (const auto& [block, n] : last_of_block) {  // ascending block index; -1 first
+      running = std::max(running, n);
+      needed_before[block] = running;
+    }
+    in_flight.resize(gather_plan.size());
+    arrived = gather_plan.size();
+  }
+
+  /// Issues the gather of gather_plan[pos]: this rank's slices, one flat tensor.
+  dist::UnevenGather start_gather(std::size_t pos) {
+    c10::NoGradGuard no_grad;
+    const Bucket& b = gather_plan[pos];
+    auto& g = dist->group(b.group);
+    std::vector<std::int64_t> totals(static_cast<std::size_t>(g.size()), 0);
+    for (int m = 0; m < g.size(); ++m) {
+      for (std::size_t i : b.cuts) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+    }
+    std::vector<at::Tensor> mine;
+    for (std::size_t i : b.cuts) mine.push_back(cuts[i].slice_of(cuts[i].param.tensor, cuts[i].me).reshape({-1}));
+    return dist::all_gather_uneven_async(g, at::cat(mine), 0, totals);
+  }
+
+  /// Waits gather_plan[pos] and copies the other members' slices in.
+  void finish_gather(std::size_t pos, dist::UnevenGather& work) {
+    c10::NoGradGuard no_grad;
+    const Bucket& b = gather_plan[pos];
+    const int me = dist->group(b.group).rank();
+    const auto all = work.wait();
+    for (int m = 0; m < static_cast<int>(all.size()); ++m) {
+      if (m == me) continue;
+      std::int64_t off = 0;
+      for (std::size_t i : b.cuts) {
+        auto& c = cuts[i];
+        at::Tensor dst = c.slice_of(c.param.tensor, m);
+        const std::int64_t k = c.numel_of(m);
+        dst.copy_(all[static_cast<std::size_t>(m)].narrow(0, off, k).view(dst.sizes()));
+        off += k;
+      }
+    }
+  }
+
+  /// Every replica's updated slices back into every parameter: at once
+  /// (overlap off), or issued now and waited per block (wait_through).
+  void all_gather_params() {
+    plan_gathers();
+    wait_all();
+    if (!overlap) {
+      for (std::size_t pos = 0; pos < gather_plan.size(); ++pos) {
+        auto w = start_gather(pos);
+        finish_gather(pos, w);
+      }
+      return;
+    }
+    for (std::size_t pos = 0; pos < gather_plan.size(); ++pos) in_flight[pos] = start_gather(pos);
+    arrived = 0;
+  }
+
+  /// Waits until gather_plan[0, n) are in the parameters.
+  void wait_through(std::size_t n) {
+    if (arrived >= n) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (; arrived < n; ++arrived) {
+      finish_gather(arrived, *in_flight[arrived]);
+      in_flight[arrived].reset();
+    }
+    waited_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void wait_all() { wait_through(gather_plan.size()); }
+
+  /// Before block `index`'s forward: what it (and every block before it) reads.
+  void before_block(int index) {
+    auto it = needed_before.upper_bound(index);
+    if (it == needed_before.begin()) return;
+    const std::size_t before = arrived;
+    wait_through(std::prev(it)->second);
+    in_forward += arrived - before;
   }
 };
 
@@ -246,6 +335,13 @@ class ZeroReducer : public GradReducer {
   void report(std::map<std::string, double>& figures) const override {
     figures["grad_buckets"] = static_cast<double>(launcher_->size());
     figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
+    // Time this step's forward waited for the parameter gathers issued by
+    // the last update (0 with overlap off: they were waited in the update).
+    figures["zero_gather_wait_seconds"] = s_->waited_seconds;
+    figures["zero_gathers"] = static_cast<double>(s_->gather_plan.size());
+    figures["zero_gathers_in_forward"] = static_cast<double>(s_->in_forward);
+    s_->waited_seconds = 0;
+    s_->in_forward = 0;
   }
   double clip(double max_norm) override {
     const auto grads = s_->gradients();
@@ -334,8 +430,20 @@ class ZeroFeature : public Feature {
                                          dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
       (*shards)->bucket_bytes = o.bucket_bytes;
+      (*shards)->overlap = o.overlap;
+      (*shards)->plan_gathers();
       return std::make_unique<ZeroReducer>(*shards, o.overlap);
     });
+    // The gathers of the last update land just before the blocks that read
+    // them; anything else that reads parameters waits for all of them.
+    rt.model().add_block_observer("zero", [shards](int block) {
+      if (*shards) (*shards)->before_block(block);
+    });
+    for (StepEvent e : {StepEvent::kSave, StepEvent::kEval, StepEvent::kLoad}) {
+      rt.add_hook(e, "zero", [shards](StepContext&) {
+        if (*shards) (*shards)->wait_all();
+      });
+    }
   }
 };
 

@@ -63,4 +63,22 @@ check tp2dp2 4 yes --set features.tensor_parallel.enabled=true --set features.te
 check ep2 2 yes "${moe[@]}" --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
 check pp2dp2 4 yes --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
 check zero2 2 yes --set features.zero.enabled=true
+# zero's parameter all-gathers: issued after the update, each waited by the
+# first block that reads it in the next forward (overlap on); waited inside
+# the update (off). Also under recompute (the observer sits inside its wrapper).
+gathers() {  # RUN_DIR STEP: zero_gathers_in_forward zero_gathers of that step
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]+"/metrics.jsonl"):
+    j=json.loads(l)
+    if j.get("step")==int(sys.argv[2]): print(int(j.get("zero_gathers_in_forward",-1)), int(j.get("zero_gathers",-1))); break' "$1" "$2"
+}
+check zero2rc 2 yes --set features.zero.enabled=true --set features.recompute.enabled=true
+for name in zero2 zero2rc; do
+  read -r f_on g_on < <(gathers "$WORK/${name}_on" 2)
+  read -r f_off _ < <(gathers "$WORK/${name}_off" 2)
+  echo "-- $name: step 2: $f_on of $g_on parameter gathers waited in forward (overlap on), $f_off (off)"
+  [[ $g_on -gt 1 ]] || fail "$name: $g_on parameter gathers; the test needs several"
+  [[ $f_on == "$g_on" ]] || fail "$name: overlap on: $f_on of $g_on gathers were waited in forward"
+  [[ $f_off == 0 ]] || fail "$name: overlap off: $f_off gathers waited in forward"
+done
 echo PASS

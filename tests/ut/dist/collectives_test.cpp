@@ -147,6 +147,34 @@ TEST_P(Collectives, AllGatherOfUnevenTensorsTrimsEachMembers) {
   });
 }
 
+// The started form: several uneven gathers in flight at once, waited in
+// another order than issued, each bitwise what the blocking form gives.
+TEST_P(Collectives, UnevenGathersInFlightAtOnceMatchTheBlockingForm) {
+  const int n = GetParam();
+  hp::test::run_ranks(n, [&](DistributedContext& ctx) {
+    auto& g = ctx.group("world");
+    const int me = ctx.rank();
+    std::vector<std::vector<int64_t>> lengths(3);
+    std::vector<torch::Tensor> mine;
+    std::vector<hp::dist::UnevenGather> started;
+    for (int k = 0; k < 3; ++k) {
+      for (int r = 0; r < n; ++r) lengths[k].push_back((r + k) % 3);  // some members empty
+      mine.push_back(input_of(me * 10 + k, {5, 2}).narrow(0, 0, lengths[k][me]));
+      started.push_back(hp::dist::all_gather_uneven_async(g, mine[k], 0, lengths[k]));
+    }
+    for (int k : {2, 0, 1}) {
+      const auto got = started[k].wait();
+      ASSERT_EQ(got.size(), static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        EXPECT_TRUE(torch::equal(got[r], input_of(r * 10 + k, {5, 2}).narrow(0, 0, lengths[k][r])))
+            << "gather " << k << ", member " << r;
+      }
+    }
+    const auto blocking = hp::dist::all_gather_uneven(g, mine[1], 0, lengths[1]);
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(torch::equal(blocking[r], input_of(r * 10 + 1, {5, 2}).narrow(0, 0, lengths[1][r])));
+  });
+}
+
 TEST_P(Collectives, UnevenAllToAll) {
   const int n = GetParam();
   // Rank r sends count(r, j) rows to rank j; each row is tagged with its

@@ -9,6 +9,7 @@
 #include "framework/data/dataset.h"
 #include "framework/data/registry.h"
 #include "framework/model/aux_loss.h"
+#include "framework/model/extensions.h"
 #include "framework/model/layers.h"
 #include "framework/model/model.h"
 #include "framework/model/registry.h"
@@ -220,8 +221,8 @@ namespace {
 /// Adds an auxiliary loss of 2 x the sum of its input.
 class AuxBlock : public hp::Block {
  public:
-  explicit AuxBlock(hp::BuildContext& ctx) {
-    w_ = ctx.param(*this, "aux.w", "w", {3}, hp::Init::ones());
+  explicit AuxBlock(hp::BuildContext& ctx, const std::string& name = "aux.w") {
+    w_ = ctx.param(*this, name, "w", {3}, hp::Init::ones());
   }
   hp::Activations forward(const hp::Activations& in) override {
     auto h = in["tokens"].to(torch::kFloat).unsqueeze(-1) * w_;
@@ -263,6 +264,44 @@ TEST(AuxiliaryLoss, AddedToTheLossScaledAndReportedSeparately) {
   // d/dw of 0.5 * (main + aux) = 0.5 * 3 * sum of tokens = 0.5 * 3 * (2 + 4) per element.
   EXPECT_TRUE(torch::allclose(model.params[0].tensor.grad(), torch::full({3}, 9.0)));
   hp::add_aux_loss("ignored", torch::ones({}));  // no collection open: nothing happens
+}
+
+// Block observers (zero's just-in-time waits) see every forward of every
+// block, in order, with its index in model order, from inside the block's
+// wrapper (a recomputed block's replay is seen again); each parameter knows
+// the block that created it.
+TEST(BlockObserver, SeesEveryForwardInsideTheWrapperAndParametersKnowTheirBlock) {
+  auto s = hp::prepare(hp::RawConfig::parse_string("data: {type: synthetic}\n", "t"), 1);
+  hp::ModelDescription desc;
+  for (const char* name : {"a", "b", "c"}) {
+    desc.blocks.push_back({name, {}, [name](hp::BuildContext& c) {
+                             auto b = std::make_shared<AuxBlock>(c, std::string(name) + ".w");
+                             return b;
+                           }});
+  }
+  desc.loss = [](hp::BuildContext&) { return std::make_shared<SumLoss>(); };
+  hp::ModelExtensions ext;
+  std::vector<std::string> seen;
+  ext.add_wrapper("block", "test", [&](const hp::ForwardFn& inner, const hp::Activations& in) {
+    seen.push_back("wrap");
+    (void)inner(in);
+    return inner(in);  // a replay, as recompute's backward does
+  });
+  ext.add_block_observer("first", [&](int i) { seen.push_back("first " + std::to_string(i)); });
+  ext.add_block_observer("second", [&](int i) { seen.push_back("second " + std::to_string(i)); });
+  hp::BuildContext ctx(s.config, one(), hp::LayerRegistry::dense(), 1);
+  ext.apply_to(ctx);
+  auto model = hp::build_model(desc, ctx, {0, 2});  // a stage holding blocks 0 and 2
+  ASSERT_EQ(model.params.size(), 2u);
+  EXPECT_EQ(model.params[0].block, 0);
+  EXPECT_EQ(model.params[1].block, 2);
+  auto t = torch::full({1, 2}, 1);
+  hp::Activations a = hp::make_activations({{"tokens", t}});
+  a = model.blocks[0]->forward(a);
+  EXPECT_EQ(seen, (std::vector<std::string>{"wrap", "first 0", "second 0", "first 0", "second 0"}));
+  hp::BuildContext bare(s.config, one(), hp::LayerRegistry::dense(), 1);
+  EXPECT_TRUE(bare.block_observers().empty());
+  EXPECT_THROW(ext.add_wrapper("block", "other", nullptr), std::invalid_argument) << "wrappers keep one owner";
 }
 
 // A feature's offer for a kind gives way to a feature that replaces it, in
