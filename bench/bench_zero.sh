@@ -26,6 +26,10 @@ for dp in 1 2 4; do
       > "$W/$name.log" 2>&1 || { cat "$W/$name.log"; exit 1; }
   done
 done
+# zero at dp=2 with the blocking path (distributed.overlap: false): the
+# reduce-scatters after backward, the all-gathers inside the update.
+"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=false \
+  --set run.output_dir="$W/dp2_zero_blocking" > "$W/dp2_zero_blocking.log" 2>&1 || { cat "$W/dp2_zero_blocking.log"; exit 1; }
 python3 - "$W" "$H" "$L" "$T" "$B" <<'PY'
 import json, re, sys
 w, H, L, T, B = sys.argv[1], *map(int, sys.argv[2:])
@@ -56,4 +60,11 @@ for dp in (1, 2, 4):
 for dp in (2, 4):
     a, b = step_seconds(f"dp{dp}_zero_false"), step_seconds(f"dp{dp}_zero_true")
     print(f"dp={dp}: step time with zero {b:.3f} s vs plain {a:.3f} s ({100 * (b / a - 1):+.1f}%)")
+def mean_of(name, key):
+    r = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]
+    return sum(x.get(key, 0) for x in r) / len(r)
+on, off = step_seconds("dp2_zero_true"), step_seconds("dp2_zero_blocking")
+print(f"dp=2 zero: overlap on {on:.3f} s vs off {off:.3f} s ({100 * (on / off - 1):+.1f}%); with it on, the forward "
+      f"still waited {1000 * mean_of('dp2_zero_true', 'zero_gather_wait_seconds'):.2f} ms per step for "
+      f"{mean_of('dp2_zero_true', 'zero_gathers'):.0f} parameter gathers")
 PY

@@ -52,13 +52,16 @@ void check_cut(const std::string& name, const ckpt::TensorRecord& tensor, const 
     const auto& [count, groups] = a;
     std::string product;
     for (const auto& g : groups) product += (product.empty() ? "" : " x ") + g + "=" + std::to_string(mesh.group_size(g));
+    // An uneven cut is the trainer's own (dist::part_of: the first
+    // size % parts pieces one longer, e.g. a vocabulary over tp); a piece of
+    // nothing is not: no rank of a run holds an empty shard.
     const auto size = tensor.global_shape.at(static_cast<std::size_t>(dim));
-    if (size % count != 0) {
+    if (size < count) {
       throw ckpt::CheckpointError(
           "cannot cut tensor '" + name + "' for the target layout: its size " + std::to_string(size) +
-          " along dim " + std::to_string(dim) + " (split over " + join(groups, "+") + ") is not divisible by " +
-          product + (groups.size() > 1 ? " = " + std::to_string(count) : "") + "; choose sizes that divide " +
-          std::to_string(size));
+          " along dim " + std::to_string(dim) + " (split over " + join(groups, "+") + ") is smaller than " +
+          product + (groups.size() > 1 ? " = " + std::to_string(count) : "") +
+          " parts, so some ranks would hold nothing; choose sizes whose product is at most " + std::to_string(size));
     }
   }
 }

@@ -27,8 +27,9 @@ struct Piece {
 dist::ProcessMesh target_mesh(const std::map<std::string, int>& sizes, const ckpt::Manifest& source);
 
 /// Refuses (CheckpointError naming the tensor, its size, the groups and
-/// their product) a tensor the target sizes do not divide evenly, or one
-/// placed over a group the mesh does not have.
+/// their product) a tensor with fewer elements along a dimension than the
+/// target cuts it into, or one placed over a group the mesh does not have.
+/// Uneven cuts are allowed: they are the trainer's (dist::part_of).
 void check_cut(const std::string& name, const ckpt::TensorRecord& tensor, const dist::ProcessMesh& mesh);
 
 /// The piece of `tensor` that `rank` of `mesh` holds: its placements cut at

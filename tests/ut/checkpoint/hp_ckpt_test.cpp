@@ -379,19 +379,40 @@ TEST(HpCkptConvert, MergeToOneRank) {
   EXPECT_EQ(reader.layout(), (Layout{{"pp", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"edp", 1}}));
 }
 
-TEST(HpCkptConvert, SizeNotDivisibleIsOneLineNamingTensorSizeAndN) {
+// An uneven cut is the trainer's (the first size % parts pieces one
+// longer, as a vocabulary over tp): tp=3 cuts 8 rows as 3, 3, 2, and the
+// pieces put back together are the tensors, bitwise.
+TEST(HpCkptConvert, AnUnevenCutIsTheTrainersAndRoundTrips) {
+  Sharded ckpt;
+  TempDir out, back;
+  ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "3", "--dp", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const CheckpointReader reader(CheckpointReader::latest(out.path()));
+  std::vector<std::int64_t> rows;
+  for (const auto& s : reader.manifest().tensors.at("blocks.0.w").shards) rows.push_back(s.lengths[0]);
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(rows, (std::vector<std::int64_t>{2, 3, 3}));
+  r = hp_ckpt({"convert", out.path(), "--to", back.path()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const CheckpointReader merged(CheckpointReader::latest(back.path()));
+  for (const auto& [name, t] : ckpt.all()) EXPECT_TRUE(bitwise_equal(merged.read_full(name), t)) << name;
+}
+
+// A cut into more parts than a dimension has elements is one line naming
+// the tensor, its size, the groups and their product.
+TEST(HpCkptConvert, MorePartsThanElementsIsOneLineNamingTensorSizeAndN) {
   Sharded ckpt;
   TempDir out;
-  ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "3"});
+  ToolRun r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "9"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(
-      r.err,
-      "hp-ckpt convert: cannot cut tensor 'blocks.0.w' for the target layout: its size 8 along "
-      "dim 0 (split over tp) is not divisible by tp=3; choose sizes that divide 8\n");
-  r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "2", "--dp", "3"});
+  EXPECT_EQ(r.err,
+            "hp-ckpt convert: cannot cut tensor 'blocks.0.w' for the target layout: its size 8 along dim 0 (split "
+            "over tp) is smaller than tp=9 parts, so some ranks would hold nothing; choose sizes whose product is at "
+            "most 8\n");
+  r = hp_ckpt({"convert", ckpt.dir.path(), "--to", out.path(), "--tp", "2", "--dp", "5"});
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("tensor 'exp_avg/blocks.0.w' for the target layout: its size 8 along dim 0 "
-                       "(split over tp+dp) is not divisible by tp=2 x dp=3 = 6"),
+                       "(split over tp+dp) is smaller than tp=2 x dp=5 = 10 parts"),
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(out / "latest"));
