@@ -1,5 +1,5 @@
-// The `zero` feature (ZeRO stage 1): optimizer state sharded over the
-// replicating groups. Every parameter is cut along one dimension into one
+// The `zero` feature (ZeRO stages 1 and 2): optimizer state (stage 1) and
+// gradients (stage 2) sharded over the replicating groups. Every parameter is cut along one dimension into one
 // slice per replica (its tensor-parallel split dimension when it has one,
 // else dimension 0, so a slice is still a range of the global tensor that a
 // ShardSpec describes). After backward each rank reduce-scatters the
@@ -12,6 +12,11 @@
 // needs it (a block observer), so they overlap the next step's start and
 // forward; a save, an evaluation or a load waits for all of them. Its state is saved by global name with the slice's ShardSpec, so
 // a zero run resumes at another data-parallel size and with zero off.
+// Stage 2 also lets go of each parameter's full gradient as soon as its
+// bucket's reduce-scatter has taken its copy (during backward with
+// distributed.overlap), and the next step starts with no full gradients:
+// a rank holds only its slices' gradients between steps and through the
+// next forward. The numbers are stage 1's, bitwise (the same sums).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -131,9 +136,18 @@ struct Shards {
     c10::NoGradGuard no_grad;
     std::map<std::vector<std::string>, std::vector<at::Tensor>> pre;
     for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {
-      if (!it->pre_groups.empty()) pre[it->pre_groups].push_back(it->param.tensor.grad());
+      if (it->pre_groups.empty()) continue;
+      auto& p = it->param.tensor;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);  // stage 2: none reached it
+      pre[it->pre_groups].push_back(p.grad());
     }
     for (auto& [groups, grads] : pre) all_reduce_bucketed(*dist, groups, grads, bucket_bytes);
+  }
+
+  /// Stage 2: drops the full gradients of a bucket's parameters (its
+  /// reduce-scatter has copied them); the next backward starts them afresh.
+  void release_grads(const Bucket& bucket) {
+    for (std::size_t i : bucket.cuts) cuts[i].param.tensor.mutable_grad() = at::Tensor();
   }
 
   /// Starts the reduce-scatter of one bucket: every member's slices
@@ -147,6 +161,11 @@ struct Shards {
     if (n == 1) return nullptr;
     std::vector<at::Tensor> parts;
     std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
+    for (std::size_t i : bucket.cuts) {
+      // Stage 2 starts a step without gradients: one no backward reached has none.
+      auto& p = cuts[i].param.tensor;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    }
     for (int m = 0; m < n; ++m) {
       for (std::size_t i : bucket.cuts) {
         parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
@@ -192,6 +211,7 @@ struct Shards {
   std::vector<std::optional<dist::UnevenGather>> in_flight;
   std::size_t arrived = 0;  ///< gather_plan[0, arrived) are in the parameters
   bool overlap = true;
+  int stage = 1;
   bool planned = false;
   double waited_seconds = 0;  ///< spent waiting for gathers since the last report
   std::size_t in_forward = 0;  ///< gathers waited by a block's forward since the last report
@@ -340,6 +360,18 @@ class ZeroReducer : public GradReducer {
     figures["zero_gather_wait_seconds"] = s_->waited_seconds;
     figures["zero_gathers"] = static_cast<double>(s_->gather_plan.size());
     figures["zero_gathers_in_forward"] = static_cast<double>(s_->in_forward);
+    // Gradient memory after the reduction: full gradients still held (stage
+    // 1 keeps every one; stage 2 only those of groups of one) and slices.
+    double full = 0, slices = 0;
+    for (const auto& c : s_->cuts) {
+      const auto& g = c.param.tensor.grad();
+      if (g.defined()) full += static_cast<double>(g.nbytes());
+      if (c.slice_grad.defined() && !(g.defined() && c.slice_grad.is_same(g))) {
+        slices += static_cast<double>(c.slice_grad.numel() * c.slice_grad.element_size());
+      }
+    }
+    figures["zero_full_grad_bytes"] = full;
+    figures["zero_slice_grad_bytes"] = slices;
     s_->waited_seconds = 0;
     s_->in_forward = 0;
   }
@@ -360,6 +392,8 @@ class ZeroReducer : public GradReducer {
       pre_summed_ = true;
     }
     works_[b] = s_->launch_scatter(plan_[b]);
+    // Stage 2: the scatter holds its own copy of the bucket's gradients.
+    if (s_->stage >= 2 && works_[b]) s_->release_grads(plan_[b]);
   }
   std::shared_ptr<Shards> s_;
   std::vector<Shards::Bucket> plan_;
@@ -390,7 +424,12 @@ class ZeroOptimizer : public NamedStateOptimizer {
   }
   void zero_grad() override {
     std::vector<ParamEntry> params;
-    for (const auto& c : s_->cuts) params.push_back(c.param);
+    for (const auto& c : s_->cuts) {
+      // Stage 2: a released gradient stays released (the backward makes it
+      // anew); one kept (a group of one, a bucket summed first) is zeroed.
+      if (s_->stage >= 2 && !c.param.tensor.grad().defined()) continue;
+      params.push_back(c.param);
+    }
     zero_gradients(params);
   }
 
@@ -402,33 +441,37 @@ class ZeroFeature : public Feature {
  public:
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "stage", 1).range(1, 3)
-        .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas (2 and 3, "
-                  "gradients and parameters, are not built yet).");
+        .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas; 2 also the gradients "
+                  "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 (parameters) is not "
+                  "built yet.")
+        .note("1 or 2; the numbers are the same at every stage, bitwise");
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
-    if (ctx.config.ok({kStage}) && ctx.config.get_int(kStage) != 1) {
-      e.add(kStage, std::to_string(ctx.config.get_int(kStage)),
-            "only stage 1 (optimizer state sharding) is built; gradient and parameter sharding are not", "1");
+    if (ctx.config.ok({kStage}) && ctx.config.get_int(kStage) == 3) {
+      e.add(kStage, "3", "stage 3 (parameters sharded, gathered per block) is not built yet", "1 or 2");
     }
   }
 
   void install(FeatureRuntime& rt) override {
     // The optimizer is made first, then the reducer, for the same parameters.
     auto shards = std::make_shared<std::shared_ptr<Shards>>();
+    const int stage = static_cast<int>(rt.config().get_int(kStage));
     metrics::Gauge* gauge = rt.has_metrics()
         ? &rt.metrics().gauge("hp_zero_optimizer_state_bytes", "Optimizer state bytes this rank holds under zero.")
         : nullptr;
-    rt.set_optimizer("zero", [shards, gauge](const OptimizerOptions& o, const std::vector<ParamEntry>& params,
-                                              dist::DistributedContext& d) -> std::unique_ptr<Optimizer> {
+    rt.set_optimizer("zero", [shards, gauge, stage](const OptimizerOptions& o, const std::vector<ParamEntry>& params,
+                                                     dist::DistributedContext& d) -> std::unique_ptr<Optimizer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
+      (*shards)->stage = stage;
       auto opt = std::make_unique<ZeroOptimizer>(o, *shards);
       if (gauge) gauge->set(static_cast<double>(opt->state_bytes()));
       return opt;
     });
-    rt.set_grad_reducer("zero", [shards](const ReducerOptions& o, const std::vector<ParamEntry>& params,
-                                         dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
+    rt.set_grad_reducer("zero", [shards, stage](const ReducerOptions& o, const std::vector<ParamEntry>& params,
+                                                dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
+      (*shards)->stage = stage;
       (*shards)->bucket_bytes = o.bucket_bytes;
       (*shards)->overlap = o.overlap;
       (*shards)->plan_gathers();
