@@ -103,11 +103,14 @@ at::Tensor BuildContext::buffer(torch::nn::Module& module, const std::string& gl
   return b;
 }
 
-at::Tensor BuildContext::shared(const std::string& key) const {
+at::Tensor BuildContext::shared(const std::string& key) {
   auto it = shared_.find(key);
   if (it == shared_.end()) {
     throw std::logic_error("model error: shared tensor '" + key +
                            "' was not created by an earlier block on this rank");
+  }
+  for (auto& p : params_) {
+    if (p.tensor.is_same(it->second) && p.block != current_block_) p.also_used_by.push_back(current_block_);
   }
   return it->second;
 }

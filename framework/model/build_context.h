@@ -44,6 +44,8 @@ struct ParamEntry {
   ShardSpec spec;
   at::Tensor tensor;
   int block = -1;  ///< index (in model order) of the block that created it; -1 outside blocks
+  /// Later blocks that read it too (a tied weight, through BuildContext::shared).
+  std::vector<int> also_used_by;
 };
 
 /// Wraps a forward computation (used by recompute): gets the inner function
@@ -51,9 +53,14 @@ struct ParamEntry {
 using ForwardFn = std::function<Activations(const Activations&)>;
 using Wrapper = std::function<Activations(const ForwardFn& inner, const Activations& in)>;
 using WrapperFilter = std::function<bool(int block_index, const std::string& block_name)>;
-/// Called before every forward of a block (with its index in model order),
-/// inside any block wrapper, so a recomputed block's replay calls it too.
-using BlockObserver = std::function<void(int block_index)>;
+/// Sees every forward of a block (with its index in model order), inside
+/// any block wrapper, so a recomputed block's replay is seen too: `before`
+/// the forward, and `after` it with the block's input and output (either
+/// may be empty).
+struct BlockObserver {
+  std::function<void(int block_index)> before;
+  std::function<void(int block_index, const Activations& in, const Activations& out)> after;
+};
 
 /// [offset, length) of part `index` when `total` is split into `parts`
 /// nearly equal pieces (backends/dist/slice.h).
@@ -109,7 +116,9 @@ class BuildContext {
 
   /// Tensors shared between blocks (tied embeddings).
   void share(const std::string& key, const at::Tensor& t) { shared_[key] = t; }
-  at::Tensor shared(const std::string& key) const;
+  /// A tensor an earlier block shared; a parameter read this way records
+  /// the block being built in its `also_used_by`.
+  at::Tensor shared(const std::string& key);
 
   /// Forward wrappers by scope ("block", "attention.core"), set by features;
   /// `applies(index, name)` says whether that block (in model order) gets it.

@@ -20,8 +20,8 @@ class ModelExtensions {
   /// same scope is refused naming both.
   void add_wrapper(const std::string& scope, const std::string& owner, Wrapper w,
                    WrapperFilter applies = nullptr);
-  /// Adds an observer of every block's forward (any number of owners; called
-  /// in the order added).
+  /// Adds an observer of every block's forward (any number of owners; each
+  /// point calls them in the order added).
   void add_block_observer(const std::string& owner, BlockObserver o);
   /// Hands every wrapper and observer to a build context.
   void apply_to(BuildContext& ctx) const;

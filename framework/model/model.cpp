@@ -31,8 +31,14 @@ class ObservedBlock : public Block {
     register_module("inner", inner_);
   }
   Activations forward(const Activations& in) override {
-    for (const auto& o : observers_) o(index_);
-    return inner_->forward(in);
+    for (const auto& o : observers_) {
+      if (o.before) o.before(index_);
+    }
+    Activations out = inner_->forward(in);
+    for (const auto& o : observers_) {
+      if (o.after) o.after(index_, in, out);
+    }
+    return out;
   }
   BlockCost cost() const override { return inner_->cost(); }
 

@@ -20,14 +20,18 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <c10/core/CPUAllocator.h>
+
 #include <chrono>
 #include <optional>
+#include <set>
 
 #include "backends/dist/context.h"
 #include "backends/dist/gather.h"
 #include "backends/dist/group.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
+#include "framework/model/aux_loss.h"
 #include "framework/model/extensions.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
@@ -51,6 +55,9 @@ struct Cut {
   int me = 0;
   ShardSpec slice_spec;
   at::Tensor slice_grad;
+  /// Stage 3: this rank's slice of the parameter, kept while the
+  /// parameter's own storage is released between uses.
+  at::Tensor shard;
 
   at::Tensor slice_of(const at::Tensor& t, int member) const {
     return t.narrow(dim, ranges[static_cast<std::size_t>(member)].first, ranges[static_cast<std::size_t>(member)].second);
@@ -219,6 +226,12 @@ struct Shards {
   void plan_gathers() {
     if (planned) return;
     planned = true;
+    plan_units();
+    if (stage >= 3) {  // every sharded parameter is gathered per block instead
+      in_flight.clear();
+      arrived = 0;
+      return;
+    }
     for (auto& b : buckets()) {
       if (dist->group(b.group).size() > 1) gather_plan.push_back(b);
     }
@@ -310,6 +323,225 @@ struct Shards {
     wait_through(std::prev(it)->second);
     in_forward += arrived - before;
   }
+
+  // ---- Stage 3: parameters sharded, gathered per block ------------------------
+  //
+  // A parameter keeps its tensor (the module and autograd hold it) but its
+  // storage is released between uses: the bytes go back to the allocator
+  // and the storage reports 0 bytes. Before a block's forward (and again
+  // before its backward) the storage is allocated anew and the members'
+  // slices are all-gathered into it through a second tensor on the same
+  // storage, so the parameter's version counter does not move and what
+  // autograd saved stays valid. A unit is one block's parameters of one
+  // shard group; a parameter that later blocks read too (a tied weight) is
+  // released only at the end of the step.
+
+  enum class Residency { kReleased, kInFlight, kHere };
+  struct Unit {
+    int block = -1;
+    std::string group;
+    std::vector<std::size_t> cuts;
+    bool pinned = false;  ///< read by later blocks too: released only at the step's end
+    Residency state = Residency::kHere;
+    std::optional<dist::UnevenGather> work;
+  };
+  std::vector<Unit> units;
+  std::vector<int> blocks;                         ///< this rank's blocks with units, in model order
+  std::map<int, std::vector<std::size_t>> unit_of;  ///< block -> its units (and the units of weights it reads)
+  bool sharded_now = false;  ///< parameters released (inside a step); false: every one whole
+  bool backward = false;     ///< the step is in its backward (prefetch goes to earlier blocks)
+  int prefetch = 1;
+  bool reshard_after_forward = true;
+  std::size_t stage3_gathers = 0;  ///< since the last report
+
+  static void release_storage(const at::Tensor& p) {
+    auto* s = p.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+    s->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
+    s->set_nbytes(0);
+  }
+  static void allocate_storage(const at::Tensor& p) {
+    auto* s = p.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+    const std::size_t n = static_cast<std::size_t>(p.numel()) * p.element_size();
+    if (s->nbytes() >= n) return;
+    s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(n));
+    s->set_nbytes(n);
+  }
+  /// A second tensor on the parameter's storage: writing through it leaves
+  /// the parameter's version counter (which autograd checks) alone.
+  static at::Tensor alias_of(const at::Tensor& p) {
+    return at::empty({0}, p.options()).set_(p.storage(), p.storage_offset(), p.sizes(), p.strides());
+  }
+
+  bool stage3_cut(const Cut& c) const { return stage >= 3 && dist->group(c.shard_group).size() > 1; }
+
+  void plan_units() {
+    std::map<std::pair<int, std::string>, std::size_t> index;
+    for (std::size_t i = 0; i < cuts.size(); ++i) {
+      if (!stage3_cut(cuts[i])) continue;
+      const auto key = std::make_pair(cuts[i].param.block, cuts[i].shard_group);
+      auto it = index.find(key);
+      if (it == index.end()) {
+        it = index.emplace(key, units.size()).first;
+        units.push_back(Unit{key.first, key.second, {}, false, Residency::kHere, std::nullopt});
+      }
+      units[it->second].cuts.push_back(i);
+      if (!cuts[i].param.also_used_by.empty()) units[it->second].pinned = true;
+    }
+    std::set<int> seen;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      unit_of[units[u].block].push_back(u);
+      seen.insert(units[u].block);
+      for (std::size_t i : units[u].cuts) {
+        for (int b : cuts[i].param.also_used_by) {
+          auto& list = unit_of[b];
+          if (std::find(list.begin(), list.end(), u) == list.end()) list.push_back(u);
+        }
+      }
+    }
+    blocks.assign(seen.begin(), seen.end());
+  }
+
+  /// At a step's start: the slices are taken from the whole parameters
+  /// (after a load, or a save that gathered them), which are released.
+  void shard_params() {
+    if (stage < 3 || sharded_now) return;
+    c10::NoGradGuard no_grad;
+    for (auto& u : units) {
+      for (std::size_t i : u.cuts) {
+        auto& c = cuts[i];
+        at::Tensor mine = c.slice_of(c.param.tensor, c.me);
+        if (!c.shard.defined()) c.shard = mine.clone();
+        else c.shard.copy_(mine);
+        release_storage(c.param.tensor);
+      }
+      u.state = Residency::kReleased;
+    }
+    sharded_now = true;
+  }
+
+  void issue(std::size_t u) {
+    Unit& unit = units[u];
+    if (unit.state != Residency::kReleased) return;
+    c10::NoGradGuard no_grad;
+    auto& g = dist->group(unit.group);
+    std::vector<std::int64_t> totals(static_cast<std::size_t>(g.size()), 0);
+    std::vector<at::Tensor> mine;
+    for (std::size_t i : unit.cuts) {
+      for (int m = 0; m < g.size(); ++m) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+      mine.push_back(cuts[i].shard.reshape({-1}));
+    }
+    unit.work = dist::all_gather_uneven_async(g, mine.size() == 1 ? mine[0] : at::cat(mine), 0, totals);
+    unit.state = Residency::kInFlight;
+    ++stage3_gathers;
+  }
+
+  void ensure(std::size_t u) {
+    Unit& unit = units[u];
+    if (unit.state == Residency::kHere) return;
+    issue(u);
+    c10::NoGradGuard no_grad;
+    const auto all = unit.work->wait();
+    unit.work.reset();
+    for (int m = 0; m < static_cast<int>(all.size()); ++m) {
+      std::int64_t off = 0;
+      for (std::size_t i : unit.cuts) {
+        auto& c = cuts[i];
+        if (m == 0) allocate_storage(c.param.tensor);
+        at::Tensor dst = c.slice_of(alias_of(c.param.tensor), m);
+        const std::int64_t k = c.numel_of(m);
+        dst.copy_(all[static_cast<std::size_t>(m)].narrow(0, off, k).view(dst.sizes()));
+        off += k;
+      }
+    }
+    unit.state = Residency::kHere;
+  }
+
+  void release(std::size_t u, bool even_pinned = false) {
+    Unit& unit = units[u];
+    if (unit.pinned && !even_pinned) return;
+    if (unit.state == Residency::kInFlight) ensure(u);  // a collective is never abandoned
+    if (unit.state != Residency::kHere) return;
+    for (std::size_t i : unit.cuts) release_storage(cuts[i].param.tensor);
+    unit.state = Residency::kReleased;
+  }
+
+  /// Gathers a block's units and issues the next ones' (prefetch) in the
+  /// direction the step runs.
+  void gather_for(int block) {
+    auto it = unit_of.find(block);
+    if (it != unit_of.end()) {
+      for (std::size_t u : it->second) ensure(u);
+    }
+    auto pos = std::find(blocks.begin(), blocks.end(), block);
+    if (pos == blocks.end()) return;
+    for (int d = 1; d <= prefetch; ++d) {
+      const std::ptrdiff_t at = (pos - blocks.begin()) + (backward ? -d : d);
+      if (at < 0 || at >= static_cast<std::ptrdiff_t>(blocks.size())) break;
+      for (std::size_t u : unit_of[blocks[static_cast<std::size_t>(at)]]) issue(u);
+    }
+  }
+
+  void release_block(int block) {
+    auto it = unit_of.find(block);
+    if (it == unit_of.end()) return;
+    for (std::size_t u : it->second) {
+      if (units[u].block == block) release(u);
+    }
+  }
+
+  void before_block3(int block) {
+    if (!sharded_now) return;  // whole (before the first step, after a save)
+    if (!aux_loss_replaying()) backward = false;  // a forward (a replay runs inside backward)
+    gather_for(block);
+  }
+
+  void after_block3(int block, const Activations& in, const Activations& out) {
+    if (!sharded_now) return;
+    // Before the block's backward its parameters come back; once the
+    // gradient of its input exists its backward is done with them.
+    for (const auto& item : out.items()) {
+      const at::Tensor& t = item.value();
+      if (t.defined() && t.requires_grad()) {
+        const_cast<at::Tensor&>(t).register_hook([this, block](const at::Tensor&) {
+          backward = true;
+          gather_for(block);
+        });
+      }
+    }
+    for (const auto& item : in.items()) {
+      const at::Tensor& t = item.value();
+      if (t.defined() && t.requires_grad()) {
+        const_cast<at::Tensor&>(t).register_hook([this, block](const at::Tensor&) { release_block(block); });
+      }
+    }
+    // A forward replayed by recompute is followed by its backward at once.
+    if (reshard_after_forward && !aux_loss_replaying()) release_block(block);
+  }
+
+  /// After the step's reduction: everything back to slices.
+  void release_all() {
+    if (!sharded_now) return;
+    for (std::size_t u = 0; u < units.size(); ++u) release(u, /*even_pinned=*/true);
+    backward = false;
+  }
+
+  /// Every parameter whole again (a save reads them; the next step
+  /// releases them after taking the slices back).
+  void materialize() {
+    if (!sharded_now) return;
+    for (std::size_t u = 0; u < units.size(); ++u) ensure(u);
+    sharded_now = false;
+  }
+
+  /// Bytes of parameter storage this rank holds now.
+  double param_bytes_held() const {
+    double n = 0;
+    for (const auto& c : cuts) n += static_cast<double>(c.param.tensor.storage().nbytes());
+    for (const auto& c : cuts) {
+      if (c.shard.defined()) n += static_cast<double>(c.shard.nbytes());
+    }
+    return n;
+  }
 };
 
 /// Reduce-scatters gradient buckets; with distributed.overlap each bucket
@@ -351,6 +583,7 @@ class ZeroReducer : public GradReducer {
     for (std::size_t b = 0; b < plan_.size(); ++b) s_->finish_scatter(plan_[b], std::move(works_[b]));
     pre_summed_ = false;
     launcher_->end_step();
+    s_->release_all();
   }
   void report(std::map<std::string, double>& figures) const override {
     figures["grad_buckets"] = static_cast<double>(launcher_->size());
@@ -372,6 +605,11 @@ class ZeroReducer : public GradReducer {
     }
     figures["zero_full_grad_bytes"] = full;
     figures["zero_slice_grad_bytes"] = slices;
+    // Parameter bytes held after the reduction (stage 3: the slices) and
+    // the per-block gathers of the step.
+    figures["zero_param_bytes"] = s_->param_bytes_held();
+    if (s_->stage >= 3) figures["zero_block_gathers"] = static_cast<double>(s_->stage3_gathers);
+    s_->stage3_gathers = 0;
     s_->waited_seconds = 0;
     s_->in_forward = 0;
   }
@@ -417,7 +655,10 @@ class ZeroOptimizer : public NamedStateOptimizer {
       ++steps_;
       for (std::size_t i = 0; i < s_->cuts.size(); ++i) {
         auto& c = s_->cuts[i];
-        apply_update(o_, steps_, lr, c.slice_of(c.param.tensor, c.me), c.slice_grad, state_[i]);
+        // Stage 3 updates the slice kept aside; the parameter is gathered
+        // from the slices before its block's next forward.
+        at::Tensor target = s_->stage3_cut(c) ? c.shard : c.slice_of(c.param.tensor, c.me);
+        apply_update(o_, steps_, lr, target, c.slice_grad, state_[i]);
       }
     }
     s_->all_gather_params();
@@ -444,19 +685,26 @@ class ZeroFeature : public Feature {
         .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas; 2 also the gradients "
                   "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 (parameters) is not "
                   "built yet.")
-        .note("1 or 2; the numbers are the same at every stage, bitwise");
+        .note("the numbers are the same at every stage, bitwise");
+    s.add_int(prefix + "prefetch", 1).range(0, 64)
+        .describe("Stage 3: how many blocks ahead (in forward; behind, in backward) a block's parameter gather is "
+                  "issued while the current block computes.");
+    s.add_bool(prefix + "reshard_after_forward", true)
+        .describe("Stage 3: release a block's gathered parameters after its forward (gathered again for its "
+                  "backward); false keeps them until the step's end: less communication, more memory.");
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
-    if (ctx.config.ok({kStage}) && ctx.config.get_int(kStage) == 3) {
-      e.add(kStage, "3", "stage 3 (parameters sharded, gathered per block) is not built yet", "1 or 2");
-    }
+    (void)ctx;
+    (void)e;
   }
 
   void install(FeatureRuntime& rt) override {
     // The optimizer is made first, then the reducer, for the same parameters.
     auto shards = std::make_shared<std::shared_ptr<Shards>>();
     const int stage = static_cast<int>(rt.config().get_int(kStage));
+    const int prefetch = static_cast<int>(rt.config().get_int("features.zero.prefetch"));
+    const bool reshard = rt.config().get_bool("features.zero.reshard_after_forward");
     metrics::Gauge* gauge = rt.has_metrics()
         ? &rt.metrics().gauge("hp_zero_optimizer_state_bytes", "Optimizer state bytes this rank holds under zero.")
         : nullptr;
@@ -468,10 +716,12 @@ class ZeroFeature : public Feature {
       if (gauge) gauge->set(static_cast<double>(opt->state_bytes()));
       return opt;
     });
-    rt.set_grad_reducer("zero", [shards, stage](const ReducerOptions& o, const std::vector<ParamEntry>& params,
+    rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard](const ReducerOptions& o, const std::vector<ParamEntry>& params,
                                                 dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
       (*shards)->stage = stage;
+      (*shards)->prefetch = prefetch;
+      (*shards)->reshard_after_forward = reshard;
       (*shards)->bucket_bytes = o.bucket_bytes;
       (*shards)->overlap = o.overlap;
       (*shards)->plan_gathers();
@@ -479,12 +729,28 @@ class ZeroFeature : public Feature {
     });
     // The gathers of the last update land just before the blocks that read
     // them; anything else that reads parameters waits for all of them.
-    rt.model().add_block_observer("zero", [shards](int block) {
-      if (*shards) (*shards)->before_block(block);
-    });
+    BlockObserver watch;
+    watch.before = [shards, stage](int block) {
+      if (!*shards) return;
+      if (stage >= 3) (*shards)->before_block3(block);
+      else (*shards)->before_block(block);
+    };
+    if (stage >= 3) {
+      watch.after = [shards](int block, const Activations& in, const Activations& out) {
+        if (*shards) (*shards)->after_block3(block, in, out);
+      };
+      // A step starts from the slices; a save or a load reads or writes
+      // whole parameters.
+      rt.add_hook(StepEvent::kStepBegin, "zero", [shards](StepContext&) {
+        if (*shards) (*shards)->shard_params();
+      });
+    }
+    rt.model().add_block_observer("zero", watch);
     for (StepEvent e : {StepEvent::kSave, StepEvent::kEval, StepEvent::kLoad}) {
-      rt.add_hook(e, "zero", [shards](StepContext&) {
-        if (*shards) (*shards)->wait_all();
+      rt.add_hook(e, "zero", [shards, e](StepContext&) {
+        if (!*shards) return;
+        (*shards)->wait_all();
+        if (e != StepEvent::kEval) (*shards)->materialize();
       });
     }
   }

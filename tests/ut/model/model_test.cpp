@@ -287,8 +287,12 @@ TEST(BlockObserver, SeesEveryForwardInsideTheWrapperAndParametersKnowTheirBlock)
     (void)inner(in);
     return inner(in);  // a replay, as recompute's backward does
   });
-  ext.add_block_observer("first", [&](int i) { seen.push_back("first " + std::to_string(i)); });
-  ext.add_block_observer("second", [&](int i) { seen.push_back("second " + std::to_string(i)); });
+  ext.add_block_observer("first", {[&](int i) { seen.push_back("first " + std::to_string(i)); },
+                                   [&](int i, const hp::Activations& in, const hp::Activations& out) {
+                                     seen.push_back("after " + std::to_string(i) + " " + in.keys()[0] + "->" +
+                                                    out.keys()[0]);
+                                   }});
+  ext.add_block_observer("second", {[&](int i) { seen.push_back("second " + std::to_string(i)); }, nullptr});
   hp::BuildContext ctx(s.config, one(), hp::LayerRegistry::dense(), 1);
   ext.apply_to(ctx);
   auto model = hp::build_model(desc, ctx, {0, 2});  // a stage holding blocks 0 and 2
@@ -298,7 +302,8 @@ TEST(BlockObserver, SeesEveryForwardInsideTheWrapperAndParametersKnowTheirBlock)
   auto t = torch::full({1, 2}, 1);
   hp::Activations a = hp::make_activations({{"tokens", t}});
   a = model.blocks[0]->forward(a);
-  EXPECT_EQ(seen, (std::vector<std::string>{"wrap", "first 0", "second 0", "first 0", "second 0"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"wrap", "first 0", "second 0", "after 0 tokens->h", "first 0", "second 0",
+                                            "after 0 tokens->h"}));
   hp::BuildContext bare(s.config, one(), hp::LayerRegistry::dense(), 1);
   EXPECT_TRUE(bare.block_observers().empty());
   EXPECT_THROW(ext.add_wrapper("block", "other", nullptr), std::invalid_argument) << "wrappers keep one owner";
