@@ -29,6 +29,7 @@
 #include "backends/dist/context.h"
 #include "backends/dist/gather.h"
 #include "backends/dist/group.h"
+#include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
 #include "framework/model/aux_loss.h"
@@ -352,7 +353,20 @@ struct Shards {
   bool backward = false;     ///< the step is in its backward (prefetch goes to earlier blocks)
   int prefetch = 1;
   bool reshard_after_forward = true;
-  std::size_t stage3_gathers = 0;  ///< since the last report
+  std::size_t stage3_gathers = 0;     ///< since the last report
+  std::size_t stage3_prefetched = 0;  ///< of those, in flight before their block asked (prefetch)
+  double gathered_bytes = 0, gathered_peak = 0;  ///< whole-parameter bytes held now / at most since the report
+
+  double unit_bytes(const Unit& u) const {
+    double n = 0;
+    for (std::size_t i : u.cuts) n += static_cast<double>(cuts[i].param.tensor.numel() * cuts[i].param.tensor.element_size());
+    return n;
+  }
+  /// "block 2 (blocks.1.attn.qkv.weight, ...)": what a unit's error names.
+  std::string describe_unit(const Unit& u) const {
+    return "block " + std::to_string(u.block) + " (" + cuts[u.cuts.front()].param.spec.name +
+           (u.cuts.size() > 1 ? ", ..." : "") + ")";
+  }
 
   static void release_storage(const at::Tensor& p) {
     auto* s = p.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
@@ -416,6 +430,7 @@ struct Shards {
       }
       u.state = Residency::kReleased;
     }
+    gathered_bytes = 0;
     sharded_now = true;
   }
 
@@ -438,10 +453,21 @@ struct Shards {
   void ensure(std::size_t u) {
     Unit& unit = units[u];
     if (unit.state == Residency::kHere) return;
+    if (unit.state == Residency::kInFlight) ++stage3_prefetched;
     issue(u);
     c10::NoGradGuard no_grad;
-    const auto all = unit.work->wait();
+    profile::Span span("comm", "zero_gather_wait");
+    span.arg("block", unit.block);
+    std::vector<at::Tensor> all;
+    try {
+      all = unit.work->wait();
+    } catch (const dist::CommError& e) {
+      throw dist::CommError("zero stage 3: rank " + std::to_string(dist->rank()) + " gathering the parameters of " +
+                            describe_unit(unit) + ": " + e.what());
+    }
     unit.work.reset();
+    gathered_bytes += unit_bytes(unit);
+    gathered_peak = std::max(gathered_peak, gathered_bytes);
     for (int m = 0; m < static_cast<int>(all.size()); ++m) {
       std::int64_t off = 0;
       for (std::size_t i : unit.cuts) {
@@ -463,6 +489,7 @@ struct Shards {
     if (unit.state != Residency::kHere) return;
     for (std::size_t i : unit.cuts) release_storage(cuts[i].param.tensor);
     unit.state = Residency::kReleased;
+    gathered_bytes -= unit_bytes(unit);
   }
 
   /// Gathers a block's units and issues the next ones' (prefetch) in the
@@ -608,8 +635,19 @@ class ZeroReducer : public GradReducer {
     // Parameter bytes held after the reduction (stage 3: the slices) and
     // the per-block gathers of the step.
     figures["zero_param_bytes"] = s_->param_bytes_held();
-    if (s_->stage >= 3) figures["zero_block_gathers"] = static_cast<double>(s_->stage3_gathers);
+    if (s_->stage >= 3) {
+      figures["zero_block_gathers"] = static_cast<double>(s_->stage3_gathers);
+      figures["zero_block_gathers_prefetched"] = static_cast<double>(s_->stage3_prefetched);
+      // The most whole-parameter bytes held at once during the step (the
+      // blocks gathered together), beside the bytes of every sharded one.
+      figures["zero_gathered_peak_bytes"] = s_->gathered_peak;
+      double all = 0;
+      for (const auto& u : s_->units) all += s_->unit_bytes(u);
+      figures["zero_sharded_param_bytes"] = all;
+    }
     s_->stage3_gathers = 0;
+    s_->stage3_prefetched = 0;
+    s_->gathered_peak = s_->gathered_bytes;
     s_->waited_seconds = 0;
     s_->in_forward = 0;
   }

@@ -4,7 +4,10 @@
 # every gradient of step 1) at dp=2, dp=4, tp=2 x dp=2, pp=2 x dp=2, ep=2
 # (MoE), with recompute, with tied embeddings, without resharding after
 # forward and without prefetch; after each step a rank holds 1/dp of the
-# sharded parameters' bytes. Checkpoints: a stage-3 dp=2 checkpoint resumes
+# sharded parameters' bytes, and at most a few blocks' parameters are
+# whole at once during a step (the current block and the one prefetched:
+# less than all of them); with prefetch 1 the next block's gather is in
+# flight before its block asks for it, with prefetch 0 never. Checkpoints: a stage-3 dp=2 checkpoint resumes
 # at stage 3 bitwise, at dp=4 stage 3 and at dp=1 without zero within the
 # bars; a plain checkpoint resumes under stage 3 at dp=2.
 source "$(dirname "$0")/../../lib/common.sh"
@@ -30,7 +33,9 @@ def last(d):
     return [j for j in map(json.loads, open(d + "/metrics.jsonl")) if "zero_param_bytes" in j][-1]
 a, b = last(sys.argv[1]), last(sys.argv[2])
 print(f"-- {sys.argv[3]}: rank 0 holds {b['zero_param_bytes']:.0f} parameter bytes after a step at stage 3, "
-      f"{a['zero_param_bytes']:.0f} at stage 1; {b['zero_block_gathers']:.0f} block gathers per step")
+      f"{a['zero_param_bytes']:.0f} at stage 1; {b['zero_block_gathers']:.0f} block gathers per step, "
+      f"{b['zero_block_gathers_prefetched']:.0f} of them prefetched; at most {b['zero_gathered_peak_bytes']:.0f} "
+      f"of {b['zero_sharded_param_bytes']:.0f} sharded parameter bytes whole at once")
 sys.exit(0 if b["zero_param_bytes"] < a["zero_param_bytes"] and b["zero_block_gathers"] > 0 else 1)
 PY
 }
@@ -43,6 +48,14 @@ same rc 2 --set features.recompute.enabled=true
 same tied 2 --set model.tie_embeddings=true
 same keep 2 --set features.zero.reshard_after_forward=false --set features.zero.prefetch=0
 same overlap 2 --set distributed.overlap=true --set distributed.bucket_size_mb=0.004
+figure() {  # RUN KEY: the last step's figure
+  python3 -c 'import json,sys
+print(int([j for j in map(json.loads, open(sys.argv[1]+"/metrics.jsonl")) if sys.argv[2] in j][-1][sys.argv[2]]))' "$WORK/$1" "$2"
+}
+(( $(figure dp2_s3 zero_block_gathers_prefetched) > 0 )) || fail "dp2: no gather was prefetched"
+(( $(figure keep_s3 zero_block_gathers_prefetched) == 0 )) || fail "prefetch 0: a gather was prefetched"
+(( $(figure dp2_s3 zero_gathered_peak_bytes) < $(figure dp2_s3 zero_sharded_param_bytes) )) \
+  || fail "dp2: every parameter was whole at once during a step"
 # At dp=2 a rank holds half of every sharded parameter (all of them here).
 python3 - "$WORK/dp2_s1" "$WORK/dp2_s3" <<'PY' || fail "dp2: not half the parameter bytes"
 import json, sys
