@@ -1,70 +1,95 @@
 #!/usr/bin/env bash
-# zero (ZeRO-1) side by side in one run (figures printed, never asserted):
-# optimizer-state bytes and peak resident memory per rank at dp = 1, 2, 4
-# with and without zero, and step time beside plain data parallel.
-#   bash bench/bench_zero.sh [hidden=256] [steps=12]
+# zero side by side in one run (figures printed, never asserted): per rank
+# at dp = 1, 2, 4 for zero off and stages 1, 2 and 3, the model state a
+# rank holds between steps (parameters, gradients, optimizer state; from
+# metrics.jsonl) beside the accounting formula, the peak resident memory
+# (VmHWM) and the step time; then zero at dp=2 with distributed.overlap on
+# against off.
+#   bash bench/bench_zero.sh [hidden=256] [steps=12] [layers=4]
 # Each rank gets cores / ranks intra-op threads (hp-launch), so dp=4 on this
 # 2-core machine runs 4 single-thread processes on 2 cores: its step times
 # say little; its bytes are exact.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
-H=${1:-256}; STEPS=${2:-12}
-L=4; T=128; B=8; M=2
+H=${1:-256}; STEPS=${2:-12}; L=${3:-4}
+DPS=${BENCH_DPS:-1 2 4}  # e.g. BENCH_DPS="1 2" for the large model
+T=128; B=8; M=2
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cat > "$W/c.yaml" <<YAML
 model: {type: gpt, layers: $L, hidden: $H, heads: 4, seq_len: $T}
 data: {type: text}
-training: {max_steps: $STEPS, global_batch_size: $B, micro_batch_size: $M, log_interval: 1}
+training: {max_steps: $STEPS, global_batch_size: $B, micro_batch_size: $M, log_interval: 1, eval_interval: 0}
 optimizer: {type: adamw, lr: 0.001, schedule: constant}
 checkpoint: {interval: 0, resume: never}
 YAML
-for dp in 1 2 4; do
-  for z in false true; do
-    name="dp${dp}_zero_$z"
-    "$BIN/hp-train" "$W/c.yaml" --nproc "$dp" --set features.zero.enabled=$z --set run.output_dir="$W/$name" \
+for dp in $DPS; do
+  for z in off 1 2 3; do
+    name="dp${dp}_$z"
+    if [[ $z == off ]]; then zargs=(--set features.zero.enabled=false)
+    else zargs=(--set features.zero.enabled=true --set features.zero.stage=$z); fi
+    "$BIN/hp-train" "$W/c.yaml" --nproc "$dp" "${zargs[@]}" --set run.output_dir="$W/$name" \
       > "$W/$name.log" 2>&1 || { cat "$W/$name.log"; exit 1; }
   done
 done
 # zero at dp=2 with the blocking path (distributed.overlap: false): the
 # reduce-scatters after backward, the all-gathers inside the update.
 "$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=false \
-  --set run.output_dir="$W/dp2_zero_blocking" > "$W/dp2_zero_blocking.log" 2>&1 || { cat "$W/dp2_zero_blocking.log"; exit 1; }
-python3 - "$W" "$H" "$L" "$T" "$B" <<'PY'
-import json, re, sys
-w, H, L, T, B = sys.argv[1], *map(int, sys.argv[2:])
-def per_rank(name):
+  --set run.output_dir="$W/dp2_1_blocking" > "$W/dp2_1_blocking.log" 2>&1 || { cat "$W/dp2_1_blocking.log"; exit 1; }
+"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=true \
+  --set run.output_dir="$W/dp2_1_overlap" > "$W/dp2_1_overlap.log" 2>&1 || { cat "$W/dp2_1_overlap.log"; exit 1; }
+python3 - "$W" "$H" "$L" "$T" "$B" "$DPS" <<'PY'
+import json, re, statistics, sys
+w, H, L, T, B = sys.argv[1], *map(int, sys.argv[2:6])
+DPS = [int(x) for x in sys.argv[6].split()]
+MiB = 1024 * 1024
+def peaks(name):
     out = {}
     for line in open(f"{w}/{name}.log"):
         m = re.search(r"\[rank (\d+)[^\]]*\].*this rank: optimizer state (\d+) bytes, peak resident memory ([\d.]+) MiB", line)
         if m:
-            out[int(m.group(1))] = (int(m.group(2)), float(m.group(3)))
-    return out
+            out[int(m.group(1))] = float(m.group(3))
+    return [out[k] for k in sorted(out)]
+def rows(name):
+    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()]
 def step_seconds(name):
-    r = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]  # step 1 warms up
-    return sum(x["step_seconds"] for x in r) / len(r)
-print(f"GPT {L} layers x {H} wide, seq {T}, global batch {B}, AdamW (2 state tensors per parameter)")
-print(f"{'dp':>3s} {'zero':>5s} {'state bytes/rank (each rank)':>44s} {'vs unsharded/dp':>16s} "
-      f"{'peak RSS MiB/rank':>26s} {'step s':>8s}")
-base = per_rank("dp1_zero_false")[0][0]
-for dp in (1, 2, 4):
-    for z in ("false", "true"):
-        name = f"dp{dp}_zero_{z}"
-        r = per_rank(name)
-        states = [r[k][0] for k in sorted(r)]
-        rss = [r[k][1] for k in sorted(r)]
-        target = base / dp if z == "true" else base
-        worst = max(abs(s / target - 1) for s in states)
-        print(f"{dp:3d} {z:>5s} {' '.join(str(s) for s in states):>44s} {'±%.2f%%' % (100 * worst):>16s} "
-              f"{' '.join('%.0f' % x for x in rss):>26s} {step_seconds(name):8.3f}")
-for dp in (2, 4):
-    a, b = step_seconds(f"dp{dp}_zero_false"), step_seconds(f"dp{dp}_zero_true")
-    print(f"dp={dp}: step time with zero {b:.3f} s vs plain {a:.3f} s ({100 * (b / a - 1):+.1f}%)")
-def mean_of(name, key):
-    r = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]
-    return sum(x.get(key, 0) for x in r) / len(r)
-on, off = step_seconds("dp2_zero_true"), step_seconds("dp2_zero_blocking")
-print(f"dp=2 zero: overlap on {on:.3f} s vs off {off:.3f} s ({100 * (on / off - 1):+.1f}%); with it on, the forward "
-      f"still waited {1000 * mean_of('dp2_zero_true', 'zero_gather_wait_seconds'):.2f} ms per step for "
-      f"{mean_of('dp2_zero_true', 'zero_gathers'):.0f} parameter gathers")
+    return statistics.median(r["step_seconds"] for r in rows(name)[1:])  # step 1 warms up
+def state(name, dp, z):
+    last = rows(name)[-1]
+    opt = last["optimizer_state_bytes"]
+    if z == "off":
+        return psi * 4, psi * 4, opt
+    return last["zero_param_bytes"], last["zero_full_grad_bytes"] + last["zero_slice_grad_bytes"], opt
+first = rows(f"dp{DPS[0]}_off")[-1]
+psi = first["optimizer_state_bytes"] / 8  # AdamW: two fp32 tensors per parameter
+print(f"GPT {L} layers x {H} wide, seq {T}, global batch {B}, AdamW, fp32: Ψ = {psi / 1e6:.2f} M parameters "
+      f"({16 * psi / MiB:.0f} MiB of model state: 4Ψ parameters + 4Ψ gradients + 8Ψ AdamW state)")
+formula = {"off": lambda n: 16 * psi, "1": lambda n: 8 * psi + 12 * psi / n if n > 1 else 16 * psi,
+           "2": lambda n: 4 * psi + 12 * psi / n if n > 1 else 16 * psi, "3": lambda n: 16 * psi / n}
+print("model state per rank between steps (rank 0), MiB; formula: off 16Ψ, stage 1 8Ψ + 12Ψ/N (our slices of the "
+      "gradient are 4Ψ/N beside the full 4Ψ), stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N")
+print(f"{'dp':>3s} {'zero':>5s} {'params':>8s} {'grads':>8s} {'state':>8s} {'total':>8s} {'formula':>8s} "
+      f"{'peak RSS MiB per rank':>28s} {'step s':>8s}")
+for dp in DPS:
+    for z in ("off", "1", "2", "3"):
+        name = f"dp{dp}_{z}"
+        p, g, s = state(name, dp, z)
+        print(f"{dp:3d} {z:>5s} {p / MiB:8.1f} {g / MiB:8.1f} {s / MiB:8.1f} {(p + g + s) / MiB:8.1f} "
+              f"{formula[z](dp) / MiB:8.1f} {' '.join('%.0f' % x for x in peaks(name)):>28s} {step_seconds(name):8.3f}")
+for dp in [d for d in DPS if d > 1]:
+    base, base_peak = step_seconds(f"dp{dp}_off"), max(peaks(f"dp{dp}_off"))
+    print(f"dp={dp}: " + ", ".join(
+        f"stage {z} {step_seconds(f'dp{dp}_{z}') / base:.2f}x the step time, {max(peaks(f'dp{dp}_{z}')) / base_peak:.2f}x the peak"
+        for z in ("1", "2", "3")) + " of plain dp")
+r3 = rows("dp2_3")[1:]
+if r3 and "zero_block_gathers" in r3[-1]:
+    print(f"dp=2 stage 3: {statistics.median(r['zero_block_gathers'] for r in r3):.0f} block gathers per step, "
+          f"{statistics.median(r['zero_block_gathers_prefetched'] for r in r3):.0f} of them prefetched; at most "
+          f"{max(r['zero_gathered_peak_bytes'] for r in r3) / MiB:.1f} of {r3[-1]['zero_sharded_param_bytes'] / MiB:.1f} "
+          f"MiB of parameters whole at once")
+on, off = step_seconds("dp2_1_overlap"), step_seconds("dp2_1_blocking")
+wait = statistics.mean(r.get("zero_gather_wait_seconds", 0) for r in rows("dp2_1_overlap")[1:])
+print(f"dp=2 stage 1: overlap on {on:.3f} s vs off {off:.3f} s ({100 * (on / off - 1):+.1f}%); with it on, the "
+      f"forward still waited {1000 * wait:.2f} ms per step for {rows('dp2_1_overlap')[-1].get('zero_gathers', 0):.0f} "
+      f"parameter gathers")
 PY

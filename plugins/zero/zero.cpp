@@ -1,5 +1,6 @@
-// The `zero` feature (ZeRO stages 1 and 2): optimizer state (stage 1) and
-// gradients (stage 2) sharded over the replicating groups. Every parameter is cut along one dimension into one
+// The `zero` feature (ZeRO stages 1, 2 and 3): optimizer state (stage 1),
+// gradients (stage 2) and parameters (stage 3) sharded over the
+// replicating groups. Every parameter is cut along one dimension into one
 // slice per replica (its tensor-parallel split dimension when it has one,
 // else dimension 0, so a slice is still a range of the global tensor that a
 // ShardSpec describes). After backward each rank reduce-scatters the
@@ -23,6 +24,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <set>
 
@@ -100,7 +102,10 @@ struct Shards {
         c.slice_spec.box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(d.mesh(), pl, d.rank())).boxes.at(0);
       }
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-      c.slice_grad = at::zeros(c.slice_of(p.tensor, c.me).sizes(), p.tensor.options());
+      // A placeholder with the slice's shape (the optimizer's state is made
+      // from it); the first reduction replaces it. Never written, so its
+      // pages are never touched.
+      c.slice_grad = at::empty(c.slice_of(p.tensor, c.me).sizes(), p.tensor.options());
       cuts.push_back(std::move(c));
     }
   }
@@ -450,11 +455,18 @@ struct Shards {
     ++stage3_gathers;
   }
 
+  /// A block needs unit u whole: issued now unless a prefetch already did.
   void ensure(std::size_t u) {
     Unit& unit = units[u];
     if (unit.state == Residency::kHere) return;
     if (unit.state == Residency::kInFlight) ++stage3_prefetched;
     issue(u);
+    land(u);
+  }
+
+  /// Waits unit u's gather and writes the members' slices into the parameters.
+  void land(std::size_t u) {
+    Unit& unit = units[u];
     c10::NoGradGuard no_grad;
     profile::Span span("comm", "zero_gather_wait");
     span.arg("block", unit.block);
@@ -485,7 +497,7 @@ struct Shards {
   void release(std::size_t u, bool even_pinned = false) {
     Unit& unit = units[u];
     if (unit.pinned && !even_pinned) return;
-    if (unit.state == Residency::kInFlight) ensure(u);  // a collective is never abandoned
+    if (unit.state == Residency::kInFlight) land(u);  // a collective is never abandoned
     if (unit.state != Residency::kHere) return;
     for (std::size_t i : unit.cuts) release_storage(cuts[i].param.tensor);
     unit.state = Residency::kReleased;
@@ -599,6 +611,7 @@ class ZeroReducer : public GradReducer {
       queues[queue_of.at({!hook, plan_[b].group})].push_back(b);
     }
     works_.resize(plan_.size());
+    finished_.assign(plan_.size(), false);
     std::vector<ParamEntry> params;
     for (const auto& c : s_->cuts) params.push_back(c.param);
     launcher_ = std::make_unique<BucketLauncher>(params, std::move(members), std::move(queues), std::move(hooked),
@@ -607,7 +620,9 @@ class ZeroReducer : public GradReducer {
   void backward_done() override { launcher_->flush(); }
   void reduce() override {
     launcher_->flush();
-    for (std::size_t b = 0; b < plan_.size(); ++b) s_->finish_scatter(plan_[b], std::move(works_[b]));
+    for (std::size_t b = 0; b < plan_.size(); ++b) finish(b);
+    launched_.clear();
+    finished_.assign(plan_.size(), false);
     pre_summed_ = false;
     launcher_->end_step();
     s_->release_all();
@@ -670,7 +685,25 @@ class ZeroReducer : public GradReducer {
     works_[b] = s_->launch_scatter(plan_[b]);
     // Stage 2: the scatter holds its own copy of the bucket's gradients.
     if (s_->stage >= 2 && works_[b]) s_->release_grads(plan_[b]);
+    // At most kInFlight buckets travel at once: each holds a flat copy of
+    // its gradients, a receive buffer of the same size and its sum, so
+    // launching every bucket before waiting any held three times the
+    // gradients at the end of backward. Finishing the oldest is the same
+    // sum, earlier.
+    launched_.push_back(b);
+    while (launched_.size() > kInFlight) {
+      finish(launched_.front());
+      launched_.pop_front();
+    }
   }
+  void finish(std::size_t b) {
+    if (finished_[b]) return;
+    s_->finish_scatter(plan_[b], std::move(works_[b]));
+    finished_[b] = true;
+  }
+  static constexpr std::size_t kInFlight = 2;
+  std::deque<std::size_t> launched_;
+  std::vector<bool> finished_;
   std::shared_ptr<Shards> s_;
   std::vector<Shards::Bucket> plan_;
   std::vector<std::unique_ptr<dist::Work>> works_;
@@ -721,8 +754,8 @@ class ZeroFeature : public Feature {
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "stage", 1).range(1, 3)
         .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas; 2 also the gradients "
-                  "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 (parameters) is not "
-                  "built yet.")
+                  "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 also the parameters "
+                  "(each block's are gathered before its forward and its backward, and released after).")
         .note("the numbers are the same at every stage, bitwise");
     s.add_int(prefix + "prefetch", 1).range(0, 64)
         .describe("Stage 3: how many blocks ahead (in forward; behind, in backward) a block's parameter gather is "

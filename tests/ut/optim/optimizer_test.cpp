@@ -3,9 +3,15 @@
 // unsharded ones on real Gloo ranks (loaded as the plugin, through the
 // runtime's extension points).
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 #include <torch/torch.h>
 
 #include "backends/dist/context.h"
+#include "backends/dist/group.h"
+#include "framework/model/extensions.h"
+#include "framework/model/layers.h"
 #include "framework/config/config.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
@@ -251,4 +257,104 @@ TEST(Zero, ReportedGradientSlicesTileTheFullGradient) {
       EXPECT_TRUE(torch::allclose(grads[i].tensor, expect, 1e-6, 1e-7)) << s.name;
     }
   });
+}
+
+// Stage 3's just-in-time gathers, driven as the trainer drives them (the
+// step-begin hook, the block observer, the reduction): a step starts with
+// every sharded parameter's storage released (0 bytes counted) and the
+// slices kept; before block b's forward its parameters come back whole,
+// bitwise the values they had, and the next block's gather is already
+// issued (prefetch 1: one more all_gather than the block needed); after
+// the forward the block's storage is released again; the reduction
+// releases everything; a save gathers every parameter back.
+TEST(Zero, Stage3GathersJustInTimePrefetchesTheNextBlockAndReleasesWhatItGathered) {
+  static hp::Setup setup = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\nfeatures: {zero: {enabled: true, stage: 3}}\n", "z"), 1);
+  hp::test::run_ranks(hp::test::grid(1, 2, 1), [&](hp::dist::DistributedContext& d) {
+    auto ours = mesh_params(d);
+    for (std::size_t i = 0; i < ours.size(); ++i) ours[i].block = static_cast<int>(i);  // one parameter a block
+    std::vector<torch::Tensor> whole;
+    for (const auto& p : ours) whole.push_back(p.tensor.detach().clone());
+    hp::FeatureRuntime rt(setup.config, d);
+    rt.install(setup.features);
+    hp::OptimizerOptions o;
+    auto opt = rt.optimizer_factory()(o, ours, d);
+    auto red = rt.grad_reducer_factory()(hp::ReducerOptions{1 << 20}, ours, d);
+    hp::BuildContext ctx(setup.config, d, hp::LayerRegistry::dense(), 1);
+    rt.model().apply_to(ctx);
+    ASSERT_EQ(ctx.block_observers().size(), 1u);
+    const auto& watch = ctx.block_observers()[0];
+    auto held = [&] {
+      std::vector<std::size_t> n;
+      for (const auto& p : ours) n.push_back(p.tensor.storage().nbytes());
+      return n;
+    };
+    auto gathers = [&] {
+      const auto& st = d.group("dp").stats();
+      auto it = st.find("all_gather");
+      return it == st.end() ? std::uint64_t{0} : it->second.calls;
+    };
+    std::map<std::string, double> figures;
+    hp::StepContext sc;
+    sc.figures = &figures;
+    rt.run_hooks(hp::StepEvent::kStepBegin, sc);
+    for (std::size_t n : held()) EXPECT_EQ(n, 0u) << "released at the step's start";
+    const auto before = gathers();
+    watch.before(0);
+    EXPECT_EQ(gathers() - before, 2u) << "block 0's gather and block 1's (prefetched)";
+    EXPECT_EQ(held()[0], static_cast<std::size_t>(whole[0].nbytes()));
+    EXPECT_TRUE(torch::equal(ours[0].tensor.detach(), whole[0])) << "gathered back bitwise";
+    watch.after(0, hp::Activations(), hp::Activations());
+    EXPECT_EQ(held()[0], 0u) << "released after its forward";
+    watch.before(1);
+    EXPECT_EQ(gathers() - before, 3u) << "block 1 was in flight already; block 2 prefetched";
+    EXPECT_TRUE(torch::equal(ours[1].tensor.detach(), whole[1]));
+    EXPECT_EQ(held()[0], 0u);
+    set_grads(ours, 1, static_cast<std::uint64_t>(d.rank()));
+    red->reduce();
+    for (std::size_t n : held()) EXPECT_EQ(n, 0u) << "the reduction releases everything";
+    red->report(figures);
+    EXPECT_EQ(figures.at("zero_block_gathers"), 3.0);
+    EXPECT_EQ(figures.at("zero_block_gathers_prefetched"), 1.0);
+    rt.run_hooks(hp::StepEvent::kSave, sc);
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(torch::equal(ours[i].tensor.detach(), whole[i])) << "whole for a save: " << ours[i].spec.name;
+    }
+  });
+}
+
+// A gather that fails (here: rank 1 never joins it, so rank 0's times out)
+// is one line naming the block, its first parameter and the rank, then
+// the collective's own words.
+TEST(Zero, Stage3AFailedGatherNamesTheBlockAndTheRank) {
+  static hp::Setup setup = hp::prepare(
+      hp::RawConfig::parse_string("data: {type: synthetic}\nfeatures: {zero: {enabled: true, stage: 3}}\n", "z"), 1);
+  hp::test::run_ranks(
+      hp::test::grid(1, 2, 1),
+      [&](hp::dist::DistributedContext& d) {
+        auto ours = mesh_params(d);
+        for (std::size_t i = 0; i < ours.size(); ++i) ours[i].block = static_cast<int>(i) + 3;
+        hp::FeatureRuntime rt(setup.config, d);
+        rt.install(setup.features);
+        auto opt = rt.optimizer_factory()(hp::OptimizerOptions{}, ours, d);
+        auto red = rt.grad_reducer_factory()(hp::ReducerOptions{1 << 20}, ours, d);
+        hp::BuildContext ctx(setup.config, d, hp::LayerRegistry::dense(), 1);
+        rt.model().apply_to(ctx);
+        hp::StepContext sc;
+        rt.run_hooks(hp::StepEvent::kStepBegin, sc);
+        if (d.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never joins
+          return;
+        }
+        try {
+          ctx.block_observers()[0].before(3);
+          ADD_FAILURE() << "the gather did not fail";
+        } catch (const hp::dist::CommError& e) {
+          const std::string msg = e.what();
+          EXPECT_EQ(msg.rfind("zero stage 3: rank 0 gathering the parameters of block 3 (p0): ", 0), 0u) << msg;
+          EXPECT_NE(msg.find("all_gather"), std::string::npos) << msg;
+          EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+        }
+      },
+      std::chrono::milliseconds(1000));
 }
