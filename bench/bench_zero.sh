@@ -3,7 +3,9 @@
 # at dp = 1, 2, 4 for zero off and stages 1, 2 and 3, the model state a
 # rank holds between steps (parameters, gradients, optimizer state; from
 # metrics.jsonl) beside the accounting formula, the peak resident memory
-# (VmHWM) and the step time; then zero at dp=2 with distributed.overlap on
+# (VmHWM) of training (rank 0, before the run's final save: the last step's
+# peak_resident_memory_bytes) and of the whole run (every rank, the final
+# save included: a save gathers whole tensors) and the step time; then zero at dp=2 with distributed.overlap on
 # against off.
 #   bash bench/bench_zero.sh [hidden=256] [steps=12] [layers=4]
 # Each rank gets cores / ranks intra-op threads (hp-launch), so dp=4 on this
@@ -69,17 +71,20 @@ formula = {"off": lambda n: 16 * psi, "1": lambda n: 8 * psi + 12 * psi / n if n
 print("model state per rank between steps (rank 0), MiB; formula: off 16Ψ, stage 1 8Ψ + 12Ψ/N (our slices of the "
       "gradient are 4Ψ/N beside the full 4Ψ), stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N")
 print(f"{'dp':>3s} {'zero':>5s} {'params':>8s} {'grads':>8s} {'state':>8s} {'total':>8s} {'formula':>8s} "
-      f"{'peak RSS MiB per rank':>28s} {'step s':>8s}")
+      f"{'training peak':>14s} {'run peak (with save) per rank':>30s} {'step s':>8s}")
+def train_peak(name):
+    return max(r.get("peak_resident_memory_bytes", 0) for r in rows(name)) / MiB
 for dp in DPS:
     for z in ("off", "1", "2", "3"):
         name = f"dp{dp}_{z}"
         p, g, s = state(name, dp, z)
         print(f"{dp:3d} {z:>5s} {p / MiB:8.1f} {g / MiB:8.1f} {s / MiB:8.1f} {(p + g + s) / MiB:8.1f} "
-              f"{formula[z](dp) / MiB:8.1f} {' '.join('%.0f' % x for x in peaks(name)):>28s} {step_seconds(name):8.3f}")
+              f"{formula[z](dp) / MiB:8.1f} {train_peak(name):14.0f} {' '.join('%.0f' % x for x in peaks(name)):>30s} "
+              f"{step_seconds(name):8.3f}")
 for dp in [d for d in DPS if d > 1]:
-    base, base_peak = step_seconds(f"dp{dp}_off"), max(peaks(f"dp{dp}_off"))
+    base, base_peak = step_seconds(f"dp{dp}_off"), train_peak(f"dp{dp}_off")
     print(f"dp={dp}: " + ", ".join(
-        f"stage {z} {step_seconds(f'dp{dp}_{z}') / base:.2f}x the step time, {max(peaks(f'dp{dp}_{z}')) / base_peak:.2f}x the peak"
+        f"stage {z} {step_seconds(f'dp{dp}_{z}') / base:.2f}x the step time, {train_peak(f'dp{dp}_{z}') / base_peak:.2f}x the training peak"
         for z in ("1", "2", "3")) + " of plain dp")
 r3 = rows("dp2_3")[1:]
 if r3 and "zero_block_gathers" in r3[-1]:
