@@ -755,8 +755,8 @@ class ZeroFeature : public Feature {
     s.add_int(prefix + "stage", 1).range(1, 3)
         .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas; 2 also the gradients "
                   "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 also the parameters "
-                  "(each block's are gathered before its forward and its backward, and released after).")
-        .note("the numbers are the same at every stage, bitwise");
+                  "(each block's are gathered before its forward and its backward, and released after). The "
+                  "numbers are the same at every stage, bitwise.");
     s.add_int(prefix + "prefetch", 1).range(0, 64)
         .describe("Stage 3: how many blocks ahead (in forward; behind, in backward) a block's parameter gather is "
                   "issued while the current block computes.");

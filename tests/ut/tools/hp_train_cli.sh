@@ -64,10 +64,14 @@ grep -qF "data.type = field: model 'gpt' reads input 'tokens', which this datase
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=text --set model.vocab_size=100 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "vocab 100 on text: expected exit 2, got $rc: $out"
 grep -qF "model.vocab_size = 100: is below 256, but data.type text yields tokens 0..255 (legal: >= 256)" <<<"$out" || fail "$out"
-# zero builds stage 1 only.
-out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 2 --dry-run --set features.zero.enabled=true --set features.zero.stage=2 2>&1); rc=$?
-[[ $rc -eq 2 ]] || fail "zero stage 2: expected exit 2, got $rc: $out"
-grep -qF "features.zero.stage = 2: only stage 1 (optimizer state sharding) is built; gradient and parameter sharding are not (legal: 1)" <<<"$out" || fail "$out"
+# zero has stages 1 to 3: each is accepted, a fourth refused by its range.
+for st in 1 2 3; do
+  out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 2 --dry-run --set features.zero.enabled=true --set features.zero.stage=$st 2>&1) \
+    || fail "zero stage $st refused: $out"
+done
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 2 --dry-run --set features.zero.enabled=true --set features.zero.stage=4 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "zero stage 4: expected exit 2, got $rc: $out"
+grep -qxF "config error: features.zero.stage = 4: out of range (legal: an integer in [1, 3])" <<<"$out" || fail "$out"
 # A stall is reported while the others still wait: below the timeout.
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set distributed.stall_seconds=400 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "stall above timeout: expected exit 2, got $rc: $out"
