@@ -20,14 +20,14 @@ run() {  # NAME NPROC STAGE ARGS...
   "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" --set features.zero.stage="$st" "$@" \
     --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "$name run"; }
 }
-same() {  # NAME NPROC ARGS...: stage 3 against stage 1, bitwise
-  local name=$1 n=$2; shift 2
-  run "${name}_s1" "$n" 1 "$@"
+same() {  # NAME NPROC REF ARGS...: stage 3 against stage 1 (REF's stage-1 run, or its own when REF is -), bitwise
+  local name=$1 n=$2 ref=$3; shift 3
+  if [[ $ref == - ]]; then ref=$name; run "${ref}_s1" "$n" 1 "$@"; fi
   run "${name}_s3" "$n" 3 "$@"
-  echo "== $name: stage 3 against stage 1"
-  "$BIN/hp-compare" "$WORK/${name}_s1" "$WORK/${name}_s3" --exact --grads-step 1 --grad-rtol 0 \
+  echo "== $name: stage 3 against stage 1 ($ref)"
+  "$BIN/hp-compare" "$WORK/${ref}_s1" "$WORK/${name}_s3" --exact --grads-step 1 --grad-rtol 0 \
     --phase "zero stage 3's per-block gathers" || fail "$name: stage 3 differs from stage 1"
-  python3 - "$WORK/${name}_s1" "$WORK/${name}_s3" "$name" <<'PY' || fail "$name: parameter bytes"
+  python3 - "$WORK/${ref}_s1" "$WORK/${name}_s3" "$name" <<'PY' || fail "$name: parameter bytes"
 import json, sys
 def last(d):
     return [j for j in map(json.loads, open(d + "/metrics.jsonl")) if "zero_param_bytes" in j][-1]
@@ -39,21 +39,25 @@ print(f"-- {sys.argv[3]}: rank 0 holds {b['zero_param_bytes']:.0f} parameter byt
 sys.exit(0 if b["zero_param_bytes"] < a["zero_param_bytes"] and b["zero_block_gathers"] > 0 else 1)
 PY
 }
-same dp2 2
-same dp4 4
-same tp2dp2 4 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
-same pp2dp2 4 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
-same ep2 2 "${moe[@]}" --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
-same rc 2 --set features.recompute.enabled=true
-same tied 2 --set model.tie_embeddings=true
-same keep 2 --set features.zero.reshard_after_forward=false --set features.zero.prefetch=0
-same overlap 2 --set distributed.overlap=true --set distributed.bucket_size_mb=0.004
+same dp2 2 -
+same dp4 4 -
+same tp2dp2 4 - --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+same pp2dp2 4 - --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+same ep2 2 - "${moe[@]}" --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
+same tied 2 - --set model.tie_embeddings=true
+# Recompute, overlap and these two options leave the numbers alone (zero
+# with recompute is bitwise zero without: level1.zero.parity; overlap on is
+# bitwise off: level1.training.overlap), so dp2's stage-1 run is their reference.
+same rc 2 dp2 --set features.recompute.enabled=true
+same keep 2 dp2 --set features.zero.reshard_after_forward=false --set features.zero.prefetch=0
+same overlap 2 dp2 --set distributed.overlap=true --set distributed.bucket_size_mb=0.004
 figure() {  # RUN KEY: the last step's figure
   python3 -c 'import json,sys
 print(int([j for j in map(json.loads, open(sys.argv[1]+"/metrics.jsonl")) if sys.argv[2] in j][-1][sys.argv[2]]))' "$WORK/$1" "$2"
 }
 (( $(figure dp2_s3 zero_block_gathers_prefetched) > 0 )) || fail "dp2: no gather was prefetched"
 (( $(figure keep_s3 zero_block_gathers_prefetched) == 0 )) || fail "prefetch 0: a gather was prefetched"
+replayed_every_step "$WORK/rc_s3" || fail "recompute did not run under stage 3"
 (( $(figure dp2_s3 zero_gathered_peak_bytes) < $(figure dp2_s3 zero_sharded_param_bytes) )) \
   || fail "dp2: every parameter was whole at once during a step"
 # At dp=2 a rank holds half of every sharded parameter (all of them here).
