@@ -125,7 +125,7 @@ class BuildContext {
   void set_wrapper(const std::string& scope, Wrapper w, WrapperFilter applies = nullptr);
   /// The wrapper of `scope` for the block being built now, or null.
   const Wrapper* wrapper(const std::string& scope) const;
-  /// Observers of every block's forward (features: zero's just-in-time waits).
+  /// Observers of every block's forward, set by features.
   void add_block_observer(BlockObserver o) { observers_.push_back(std::move(o)); }
   const std::vector<BlockObserver>& block_observers() const { return observers_; }
   /// Index (in model order) of the block being built; -1 outside blocks.

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -261,36 +262,52 @@ struct Shards {
   }
 
   /// Issues the gather of gather_plan[pos]: this rank's slices, one flat tensor.
-  dist::UnevenGather start_gather(std::size_t pos) {
+  /// Starts one all-gather over `group` of the cuts `idx`: this rank's
+  /// slices (`mine(cut)`) concatenated flat; every member's total is known
+  /// from the cuts, so no lengths are exchanged. (Stage 1's update and
+  /// stage 3's blocks both gather this way.)
+  dist::UnevenGather gather_slices(const std::string& group, const std::vector<std::size_t>& idx,
+                                   const std::function<at::Tensor(const Cut&)>& mine) {
     c10::NoGradGuard no_grad;
-    const Bucket& b = gather_plan[pos];
-    auto& g = dist->group(b.group);
+    auto& g = dist->group(group);
     std::vector<std::int64_t> totals(static_cast<std::size_t>(g.size()), 0);
-    for (int m = 0; m < g.size(); ++m) {
-      for (std::size_t i : b.cuts) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+    std::vector<at::Tensor> flat;
+    for (std::size_t i : idx) {
+      for (int m = 0; m < g.size(); ++m) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
+      flat.push_back(mine(cuts[i]).reshape({-1}));
     }
-    std::vector<at::Tensor> mine;
-    for (std::size_t i : b.cuts) mine.push_back(cuts[i].slice_of(cuts[i].param.tensor, cuts[i].me).reshape({-1}));
-    return dist::all_gather_uneven_async(g, at::cat(mine), 0, totals);
+    return dist::all_gather_uneven_async(g, flat.size() == 1 ? flat[0] : at::cat(flat), 0, totals);
   }
 
-  /// Waits gather_plan[pos] and copies the other members' slices in.
-  void finish_gather(std::size_t pos, dist::UnevenGather& work) {
+  /// Copies every member's part of a finished gather (but member `skip`'s)
+  /// into that member's slice of `targets[j]`, the tensor of cut idx[j].
+  void place_slices(const std::vector<std::size_t>& idx, const std::vector<at::Tensor>& all, int skip,
+                    const std::vector<at::Tensor>& targets) {
     c10::NoGradGuard no_grad;
-    const Bucket& b = gather_plan[pos];
-    const int me = dist->group(b.group).rank();
-    const auto all = work.wait();
     for (int m = 0; m < static_cast<int>(all.size()); ++m) {
-      if (m == me) continue;
+      if (m == skip) continue;
       std::int64_t off = 0;
-      for (std::size_t i : b.cuts) {
-        auto& c = cuts[i];
-        at::Tensor dst = c.slice_of(c.param.tensor, m);
+      for (std::size_t j = 0; j < idx.size(); ++j) {
+        const Cut& c = cuts[idx[j]];
+        at::Tensor dst = c.slice_of(targets[j], m);
         const std::int64_t k = c.numel_of(m);
         dst.copy_(all[static_cast<std::size_t>(m)].narrow(0, off, k).view(dst.sizes()));
         off += k;
       }
     }
+  }
+
+  dist::UnevenGather start_gather(std::size_t pos) {
+    return gather_slices(gather_plan[pos].group, gather_plan[pos].cuts,
+                         [](const Cut& c) { return c.slice_of(c.param.tensor, c.me); });
+  }
+
+  /// Waits gather_plan[pos] and copies the other members' slices in.
+  void finish_gather(std::size_t pos, dist::UnevenGather& work) {
+    const Bucket& b = gather_plan[pos];
+    std::vector<at::Tensor> targets;
+    for (std::size_t i : b.cuts) targets.push_back(cuts[i].param.tensor);
+    place_slices(b.cuts, work.wait(), dist->group(b.group).rank(), targets);
   }
 
   /// Every replica's updated slices back into every parameter: at once
@@ -442,15 +459,7 @@ struct Shards {
   void issue(std::size_t u) {
     Unit& unit = units[u];
     if (unit.state != Residency::kReleased) return;
-    c10::NoGradGuard no_grad;
-    auto& g = dist->group(unit.group);
-    std::vector<std::int64_t> totals(static_cast<std::size_t>(g.size()), 0);
-    std::vector<at::Tensor> mine;
-    for (std::size_t i : unit.cuts) {
-      for (int m = 0; m < g.size(); ++m) totals[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
-      mine.push_back(cuts[i].shard.reshape({-1}));
-    }
-    unit.work = dist::all_gather_uneven_async(g, mine.size() == 1 ? mine[0] : at::cat(mine), 0, totals);
+    unit.work = gather_slices(unit.group, unit.cuts, [](const Cut& c) { return c.shard; });
     unit.state = Residency::kInFlight;
     ++stage3_gathers;
   }
@@ -480,17 +489,12 @@ struct Shards {
     unit.work.reset();
     gathered_bytes += unit_bytes(unit);
     gathered_peak = std::max(gathered_peak, gathered_bytes);
-    for (int m = 0; m < static_cast<int>(all.size()); ++m) {
-      std::int64_t off = 0;
-      for (std::size_t i : unit.cuts) {
-        auto& c = cuts[i];
-        if (m == 0) allocate_storage(c.param.tensor);
-        at::Tensor dst = c.slice_of(alias_of(c.param.tensor), m);
-        const std::int64_t k = c.numel_of(m);
-        dst.copy_(all[static_cast<std::size_t>(m)].narrow(0, off, k).view(dst.sizes()));
-        off += k;
-      }
+    std::vector<at::Tensor> targets;
+    for (std::size_t i : unit.cuts) {
+      allocate_storage(cuts[i].param.tensor);
+      targets.push_back(alias_of(cuts[i].param.tensor));
     }
+    place_slices(unit.cuts, all, /*skip=*/-1, targets);
     unit.state = Residency::kHere;
   }
 
