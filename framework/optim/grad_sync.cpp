@@ -12,6 +12,7 @@
 
 #include "backends/dist/context.h"
 #include "backends/dist/group.h"
+#include "framework/optim/sum_squares.h"
 
 namespace hp {
 
@@ -79,18 +80,17 @@ double global_grad_norm(dist::DistributedContext& dist, const std::vector<ParamE
   // Sum of squares per split group: whole tensors are identical on every
   // rank of their stage and count once; split ones are summed over the
   // groups that split them. Accumulated as tensors and read once per group.
-  std::map<std::vector<std::string>, at::Tensor> acc;
+  // One read pass per tensor (sum_of_squares), no double copy of it.
+  std::map<std::vector<std::string>, double> acc;
   for (const auto& p : grads) {
     if (!p.tensor.defined()) continue;
-    at::Tensor sq = p.tensor.to(at::kDouble).pow(2).sum();
-    auto& slot = acc[p.spec.split_groups()];
-    slot = slot.defined() ? slot + sq : sq;
+    acc[p.spec.split_groups()] += sum_of_squares(p.tensor);
   }
   // Every rank of a stage holds the same names, so the same split groups in
   // the same (sorted) order: no collective is left waiting.
   double total = 0;
-  for (const auto& [groups, t] : acc) {
-    at::Tensor s = t.reshape({1});
+  for (const auto& [groups, sq] : acc) {
+    at::Tensor s = at::full({1}, sq, at::kDouble);
     for (const auto& name : groups) {
       auto& g = dist.group(name);
       if (g.size() > 1) g.all_reduce(s);

@@ -253,6 +253,58 @@ TEST(GroupedExperts, ASliceOfTheExpertsAsOnAnExpertParallelRank) {
   grouped_against_loop(Routes::kOneExpertEmpty, 3, 3);
 }
 
+// The grouped FFN is one autograd node writing its outputs and gradients in
+// place; each product must be the one autograd computes for a linear chain on
+// the expert's slice, so outputs and every gradient (rows, w1, b1, w2, b2)
+// are bitwise equal, with empty experts, one-row experts and one expert
+// holding every row.
+TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
+  const std::int64_t H = 32, F = 48, n = 5;
+  const std::vector<std::vector<std::int64_t>> layouts = {
+      {7, 0, 13, 1, 9}, {0, 0, 30, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
+  for (std::size_t li = 0; li < layouts.size(); ++li) {
+    const auto& counts = layouts[li];
+    std::int64_t M = 0;
+    for (auto c : counts) M += c;
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(40 + li);
+    auto rows0 = torch::randn({M, H}, gen);
+    auto gy = torch::randn({M, H}, gen);
+    hp::ExpertWeights a = random_experts(n, H, F, 50 + li), b;
+    b.w1 = a.w1.detach().clone().requires_grad_(true);
+    b.b1 = a.b1.detach().clone().requires_grad_(true);
+    b.w2 = a.w2.detach().clone().requires_grad_(true);
+    b.b2 = a.b2.detach().clone().requires_grad_(true);
+    auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
+    torch::Tensor ya = a.forward_grouped(ra, counts, /*padded=*/false);
+    // The reference: autograd over a linear chain per slice.
+    const auto xs = rb.split_with_sizes(counts);
+    const auto w1s = b.w1.unbind(0), b1s = b.b1.unbind(0), w2s = b.w2.unbind(0),
+               b2s = b.b2.unbind(0);
+    std::vector<torch::Tensor> outs;
+    for (std::size_t j = 0; j < counts.size(); ++j) {
+      if (counts[j] == 0) continue;
+      outs.push_back(at::linear(at::gelu(at::linear(xs[j], w1s[j], b1s[j])), w2s[j], b2s[j]));
+    }
+    torch::Tensor yb = torch::cat(outs);
+    const std::string what = "layout " + std::to_string(li);
+    ASSERT_TRUE(torch::equal(ya, yb)) << "forward, " << what << ": rel " << rel(ya, yb);
+    (ya * gy).sum().backward();
+    (yb * gy).sum().backward();
+    const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
+                                                             {a.w1.grad(), b.w1.grad()},
+                                                             {a.b1.grad(), b.b1.grad()},
+                                                             {a.w2.grad(), b.w2.grad()},
+                                                             {a.b2.grad(), b.b2.grad()}};
+    const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
+      EXPECT_TRUE(torch::equal(pairs[i].first, pairs[i].second))
+          << "gradient of " << names[i] << ", " << what << ": rel "
+          << rel(pairs[i].first, pairs[i].second);
+    }
+  }
+}
+
 TEST(GroupedExperts, GroupsAreByExpertThenToken) {
   Case c = make_case(Routes::kDrops, 4);
   hp::Routing r = hp::route(c.logits, {}, c.o, c.seq);

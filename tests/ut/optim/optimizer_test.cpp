@@ -15,6 +15,7 @@
 #include "framework/config/config.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
+#include "framework/optim/sum_squares.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "tests/support/multi_rank.h"
@@ -116,6 +117,31 @@ TEST(Optimizer, StateIsNamedByKindAndParameter) {
   EXPECT_EQ(opt->state_bytes(), 2 * (15 + 4 + 14) * 4);
   o.kind = hp::OptimizerKind::kSgd;
   EXPECT_TRUE(hp::make_optimizer(o, params)->state().empty()) << "plain SGD keeps no state";
+}
+
+// The gradient norm's one-pass sum of squares: within double rounding of
+// the double-precision reference at sizes around its chunk and unroll
+// boundaries, on a strided view, the same bits at 1 and 2 threads, and
+// other dtypes through the reference path.
+TEST(SumOfSquares, MatchesTheDoubleReferenceAndDoesNotDependOnThreads) {
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(5);
+  for (std::int64_t n : {0, 1, 7, 8, 9, 65535, 65536, 65537, 200003, 1 << 20}) {
+    auto x = torch::randn({n}, gen) * 3;
+    const double ref = x.to(torch::kDouble).pow(2).sum().item<double>();
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    const double one = hp::sum_of_squares(x);
+    at::set_num_threads(2);
+    const double two = hp::sum_of_squares(x);
+    at::set_num_threads(threads);
+    EXPECT_NEAR(one, ref, 1e-12 * std::max(1.0, ref)) << "n = " << n;
+    EXPECT_EQ(one, two) << "n = " << n << ": the thread count changed the sum";
+  }
+  auto m = torch::randn({300, 500}, gen);
+  const double mref = m.to(torch::kDouble).pow(2).sum().item<double>();
+  EXPECT_NEAR(hp::sum_of_squares(m.t()), mref, 1e-12 * mref) << "a transposed view";
+  auto d = torch::randn({1000}, gen).to(torch::kDouble);
+  EXPECT_DOUBLE_EQ(hp::sum_of_squares(d), d.pow(2).sum().item<double>()) << "double input";
 }
 
 TEST(LearningRate, WarmupThenCosineToTheFloor) {
