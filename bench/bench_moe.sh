@@ -6,8 +6,9 @@
 # step beside the theory; expert-parameter bytes per rank; load imbalance
 # over the run with the aux loss, with the bias method, and with neither.
 #   bash bench/bench_moe.sh [steps=80] [speed]
-# `speed` runs only the three throughput runs (MoE 1 x 2 threads, MoE ep=2,
-# dense 1 x 2 threads) and prints MoE over dense with the load imbalance.
+# `speed` runs only the four throughput runs (MoE and dense at 1 process x 2
+# threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread) and prints
+# each MoE run over the dense run of the same layout, with the load imbalance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
@@ -32,6 +33,7 @@ run() {  # NAME ENV ARGS...
 run moe_1p2t "HP_INTRA_OP_THREADS=2" "${moe[@]}"
 run moe_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}"
 run dense_1p2t "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
+run dense_dp2 "" --nproc 2 --set model.ffn_hidden=$((2 * 4 * H))
 if [ "$ONLY" = speed ]; then
   python3 - "$W" <<'PY'
 import json, sys
@@ -41,13 +43,15 @@ def rows(name):
 def tps(name):
     r = rows(name)
     return sum(x["tokens_per_second"] for x in r) / len(r)
-dense = tps("dense_1p2t")
+# Each MoE run against the dense run of the same processes and threads.
 print(f"{'run':44s} {'tokens/s':>10s} {'x dense':>8s} {'imbalance':>10s}")
-for name, label in [("moe_1p2t", "MoE, 1 process x 2 threads"), ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)"),
-                    ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2")]:
+for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
+                           ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
+                           ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
+                           ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2")]:
     r = rows(name)
     imb = sum(x.get("moe_load_imbalance_max", 0) for x in r) / len(r)
-    print(f"{label:44s} {tps(name):10.0f} {tps(name) / dense:8.2f} {imb:10.3f}")
+    print(f"{label:44s} {tps(name):10.0f} {tps(name) / tps(dense):8.2f} {imb:10.3f}")
 PY
   exit 0
 fi

@@ -1,6 +1,7 @@
 #include "framework/model/moe.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <torch/autograd.h>
 
@@ -182,6 +183,39 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+/// Experts spread over the intra-op threads, each expert on one thread with
+/// single-threaded ops: a 64-row expert matmul is too small to split well
+/// (two threads on it mostly wait for each other), two experts at once are
+/// not. Bins balanced by rows (largest first, ties to the lower expert),
+/// each bin's experts in ascending order; which thread runs an expert does
+/// not change its bits. Autograd is off in the workers (per-thread mode).
+template <class F>
+void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
+  const auto n = static_cast<std::int64_t>(counts.size());
+  const std::int64_t bins = std::max<std::int64_t>(1, std::min<std::int64_t>(at::get_num_threads(), n));
+  std::vector<std::int64_t> by_rows(static_cast<std::size_t>(n)), load(static_cast<std::size_t>(bins), 0);
+  std::vector<std::int64_t> offset(static_cast<std::size_t>(n), 0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    by_rows[static_cast<std::size_t>(j)] = j;
+    if (j > 0) offset[static_cast<std::size_t>(j)] = offset[static_cast<std::size_t>(j - 1)] + counts[static_cast<std::size_t>(j - 1)];
+  }
+  std::stable_sort(by_rows.begin(), by_rows.end(),
+                   [&](std::int64_t a, std::int64_t b) { return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)]; });
+  std::vector<std::vector<std::int64_t>> bin(static_cast<std::size_t>(bins));
+  for (std::int64_t j : by_rows) {
+    const auto least = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    bin[least].push_back(j);
+    load[least] += counts[static_cast<std::size_t>(j)];
+  }
+  for (auto& b : bin) std::sort(b.begin(), b.end());
+  at::parallel_for(0, bins, 1, [&](std::int64_t begin, std::int64_t end) {
+    c10::NoGradGuard no_grad;
+    for (std::int64_t k = begin; k < end; ++k)
+      for (std::int64_t j : bin[static_cast<std::size_t>(k)])
+        f(j, offset[static_cast<std::size_t>(j)], counts[static_cast<std::size_t>(j)]);
+  });
+}
+
 /// Every local expert's FFN on its contiguous rows, as one autograd node.
 /// Each product is the one autograd would compute for at::linear on the
 /// slice (same operands, same layouts: the results are bitwise those of a
@@ -200,16 +234,12 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     at::Tensor x = rows.contiguous();
     at::Tensor pre = at::empty({M, F}, x.options());
     at::Tensor out = at::empty({M, H}, x.options());
-    std::int64_t off = 0;
-    for (std::size_t j = 0; j < counts.size(); ++j) {
-      const std::int64_t m = counts[j];
-      if (m == 0) continue;
-      const auto e = static_cast<std::int64_t>(j);
+    for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+      if (m == 0) return;
       at::Tensor p = pre.narrow(0, off, m), o = out.narrow(0, off, m);
       at::addmm_out(p, b1[e], x.narrow(0, off, m), w1[e].t());
       at::addmm_out(o, b2[e], at::gelu(p), w2[e].t());
-      off += m;
-    }
+    });
     ctx->save_for_backward({x, w1, w2, pre});
     ctx->saved_data["counts"] = c10::IValue(counts);
     return out;
@@ -223,19 +253,17 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     at::Tensor gx = at::empty_like(x), gw1 = at::empty_like(w1), gw2 = at::empty_like(w2);
     at::Tensor gb1 = at::empty({w1.size(0), w1.size(1)}, w1.options());
     at::Tensor gb2 = at::empty({w2.size(0), w2.size(1)}, w2.options());
-    std::int64_t off = 0;
-    for (std::size_t j = 0; j < counts.size(); ++j) {
-      const std::int64_t m = counts[j];
-      const auto e = static_cast<std::int64_t>(j);
+    for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+      at::Tensor dw1 = gw1[e], db1 = gb1[e], dw2 = gw2[e], db2 = gb2[e];
       if (m == 0) {  // an expert without rows: zero gradients, as autograd gives
-        gw1[e].zero_();
-        gb1[e].zero_();
-        gw2[e].zero_();
-        gb2[e].zero_();
-        continue;
+        dw1.zero_();
+        db1.zero_();
+        dw2.zero_();
+        db2.zero_();
+        return;
       }
       at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), xi = x.narrow(0, off, m);
-      at::Tensor dw1 = gw1[e], db1 = gb1[e], dw2 = gw2[e], db2 = gb2[e], dx = gx.narrow(0, off, m);
+      at::Tensor dx = gx.narrow(0, off, m);
       // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
       at::mm_out(dw2, g.t(), at::gelu(p));
       at::sum_out(db2, g, 0);
@@ -244,8 +272,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       at::mm_out(dw1, gp.t(), xi);
       at::sum_out(db1, gp, 0);
       at::mm_out(dx, gp, w1[e]);
-      off += m;
-    }
+    });
     return {gx, gw1, gb1, gw2, gb2, at::Tensor()};
   }
 };
