@@ -16,6 +16,10 @@ cd "$(dirname "$0")/.."
 BIN=build/bin
 H=${1:-256}; STEPS=${2:-12}; L=${3:-4}
 DPS=${BENCH_DPS:-1 2 4}  # e.g. BENCH_DPS="1 2" for the large model
+# BENCH_SET: extra key=value settings for every run, space-separated (e.g.
+# "run.keep_freed_memory=false" to measure with freed memory returned).
+EXTRA=()
+for kv in ${BENCH_SET:-}; do EXTRA+=(--set "$kv"); done
 T=128; B=8; M=2
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cat > "$W/c.yaml" <<YAML
@@ -30,15 +34,15 @@ for dp in $DPS; do
     name="dp${dp}_$z"
     if [[ $z == off ]]; then zargs=(--set features.zero.enabled=false)
     else zargs=(--set features.zero.enabled=true --set features.zero.stage=$z); fi
-    "$BIN/hp-train" "$W/c.yaml" --nproc "$dp" "${zargs[@]}" --set run.output_dir="$W/$name" \
+    "$BIN/hp-train" "$W/c.yaml" --nproc "$dp" "${zargs[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --set run.output_dir="$W/$name" \
       > "$W/$name.log" 2>&1 || { cat "$W/$name.log"; exit 1; }
   done
 done
 # zero at dp=2 with the blocking path (distributed.overlap: false): the
 # reduce-scatters after backward, the all-gathers inside the update.
-"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=false \
+"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=false ${EXTRA[@]+"${EXTRA[@]}"} \
   --set run.output_dir="$W/dp2_1_blocking" > "$W/dp2_1_blocking.log" 2>&1 || { cat "$W/dp2_1_blocking.log"; exit 1; }
-"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=true \
+"$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set distributed.overlap=true ${EXTRA[@]+"${EXTRA[@]}"} \
   --set run.output_dir="$W/dp2_1_overlap" > "$W/dp2_1_overlap.log" 2>&1 || { cat "$W/dp2_1_overlap.log"; exit 1; }
 python3 - "$W" "$H" "$L" "$T" "$B" "$DPS" <<'PY'
 import json, re, statistics, sys
