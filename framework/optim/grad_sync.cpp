@@ -79,8 +79,8 @@ double global_grad_norm(dist::DistributedContext& dist, const std::vector<ParamE
   c10::NoGradGuard no_grad;
   // Sum of squares per split group: whole tensors are identical on every
   // rank of their stage and count once; split ones are summed over the
-  // groups that split them. Accumulated as tensors and read once per group.
-  // One read pass per tensor (sum_of_squares), no double copy of it.
+  // groups that split them. One read pass per tensor (sum_of_squares),
+  // summed in double per list of split groups.
   std::map<std::vector<std::string>, double> acc;
   for (const auto& p : grads) {
     if (!p.tensor.defined()) continue;

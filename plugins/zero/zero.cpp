@@ -261,7 +261,6 @@ struct Shards {
     arrived = gather_plan.size();
   }
 
-  /// Issues the gather of gather_plan[pos]: this rank's slices, one flat tensor.
   /// Starts one all-gather over `group` of the cuts `idx`: this rank's
   /// slices (`mine(cut)`) concatenated flat; every member's total is known
   /// from the cuts, so no lengths are exchanged. (Stage 1's update and
@@ -297,6 +296,7 @@ struct Shards {
     }
   }
 
+  /// Issues the gather of gather_plan[pos] (stage 1's update).
   dist::UnevenGather start_gather(std::size_t pos) {
     return gather_slices(gather_plan[pos].group, gather_plan[pos].cuts,
                          [](const Cut& c) { return c.slice_of(c.param.tensor, c.me); });

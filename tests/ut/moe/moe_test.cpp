@@ -275,7 +275,14 @@ TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
     b.w2 = a.w2.detach().clone().requires_grad_(true);
     b.b2 = a.b2.detach().clone().requires_grad_(true);
     auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
+    // The experts run on the intra-op threads: one thread gives the same bits.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    torch::Tensor y1 = a.forward_grouped(rows0, counts, /*padded=*/false);
+    at::set_num_threads(std::max(2, threads));
     torch::Tensor ya = a.forward_grouped(ra, counts, /*padded=*/false);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, layout " << li;
     // The reference: autograd over a linear chain per slice.
     const auto xs = rb.split_with_sizes(counts);
     const auto w1s = b.w1.unbind(0), b1s = b.b1.unbind(0), w2s = b.w2.unbind(0),
