@@ -469,7 +469,7 @@ void MeshPlan::carve(const std::string& dim, int size, const std::string& remain
   view(MeshView{feature,
                 {ProcessMesh::data_dim()},
                 {MeshDim{dim, size, role, feature}, MeshDim{remainder, 0, MeshRole::kReplicate, feature}},
-                feature});
+                feature, /*with_sequence=*/true});
 }
 
 void MeshPlan::view(MeshView v) {
@@ -571,6 +571,12 @@ bool resolve_mesh(MeshPlan& plan, int world, int dp, ProcessMesh& mesh, MeshProb
 
   std::vector<MeshView> views = plan.views;
   for (auto& v : views) {
+    if (v.with_sequence) {
+      for (const auto& d : dims)
+        if (d.role == MeshRole::kSequence && std::find(v.over.begin(), v.over.end(), d.name) == v.over.end())
+          v.over.push_back(d.name);
+      v.with_sequence = false;
+    }
     long long covered = 1;
     std::string over_text;
     for (const auto& o : v.over) {

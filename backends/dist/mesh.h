@@ -46,6 +46,10 @@ struct MeshView {
   std::vector<std::string> over;  ///< base dimensions it refactors (any order; used in mesh order)
   std::vector<MeshDim> dims;      ///< its own dimensions, innermost first
   std::string by;
+  /// In a plan: the view also covers every sequence dimension claimed
+  /// (resolve_mesh adds them to `over`), as expert parallel folds over the
+  /// ranks that attention sees as cp x dp.
+  bool with_sequence = false;
 };
 
 /// Several dimensions of one coordinate system (all base, or all of one
@@ -166,8 +170,9 @@ struct MeshPlan {
 
   /// Claims base dimension `dim` with `size` and `role` for `feature`.
   void claim(const std::string& dim, int size, const std::string& feature, MeshRole role);
-  /// Carves `dim` (`size`, innermost) out of the data dimension, the rest
-  /// of it becoming `remainder` (replicate): a view named after `feature`.
+  /// Carves `dim` (`size`, innermost) out of the data dimension and every
+  /// sequence dimension (the ranks holding the same parameters), the rest
+  /// becoming `remainder` (replicate): a view named after `feature`.
   void carve(const std::string& dim, int size, const std::string& remainder, const std::string& feature,
              MeshRole role);
   /// Declares another factoring of the ranks of `view.over` (one of its

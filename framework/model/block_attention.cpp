@@ -19,7 +19,20 @@ using torch::autograd::variable_list;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// [B, T, h, d] -> a new contiguous [B * h, T, d] (never the input's storage).
+/// The mask of key block [c0, c0 + cols) for query rows [r0, r0 + rows):
+/// key blocks start at multiples of the block length as query blocks do, so
+/// the only block that crosses the diagonal is c0 == r0, masked by `diag`
+/// (true above the diagonal, [min(block, seq)]^2); blocks after it are never
+/// asked for. Undefined (no mask) below the diagonal.
+at::Tensor diag_mask(const at::Tensor& diag, std::int64_t r0, std::int64_t rows, std::int64_t c0,
+                     std::int64_t cols) {
+  return c0 == r0 ? diag.narrow(0, 0, rows).narrow(1, 0, cols) : at::Tensor();
+}
+
+}  // namespace
+
+namespace block_step {
+
 at::Tensor to_rows(const at::Tensor& x) {
   const auto B = x.size(0), T = x.size(1), h = x.size(2), d = x.size(3);
   auto r = at::empty({B, h, T, d}, x.options());
@@ -27,32 +40,56 @@ at::Tensor to_rows(const at::Tensor& x) {
   return r.view({B * h, T, d});
 }
 
-/// Scores of query rows [r0, r0 + rows) of one head against key columns
-/// [c0, c0 + cols); `qs_i` is [rows, d], already scaled by 1 / sqrt(d). Key
-/// blocks start at multiples of the block length as query blocks do, so the
-/// only block that crosses the diagonal is c0 == r0, masked by `diag` (true
-/// above the diagonal, [min(block, seq)]²); blocks after it are never asked for.
-at::Tensor block_scores(const at::Tensor& qs_i, const at::Tensor& k, std::int64_t r0,
-                        std::int64_t rows, std::int64_t c0, std::int64_t cols,
-                        const at::Tensor& diag) {
-  auto s = at::mm(qs_i, k.narrow(0, c0, cols).t());  // [rows, cols]
-  if (c0 == r0) s.masked_fill_(diag.narrow(0, 0, rows).narrow(1, 0, cols), kNegInf);
-  return s;
-}
-
-/// Runs f(bh) for every head row bh in [0, BH), heads split over the intra-op
-/// threads: one parallel region per call instead of one per small matmul
-/// (on a loaded machine every region waits for all its threads). Each head
-/// runs on one thread with single-threaded ops, so the numbers do not depend
-/// on the thread count. Autograd is off in the workers (the grad mode is per
-/// thread).
-template <class F>
-void for_each_head(std::int64_t BH, const F& f) {
+void for_each_head(std::int64_t BH, const std::function<void(std::int64_t)>& f) {
   at::parallel_for(0, BH, 1, [&](std::int64_t begin, std::int64_t end) {
     c10::NoGradGuard no_grad;
     for (std::int64_t bh = begin; bh < end; ++bh) f(bh);
   });
 }
+
+void add_block(OnlineSoftmax& st, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
+               const at::Tensor& mask) {
+  auto s = at::mm(qs, k.t());  // [rows, cols]
+  if (mask.defined()) s.masked_fill_(mask, kNegInf);
+  if (!st.m.defined()) {
+    // Every row of a block given here sees at least one key: m is finite.
+    st.m = std::get<0>(s.max(-1, /*keepdim=*/true));
+    auto p = (s - st.m).exp_();
+    st.l = p.sum(-1, /*keepdim=*/true);
+    st.acc = at::mm(p, v);
+    return;
+  }
+  auto m_new = at::maximum(st.m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+  auto alpha = (st.m - m_new).exp_();
+  auto p = (s - m_new).exp_();
+  st.l = st.l * alpha + p.sum(-1, /*keepdim=*/true);
+  st.acc = st.acc * alpha + at::mm(p, v);
+  st.m = m_new;
+}
+
+void finish(const OnlineSoftmax& st, at::Tensor out, at::Tensor lse) {
+  out.copy_(st.acc / st.l);
+  lse.copy_((st.m + st.l.log()).squeeze(-1));
+}
+
+void backward_block(const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                    const at::Tensor& lse, const at::Tensor& D, const at::Tensor& mask, at::Tensor dq,
+                    at::Tensor dk, at::Tensor dv) {
+  auto s = at::mm(qs, k.t());
+  if (mask.defined()) s.masked_fill_(mask, kNegInf);
+  auto p = s.sub_(lse).exp_();  // masked entries: exp(-inf) = 0
+  dv.add_(at::mm(p.t(), dout));
+  auto ds = p.mul_(at::mm(dout, v.t()).sub_(D));  // dS = P * (dP - D)
+  dq.add_(at::mm(ds, k));
+  dk.add_(at::mm(ds.t(), qs));
+}
+
+}  // namespace block_step
+
+namespace {
+
+using block_step::for_each_head;
+using block_step::to_rows;
 
 struct BlockAttention : torch::autograd::Function<BlockAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
@@ -75,29 +112,14 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
       for (std::int64_t r0 = 0; r0 < T; r0 += block) {
         const auto rows = std::min(block, T - r0);
         auto qs_i = q_h.narrow(0, r0, rows);
-        at::Tensor m, l, acc;  // running row max [rows, 1], sum, unnormalised output
+        block_step::OnlineSoftmax st;  // running row max, sum and unnormalised output
         // Key blocks wholly after the last row of this query block are skipped.
         for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
           const auto cols = std::min(block, T - c0);
-          auto s = block_scores(qs_i, k_h, r0, rows, c0, cols, diag);
-          auto v_j = v_h.narrow(0, c0, cols);
-          if (!m.defined()) {
-            // The first key block holds column 0, which every row sees: m is finite.
-            m = std::get<0>(s.max(-1, /*keepdim=*/true));
-            auto p = (s - m).exp_();
-            l = p.sum(-1, /*keepdim=*/true);
-            acc = at::mm(p, v_j);
-            continue;
-          }
-          auto m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-          auto alpha = (m - m_new).exp_();
-          auto p = (s - m_new).exp_();
-          l = l * alpha + p.sum(-1, /*keepdim=*/true);
-          acc = acc * alpha + at::mm(p, v_j);
-          m = m_new;
+          block_step::add_block(st, qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols),
+                                diag_mask(diag, r0, rows, c0, cols));
         }
-        o_h.narrow(0, r0, rows).copy_(acc / l);
-        lse_h.narrow(0, r0, rows).copy_((m + l.log()).squeeze(-1));
+        block_step::finish(st, o_h.narrow(0, r0, rows), lse_h.narrow(0, r0, rows));
       }
     });
     ctx->save_for_backward({q, k, v, out, lse});
@@ -135,13 +157,9 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
         auto dq_i = dq_h.narrow(0, r0, rows);
         for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
           const auto cols = std::min(block, T - c0);
-          // Masked entries: exp(-inf) = 0.
-          auto p = block_scores(qs_i, k_h, r0, rows, c0, cols, diag).sub_(lse_i).exp_();
-          auto k_j = k_h.narrow(0, c0, cols), v_j = v_h.narrow(0, c0, cols);
-          dv_h.narrow(0, c0, cols).add_(at::mm(p.t(), do_i));
-          auto ds = p.mul_(at::mm(do_i, v_j.t()).sub_(D_i));  // dS = P * (dP - D)
-          dq_i.add_(at::mm(ds, k_j));
-          dk_h.narrow(0, c0, cols).add_(at::mm(ds.t(), qs_i));
+          block_step::backward_block(qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols), do_i, lse_i, D_i,
+                                     diag_mask(diag, r0, rows, c0, cols), dq_i, dk_h.narrow(0, c0, cols),
+                                     dv_h.narrow(0, c0, cols));
         }
       }
     });

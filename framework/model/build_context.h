@@ -14,6 +14,7 @@
 
 #include "backends/dist/placement.h"
 #include "framework/model/activations.h"
+#include "framework/model/sequence_layout.h"
 #include "framework/model/shard_spec.h"
 
 namespace torch::nn {
@@ -134,6 +135,11 @@ class BuildContext {
     current_block_name_ = std::move(name);
   }
   int current_block() const { return current_block_; }
+  /// How the positions of a sequence lie over ranks, set by a feature (null:
+  /// every rank holds whole sequences). Layers that care about positions
+  /// (position tables, dropout masks, attention) follow it.
+  void set_sequence_layout(std::shared_ptr<const SequenceLayout> layout) { sequence_layout_ = std::move(layout); }
+  const std::shared_ptr<const SequenceLayout>& sequence_layout() const { return sequence_layout_; }
 
  private:
   const Config& config_;
@@ -152,6 +158,7 @@ class BuildContext {
   std::vector<BlockObserver> observers_;
   int current_block_ = -1;
   std::string current_block_name_;
+  std::shared_ptr<const SequenceLayout> sequence_layout_;
 };
 
 /// The full tensor a parameter starts from: a function of (seed, global name).

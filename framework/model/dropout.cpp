@@ -1,5 +1,8 @@
 #include "framework/model/dropout.h"
 
+#include <stdexcept>
+#include <string>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -65,6 +68,22 @@ at::Tensor layout_free_dropout(const at::Tensor& x, double p, std::uint64_t seed
   at::Tensor mask = layout_free_dropout_mask(samples, seq, features, p, seed, layer_key, seq_offset,
                                              current_dropout_site());
   return x * mask.view(x.sizes()).to(x.scalar_type());
+}
+
+at::Tensor layout_free_dropout(const at::Tensor& x, double p, std::uint64_t seed, std::uint64_t layer_key,
+                               const std::vector<SeqPiece>& pieces) {
+  if (p <= 0) return x;
+  if (pieces.size() == 1) return layout_free_dropout(x, p, seed, layer_key, pieces[0].offset);
+  if (x.dim() != 3) {
+    throw std::invalid_argument("layout_free_dropout: a tensor over several sequence pieces must be [samples, seq, "
+                                "features], got " + std::to_string(x.dim()) + " dimensions");
+  }
+  const DropoutSite site = current_dropout_site();
+  std::vector<at::Tensor> masks;
+  for (const auto& piece : pieces) {
+    masks.push_back(layout_free_dropout_mask(x.size(0), piece.length, x.size(2), p, seed, layer_key, piece.offset, site));
+  }
+  return x * at::cat(masks, 1).to(x.scalar_type());
 }
 
 }  // namespace hp

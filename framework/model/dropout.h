@@ -15,6 +15,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "framework/model/sequence_layout.h"
 
 namespace hp {
 
@@ -52,6 +55,12 @@ std::uint64_t stable_hash(const std::string& s);
 /// rank holding a slice of the sequence passes where its slice starts).
 at::Tensor layout_free_dropout(const at::Tensor& x, double p, std::uint64_t seed,
                                std::uint64_t layer_key, std::int64_t seq_offset = 0);
+
+/// Same for an x whose sequence positions are `pieces` of the global
+/// sequence, in order (a rank holding several pieces, as context parallel's
+/// balanced split): each piece draws the mask of its global positions.
+at::Tensor layout_free_dropout(const at::Tensor& x, double p, std::uint64_t seed, std::uint64_t layer_key,
+                               const std::vector<SeqPiece>& pieces);
 
 /// The mask layout_free_dropout multiplies by (0 or 1 / (1 - p)), float,
 /// shaped [samples, seq, features] for the given sizes; for tests.

@@ -18,7 +18,17 @@ void ModelExtensions::add_block_observer(const std::string& owner, BlockObserver
   observers_.emplace_back(owner, std::move(o));
 }
 
+void ModelExtensions::set_sequence_layout(const std::string& owner, SequenceLayout layout) {
+  if (sequence_layout_) {
+    throw std::invalid_argument("the sequence layout is claimed by both '" + sequence_layout_->owner + "' and '" +
+                                owner + "'");
+  }
+  layout.owner = owner;
+  sequence_layout_ = std::make_shared<const SequenceLayout>(std::move(layout));
+}
+
 void ModelExtensions::apply_to(BuildContext& ctx) const {
+  ctx.set_sequence_layout(sequence_layout_);
   for (const auto& [scope, e] : wrappers_) ctx.set_wrapper(scope, e.fn, e.applies);
   for (const auto& [owner, o] : observers_) ctx.add_block_observer(o);
 }

@@ -23,7 +23,12 @@ class ModelExtensions {
   /// Adds an observer of every block's forward (any number of owners; each
   /// point calls them in the order added).
   void add_block_observer(const std::string& owner, BlockObserver o);
-  /// Hands every wrapper and observer to a build context.
+  /// Lays the positions of every sequence over ranks (context parallel);
+  /// one owner, a second is refused naming both.
+  void set_sequence_layout(const std::string& owner, SequenceLayout layout);
+  /// The layout set, or null.
+  const std::shared_ptr<const SequenceLayout>& sequence_layout() const { return sequence_layout_; }
+  /// Hands every wrapper, observer and the sequence layout to a build context.
   void apply_to(BuildContext& ctx) const;
 
  private:
@@ -35,6 +40,7 @@ class ModelExtensions {
   };
   std::map<std::string, Entry> wrappers_;
   std::vector<std::pair<std::string, BlockObserver>> observers_;
+  std::shared_ptr<const SequenceLayout> sequence_layout_;
 };
 
 }  // namespace hp

@@ -57,26 +57,35 @@ class DenseEmbedding : public Layer {
 class DenseDropout : public Layer {
  public:
   DenseDropout(const LayerSpec& s, BuildContext& ctx)
-      : p_(s.dropout), seed_(ctx.seed()), key_(stable_hash(s.name)) {}
+      : p_(s.dropout), seed_(ctx.seed()), key_(stable_hash(s.name)), layout_(ctx.sequence_layout()) {}
   at::Tensor forward(const at::Tensor& x) override {
-    return p_ > 0 && is_training() ? layout_free_dropout(x, p_, seed_, key_) : x;
+    if (p_ <= 0 || !is_training()) return x;
+    // Under a sequence layout the mask follows the global positions held.
+    if (layout_ && x.dim() == 3) return layout_free_dropout(x, p_, seed_, key_, layout_->local_pieces(x.size(1)));
+    return layout_free_dropout(x, p_, seed_, key_);
   }
 
  private:
   double p_;
   std::uint64_t seed_, key_;
+  std::shared_ptr<const SequenceLayout> layout_;
 };
 
-/// Adds learned positions: h[:, t] += weight[t].
+/// Adds learned positions: h[:, t] += weight[t], t the global position
+/// (under a sequence layout, those of the pieces this rank holds).
 class DensePositions : public Layer {
  public:
-  DensePositions(const LayerSpec& s, BuildContext& ctx) {
+  DensePositions(const LayerSpec& s, BuildContext& ctx) : layout_(ctx.sequence_layout()) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
   }
-  at::Tensor forward(const at::Tensor& h) override { return h + weight_.narrow(0, 0, h.size(1)); }
+  at::Tensor forward(const at::Tensor& h) override {
+    if (layout_) return h + take_pieces(weight_, 0, layout_->local_pieces(h.size(1)));
+    return h + weight_.narrow(0, 0, h.size(1));
+  }
 
  private:
   at::Tensor weight_;
+  std::shared_ptr<const SequenceLayout> layout_;
 };
 
 class DenseLayerNorm : public Layer {
@@ -112,6 +121,7 @@ class HeadsAttention : public Layer {
     qkv_ = register_module("qkv", ctx.layers().make(qkv, ctx));
     proj_ = register_module("proj", ctx.layers().make(proj, ctx));
     if (const Wrapper* w = ctx.wrapper("attention.core")) core_wrapper_ = *w;
+    if (ctx.sequence_layout()) layout_attention_ = ctx.sequence_layout()->attention;
   }
   at::Tensor forward(const at::Tensor& x) override {
     auto y = qkv_->forward(x);  // [B, T, local_heads * 3 * head_dim]
@@ -121,7 +131,11 @@ class HeadsAttention : public Layer {
     auto parts = y.view({y.size(0), y.size(1), local_heads, 3, head_dim_}).unbind(3);
     // Eager or block attention; either may run inside the "attention.core"
     // wrapper (selective recompute), which replays it in backward.
-    auto attend = [block = block_](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    // Under a sequence layout, the layout's attention (other ranks hold the
+    // rest of the keys and values).
+    auto attend = [block = block_, &layout = layout_attention_](const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v) {
+      if (layout) return layout(q, k, v);
       return block > 0 ? block_causal_attention(q, k, v, block) : causal_attention(q, k, v);
     };
     at::Tensor ctx;
@@ -141,6 +155,7 @@ class HeadsAttention : public Layer {
   std::int64_t block_;  ///< block length of block attention; 0: eager
   std::shared_ptr<Layer> qkv_, proj_;
   Wrapper core_wrapper_;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> layout_attention_;
 };
 
 class ColumnRowMlp : public Layer {

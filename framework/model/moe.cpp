@@ -127,7 +127,7 @@ void validate_moe_options(const Config& c, ConfigErrors& e) {
 }
 
 Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o,
-              std::int64_t seq) {
+              std::int64_t seq, const SequenceLayout* layout) {
   Routing r;
   r.logits = logits.to(at::kFloat);
   r.probs = o.sigmoid ? at::sigmoid(r.logits) : at::softmax(r.logits, -1);
@@ -141,14 +141,23 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
   const std::int64_t N = logits.size(0), k = o.top_k;
   r.kept = at::ones({N, k}, at::kBool);
   if (o.capacity_factor > 0) {
-    const std::int64_t C = o.capacity(seq), E = o.num_experts, S = N / seq, M = N * k;
+    at::Tensor experts = r.experts, chosen = r.probs.detach().gather(1, r.experts);
+    std::int64_t full = seq, n_full = N;
+    if (layout) {
+      // Capacity ranks a whole sequence: decide on it, keep this rank's part.
+      experts = layout->gather(experts.view({N / seq, seq, k}));
+      chosen = layout->gather(chosen.view({N / seq, seq, k}));
+      full = experts.size(1);
+      n_full = experts.size(0) * full;
+    }
+    const std::int64_t C = o.capacity(full), E = o.num_experts, S = n_full / full, M = n_full * k;
     // Per sequence and expert: the assignments by probability (desc), then
     // token (asc), as tensor ops: a stable sort by probability, then a
     // stable sort by (sequence, expert); an assignment's place in its group
     // is its rank, and the first C of a group are kept.
-    at::Tensor flat_e = r.experts.reshape({-1});
-    at::Tensor p = r.probs.detach().gather(1, r.experts).reshape({-1});
-    at::Tensor group = at::div(at::arange(M, at::kLong), k * seq, "floor") * E + flat_e;
+    at::Tensor flat_e = experts.reshape({-1});
+    at::Tensor p = chosen.reshape({-1});
+    at::Tensor group = at::div(at::arange(M, at::kLong), k * full, "floor") * E + flat_e;
     at::Tensor by_p = std::get<1>(at::sort(p, /*stable=*/true, /*dim=*/0, /*descending=*/true));
     at::Tensor by_g =
         std::get<1>(at::sort(group.index_select(0, by_p), /*stable=*/true, /*dim=*/0, false));
@@ -157,19 +166,26 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
     at::Tensor counts = at::bincount(g_sorted, {}, S * E);
     at::Tensor start = counts.cumsum(0) - counts;
     at::Tensor rank = at::arange(M, at::kLong) - start.index_select(0, g_sorted);
-    r.kept = at::empty({M}, at::kBool).index_copy_(0, order, rank.lt(C)).view({N, k});
+    r.kept = at::empty({M}, at::kBool).index_copy_(0, order, rank.lt(C)).view({n_full, k});
+    if (layout) r.kept = take_pieces(r.kept.view({S, full, k}), 1, layout->pieces(full)).reshape({N, k});
     w = w * r.kept.to(w.scalar_type());
   }
   r.weights = w;
   return r;
 }
 
-at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq) {
+at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
+                                 const SequenceLayout* layout) {
   const std::int64_t N = r.probs.size(0), E = r.probs.size(1), S = N / seq;
   // f: share of the sequence's k x T selections each expert got (no gradient).
   at::Tensor counts =
       at::zeros({N, E}, at::kFloat).scatter_(1, r.experts, 1.0).view({S, seq, E}).sum(1);
-  at::Tensor f = counts / static_cast<double>(o.top_k * seq);
+  std::int64_t full = seq;
+  if (layout) {
+    layout->sum(counts);  // the whole sequence's selections
+    full = seq * layout->parts;
+  }
+  at::Tensor f = counts / static_cast<double>(o.top_k * full);
   at::Tensor p_sum = r.probs.view({S, seq, E}).sum(1);  // = T x P_e
   return o.aux_loss_coef * static_cast<double>(E) * (f * p_sum).sum();
 }
@@ -351,6 +367,7 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
     throw std::logic_error("internal error: moe layer '" + s.name +
                            "' built without options, please report");
   o_ = *s.moe;
+  layout_ = ctx.sequence_layout();
   const std::int64_t E = o_.num_experts;
   router_ =
       ctx.param(*this, s.name + ".router.weight", "router", {E, hidden_}, Init::normal(s.init_std));
@@ -370,6 +387,10 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
     auto& replicas = sc.dist->group(dist::MeshRole::kReplicate);
     replicas.all_reduce(counts);
     replicas.all_reduce(more);
+    if (layout_) {  // ranks holding the other positions of the same sequences
+      layout_->sum(counts);
+      layout_->sum(more);
+    }
     const double total = counts.sum().item<double>();
     const double mean = total / static_cast<double>(o_.num_experts);
     const double imbalance = mean > 0 ? counts.max().item<double>() / mean : 0.0;
@@ -430,9 +451,9 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const auto shape = x.sizes().vec();
   const std::int64_t seq = x.size(1);
   at::Tensor tokens = x.reshape({-1, hidden_});
-  Routing r = route(at::linear(tokens, router_), bias_, o_, seq);
+  Routing r = route(at::linear(tokens, router_), bias_, o_, seq, layout_.get());
   if (aux_loss_collecting()) {
-    if (o_.aux_loss_coef > 0) add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq));
+    if (o_.aux_loss_coef > 0) add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq, layout_.get()));
     if (o_.z_loss_coef > 0) add_aux_loss("router_z", z_loss_sum(r, o_));
   }
   if (aux_loss_collecting() && !aux_loss_replaying()) {

@@ -58,14 +58,21 @@ struct Routing {
 /// to the lower expert index; weights from probs, renormalised when asked;
 /// capacity per sequence of `seq` tokens: each expert keeps the
 /// assignments with the highest probability, ties to the earlier token.
+/// Under a sequence layout (`layout` non-null: this rank holds pieces of
+/// each sequence), `seq` is the local length and capacity ranks the
+/// assignments of the whole sequence, gathered from the ranks holding it.
 Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions& o,
-              std::int64_t seq);
+              std::int64_t seq, const SequenceLayout* layout = nullptr);
 
 /// Load-balancing loss as a SUM over the sequences of aux_coef * E *
 /// sum_e f_e * P_e times the sequence length (so dividing by the global
 /// token count gives the mean over sequences). f_e counts the top-k
 /// selections (before capacity); the gradient flows through P_e only.
-at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq);
+/// Under a sequence layout f_e counts the whole sequence (summed over the
+/// ranks holding it) and the sum covers this rank's positions: the terms of
+/// those ranks add up to the sequence's loss.
+at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
+                                 const SequenceLayout* layout = nullptr);
 /// Router z-loss as a SUM over tokens of z_coef * logsumexp(logits)^2.
 at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o);
 
@@ -134,6 +141,7 @@ class MoeLayer : public Layer {
 
  private:
   MoeOptions o_;
+  std::shared_ptr<const SequenceLayout> layout_;  ///< null unless sequences are split over ranks
   at::Tensor router_, bias_;
   std::shared_ptr<Layer> shared_;
   MoeStats stats_;

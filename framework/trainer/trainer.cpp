@@ -102,6 +102,9 @@ class TrainingRun {
   /// Sums `values` over the replicas, then the partitions, so every rank
   /// gets the global figure.
   void sum_globally(at::Tensor& values);
+  /// The batch cut to the sequence positions this rank holds (unchanged
+  /// without a sequence layout).
+  Batch local_positions(Batch batch) const;
   StepContext context(std::int64_t step, double loss, std::map<std::string, double>* figures);
   bool rank0() const { return env_.rank == 0; }
   /// Parameters and buffers: what a checkpoint holds of the model.
@@ -332,7 +335,25 @@ void TrainingRun::resume() {
 
 void TrainingRun::sum_globally(at::Tensor& values) {
   ctx_->group(dist::MeshRole::kReplicate).all_reduce(values);
+  // Ranks along a sequence dimension hold different positions of the same
+  // samples: their loss sums and token counts add up too.
+  for (const auto& dim : setup_.mesh.dims_with(dist::MeshRole::kSequence)) ctx_->group(dim).all_reduce(values);
   ctx_->group(dist::MeshRole::kPartition).all_reduce(values);
+}
+
+Batch TrainingRun::local_positions(Batch batch) const {
+  const auto& layout = runtime_->model().sequence_layout();
+  if (!layout) return batch;
+  // Every input and target laid out [samples, seq, ...] keeps the positions
+  // this rank holds.
+  const auto pieces = layout->pieces(train_.seq_len);
+  for (auto* part : {&batch.inputs, &batch.targets}) {
+    for (auto& item : *part) {
+      at::Tensor& t = item.value();
+      if (t.dim() >= 2 && t.size(1) == train_.seq_len) t = take_pieces(t, 1, pieces);
+    }
+  }
+  return batch;
 }
 
 void TrainingRun::record_failure(const std::string& reason) {
@@ -361,8 +382,8 @@ StepResult TrainingRun::step(std::int64_t step) {
   // The global batch is laid out the same on every layout: replica d takes
   // samples [d * per_rank, (d + 1) * per_rank).
   work.batch = [&](std::int64_t mb) {
-    return make_batch(*data_, Split::kTrain, step, replica * per_rank + mb * train_.micro_batch, train_.micro_batch,
-                      train_.seq_len);
+    return local_positions(make_batch(*data_, Split::kTrain, step, replica * per_rank + mb * train_.micro_batch,
+                                      train_.micro_batch, train_.seq_len));
   };
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
   work.step = step;
@@ -421,7 +442,8 @@ double TrainingRun::evaluate() {
   work.backward = false;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   work.batch = [&](std::int64_t mb) {
-    return make_batch(*data_, Split::kValid, 0, work.first_sample(mb), train_.micro_batch, train_.seq_len);
+    return local_positions(
+        make_batch(*data_, Split::kValid, 0, work.first_sample(mb), train_.micro_batch, train_.seq_len));
   };
   StepReport rep = executor_->run(model_, work);
   for (auto& b : model_.blocks) b->train();

@@ -1,6 +1,7 @@
 // The `expert_parallel` feature: the experts of every `moe` layer split
 // over `size` ranks (the ep mesh dimension, carved out of the data-parallel
-// ranks as Megatron does). Each rank routes its own tokens exactly as one
+// ranks and, with context parallel, the cp ranks: Megatron's folding of
+// experts over what attention sees as cp x dp). Each rank routes its own tokens exactly as one
 // process would (framework/model/moe.h), sends each kept assignment to the
 // rank of its expert with an uneven all-to-all (counts exchanged first),
 // runs its experts on what it received, and gets the outputs back with the
@@ -8,7 +9,7 @@
 // outputs are then weighted and summed in ascending expert order, as the
 // dense layer does. Expert parameters are stacked [experts, ...] and split
 // on dimension 0; their gradients are summed over the expert-data-parallel
-// group (edp), the router's over dp.
+// group (edp), the router's over dp (and cp).
 #include <ATen/ATen.h>
 
 #include "backends/dist/autograd.h"
@@ -97,8 +98,8 @@ class ExpertParallelFeature : public Feature {
         .range(1, 1024)
         .describe(
             "Ranks the experts of every moe layer are split over (the ep mesh dimension, carved "
-            "out of the "
-            "data-parallel ranks: it must divide the data-parallel size and the expert count).");
+            "out of the data-parallel ranks, and the context-parallel ones when context parallel is on: "
+            "it must divide their product and the expert count).");
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {

@@ -123,21 +123,30 @@ class SequenceLayerNorm : public Layer {
   at::Tensor weight_, bias_;
 };
 
+/// Under a sequence layout (context parallel), the global positions of this
+/// rank's slice of `len` positions: slice tp_rank of the positions the
+/// layout gives this rank (tp members hold the same pieces).
+std::vector<SeqPiece> my_pieces(const SequenceLayout& layout, const dist::Group& g, std::int64_t len) {
+  return sub_pieces(layout.local_pieces(len * g.size()), g.rank() * len, len);
+}
+
 /// Under sequence parallel only: adds the rows of the position table that
 /// belong to this rank's slice of the sequence.
 class SequencePositions : public Layer {
  public:
-  SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)) {
+  SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), layout_(ctx.sequence_layout()) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), {},
                         partial_over_tp(true));
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
+    if (layout_) return h + take_pieces(weight_, 0, my_pieces(*layout_, g_, len));
     return h + weight_.narrow(0, g_.rank() * len, len);
   }
 
  private:
   dist::Group& g_;
+  std::shared_ptr<const SequenceLayout> layout_;
   at::Tensor weight_;
 };
 
@@ -147,14 +156,17 @@ class SequencePositions : public Layer {
 class SequenceDropout : public Layer {
  public:
   SequenceDropout(const LayerSpec& s, BuildContext& ctx)
-      : g_(tp_group(ctx)), p_(s.dropout), seed_(ctx.seed()), key_(stable_hash(s.name)) {}
+      : g_(tp_group(ctx)), layout_(ctx.sequence_layout()), p_(s.dropout), seed_(ctx.seed()),
+        key_(stable_hash(s.name)) {}
   at::Tensor forward(const at::Tensor& x) override {
     if (p_ <= 0 || !is_training()) return x;
+    if (layout_) return layout_free_dropout(x, p_, seed_, key_, my_pieces(*layout_, g_, x.size(kSeqDim)));
     return layout_free_dropout(x, p_, seed_, key_, g_.rank() * x.size(kSeqDim));
   }
 
  private:
   dist::Group& g_;
+  std::shared_ptr<const SequenceLayout> layout_;
   double p_;
   std::uint64_t seed_, key_;
 };

@@ -165,8 +165,8 @@ TEST(ProcessMesh, TwoTensorParallelViewsOfDifferentSizesOnTheSameRanks) {
 // Where a parameter's gradient is summed, from the roles alone: a replicated
 // one over the data dimensions (cp and dp); one sharded along a view's
 // dimension over that view's replicate dimensions in place of the base ones
-// it covers (experts over edp, not dp; cp stays); one sharded over a base
-// dimension as a replicated one.
+// it covers (experts, carved out of cp x dp, over edp alone); one sharded
+// over a base dimension as a replicated one.
 TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
   MeshPlan plan;
   plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
@@ -177,9 +177,13 @@ TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
   using V = std::vector<std::string>;
   EXPECT_EQ(m.grad_sync_dims({}), (V{"cp", "dp"}));
   EXPECT_EQ(m.grad_sync_dims({"tp"}), (V{"cp", "dp"}));
-  EXPECT_EQ(m.grad_sync_dims({"ep"}), (V{"cp", "edp"}));
+  EXPECT_EQ(m.grad_sync_dims({"ep"}), (V{"edp"}));
   EXPECT_EQ(m.grad_sync_dims({"ffn_tp"}), (V{"cp", "ffn_dp"}));
-  EXPECT_EQ(m.grad_sync_dims({"tp", "ep"}), (V{"cp", "edp"}));
+  EXPECT_EQ(m.grad_sync_dims({"tp", "ep"}), (V{"edp"}));
+  // Expert parallel folds over the cp ranks first (cp is inner to dp):
+  // rank 2 (tp0 cp1 dp0) shares its experts' group with rank 0 (cp0 dp0).
+  EXPECT_EQ(m.group_ranks("ep", 2), (std::vector<int>{0, 2}));
+  EXPECT_EQ(m.group_size("edp"), 2);
 }
 
 // ZeRO over a flattened dp x cp: one shard group joining both.
