@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Context parallel on a mixture-of-experts GPT against one process (PARITY.md
+# Context parallel on a mixture-of-experts GPT against one process (docs/PARITY.md
 # bars): the router's per-sequence statistics (load-balancing loss, capacity,
 # the aux-loss-free bias counts) are summed or gathered over the cp ranks, so
 # cp=2 computes the one-process numbers; dropless and with capacity dropping

@@ -183,7 +183,7 @@ TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
   // Expert parallel folds over the cp ranks first (cp is inner to dp):
   // rank 2 (tp0 cp1 dp0) shares its experts' group with rank 0 (cp0 dp0).
   EXPECT_EQ(m.group_ranks("ep", 2), (std::vector<int>{0, 2}));
-  EXPECT_EQ(m.group_size("edp"), 2);
+  EXPECT_EQ(m.group_size("edp"), 4);  // cp x dp = 8 ranks hold the same parameters, ep = 2 of them split experts
 }
 
 // ZeRO over a flattened dp x cp: one shard group joining both.

@@ -34,4 +34,7 @@ check 0008-expert-parallel.md "$er"
 printf 'data: {type: synthetic}\nfeatures: {sharded_checkpoint: {enabled: true}}\n' > "$dir/s.yaml"
 sc=$("$HP_TRAIN" "$dir/s.yaml" --options-markdown | grep '^| `features.sharded_checkpoint') || fail "sharded_checkpoint options"
 check 0009-sharded-checkpoint.md "$sc"
+printf 'data: {type: synthetic}\nfeatures: {context_parallel: {enabled: true}}\n' > "$dir/c.yaml"
+cpr=$("$HP_TRAIN" "$dir/c.yaml" --nproc 2 --options-markdown | grep '^| `features.context_parallel') || fail "cp options"
+check 0012-context-parallel.md "$cpr"
 echo PASS
