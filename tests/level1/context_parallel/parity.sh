@@ -20,7 +20,26 @@ run() {  # name nproc cp mesh-line [extra args]
   "$BIN/hp-compare" "$WORK/ref" "$WORK/$name" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
     --grad-rtol 1e-5 --phase "context-parallel optimizer steps" || fail "$name parity"
 }
-run cp2 2 2 "dp=1 cp=2"
+run cp2 2 2 "dp=1 cp=2" --set run.profile.enabled=true --set "run.profile.steps=[2,3]"
+# The ring's steps are trace spans on both ranks, beside its point-to-point
+# messages on the cp group (the profile does not change the numbers: cp2rc
+# below is held bitwise to this run).
+python3 - "$WORK/cp2/trace.json" "$(dirname "$0")/../profile" <<'PY' || fail "ring spans missing from the trace"
+import sys
+sys.path.insert(0, sys.argv[2])
+from check_trace import load
+spans = load(sys.argv[1])
+assert sorted(spans) == [0, 1], sorted(spans)
+for rank, events in spans.items():
+    names = {e["name"] for e in events}
+    for want in ("ring_attention_step", "ring_attention_backward_step", "ring_wait"):
+        assert want in names, (rank, want)
+    steps = sorted({e["args"]["ring_step"] for e in events if e["name"] == "ring_attention_step"})
+    assert steps == [0, 1], (rank, steps)
+    p2p = [e for e in events if e["cat"] == "comm" and e["args"].get("group") == "cp" and e["name"].startswith(("send", "recv"))]
+    assert p2p, (rank, "no send or recv on group cp")
+print("trace: ring steps 0 and 1, forward and backward, ring waits and cp sends/receives on both ranks")
+PY
 run cp4 4 4 "dp=1 cp=4"
 run cp2dp2zero 4 2 "dp=2 cp=2" --set features.zero.enabled=true
 run cp2tp2sp 4 2 "dp=1 cp=2 tp=2" --set features.tensor_parallel.enabled=true \
@@ -30,6 +49,4 @@ run cp2rc 2 2 "dp=1 cp=2" --set features.recompute.enabled=true --set features.r
 replayed_every_step "$WORK/cp2rc" || fail "selective recompute did not run under cp"
 echo "== cp2 + selective recompute against cp2"
 "$BIN/hp-compare" "$WORK/cp2" "$WORK/cp2rc" --exact --grads-step 1 --grad-rtol 0 --phase recompute || fail "cp x recompute"
-# The ring's messages are in the flight record: every rank's record names
-# sends to and receives from its neighbour on the cp group.
 echo PASS

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints are layout-free under context parallel: a cp=2 checkpoint
-# resumes at one process and at cp=4 with the losses of the uninterrupted
-# cp=2 run (within 1e-4), and at cp=2 again bitwise.
+# (gathered) resumes at one process with the losses of the uninterrupted
+# cp=2 run (within 1e-4), and at cp=2 again bitwise; a sharded one (every
+# rank writes, in the background) resumes at cp=4, same bar.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -20,7 +21,16 @@ resume() {  # name nproc [args]
 }
 resume cp1 1
 # shellcheck disable=SC2046
-resume cp4 4 $(cp 4)
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(cp 2) --set training.max_steps=40 --set checkpoint.interval=20 \
+  --set features.sharded_checkpoint.enabled=true --set features.sharded_checkpoint.async=true \
+  --set run.output_dir="$WORK/cp2sharded" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "cp=2 sharded run"; }
+"$BIN/hp-compare" "$WORK/cp2" "$WORK/cp2sharded" --exact --phase "sharded checkpoint writes" > /dev/null \
+  || fail "saving sharded checkpoints changed the cp=2 run"
+ck="$WORK/cp2sharded/checkpoints/step_00000020"
+[[ -f "$ck/manifest.json" ]] || fail "no sharded step-20 checkpoint"
+# shellcheck disable=SC2046
+resume cp4 4 $(cp 4) --set features.sharded_checkpoint.enabled=true
+ck="$WORK/cp2/checkpoints/step_00000020"
 # shellcheck disable=SC2046
 resume cp2again 2 $(cp 2)
 echo "== cp2 resumed from its own checkpoint (same layout)"

@@ -2,7 +2,8 @@
 # A SIGSTOPped rank is named, with where it is, within stall_seconds + a few
 # seconds; with on_stall: warn a SIGCONT lets the run finish with the same
 # losses as an undisturbed run. dp=2 (its collectives), pp=2 (a stage
-# receive inside the schedule) and tp=2 (its forward all-reduces).
+# receive inside the schedule), tp=2 (its forward all-reduces) and cp=2
+# (the ring's messages).
 source "$(dirname "$0")/lib.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -19,4 +20,9 @@ stall_case tp2 2 1 "stall on group 'tp': rank 1 (has not entered|entered) [a-z_]
 # stage 1 done with its schedule and blocked on its last send names stage 0 as not receiving.
 stall_case pp2 2 0 "stall on group 'pp': rank 0 (has not sent message #[0-9]+ to rank 1|has not received message #[0-9]+ from rank 1|has not entered [a-z_]+ #[0-9]+|entered [a-z_]+ #[0-9]+|posted message #[0-9]+ to rank 1 but it never arrived) and its heartbeat stopped \(last seen in step [0-9]+, [a-z ]+.*\(pipeline stage 0\); last heartbeat [0-9.]+ s ago\); rank 1 has waited [0-9.]+ s in [a-z_]+ \((issued in step [0-9]+, [^;]+; now in )?step [0-9]+, ([a-z]+ of micro-batch [0-9]+, chunk [0-9]|forward|gradient sync|optimizer) \(pipeline stage 1\)\)" \
   --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2 --set training.global_batch_size=32
+# Context parallel: the ring's point-to-point messages are recorded like
+# stage messages, so a stopped cp rank is named with the message it owes
+# (or, between attention layers, the collective it has not entered).
+stall_case cp2 2 1 "stall on group 'cp': rank 1 (has not sent message #[0-9]+ to rank 0|has not received message #[0-9]+ from rank 0|has not entered [a-z_]+ #[0-9]+|entered [a-z_]+ #[0-9]+|posted message #[0-9]+ to rank 0 but it never arrived) and its heartbeat stopped \(last seen in step [0-9]+, " \
+  --set features.context_parallel.enabled=true
 echo PASS
