@@ -56,3 +56,21 @@ bad=[r["step"] for r in rows if r.get("recompute_regions_replayed",0)<=0]
 if bad: sys.exit("recompute replayed no region at steps %s of %s" % (bad[:5], sys.argv[1]))
 print("recompute replayed %s regions per step on the logging rank" % sorted({r["recompute_regions_replayed"] for r in rows}))' "$1"
 }
+
+# run NAME NPROC ARGS...: hp-train on $WORK/c.yaml with the caller's
+# `common` options (an array; may be empty) and ARGS, into $WORK/NAME, its
+# log in $WORK/NAME.log (printed when the run fails).
+run() {
+  local name=$1 n=$2; shift 2
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \
+    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
+}
+
+# compare_b4 REF RUN PHASE: RUN against REF at docs/PARITY.md's B4 bars
+# (first step and step-1 gradients 1e-5, trajectory 1e-4, eval 1e-5); PHASE
+# names what a later divergence is blamed on.
+compare_b4() {
+  echo "== $2 against $1"
+  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
+    --grad-rtol 1e-5 --phase "$3" || fail "$2 vs $1"
+}

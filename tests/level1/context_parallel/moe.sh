@@ -13,16 +13,7 @@ common=(--set training.dump_grads_at_step=1 --set model.moe.num_experts=4 --set 
         --set model.moe.z_loss_coef=0.001)
 cap=(--set model.moe.capacity_factor=1.0)
 cp2=(--set features.context_parallel.enabled=true --set features.context_parallel.size=2)
-run() {  # NAME NPROC ARGS...
-  local name=$1 n=$2; shift 2
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \
-    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
-}
-compare() {  # REF RUN
-  echo "== $2 against $1"
-  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
-    --grad-rtol 1e-5 --phase "router statistics over cp" || fail "$2 vs $1"
-}
+compare() { compare_b4 "$1" "$2" "router statistics over cp"; }
 run ref 1
 run ref_cap 1 "${cap[@]}"
 run cp2 2 "${cp2[@]}"

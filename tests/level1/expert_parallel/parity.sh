@@ -13,16 +13,7 @@ common=(--set training.max_steps=50 --set training.dump_grads_at_step=1 --set mo
         --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001)
 ep() { echo --set features.expert_parallel.enabled=true --set features.expert_parallel.size="$1"; }
 short=(--set training.max_steps=20)  # layouts whose difference shows from the first steps
-run() {  # NAME NPROC ARGS...
-  local name=$1 n=$2; shift 2
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \
-    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
-}
-compare() {  # REF RUN
-  echo "== $2 against $1"
-  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 \
-    --phase "expert dispatch, combine or gradient sync" || fail "$2 vs $1"
-}
+compare() { compare_b4 "$1" "$2" "expert dispatch, combine or gradient sync"; }
 cap=(--set model.moe.capacity_factor=1.0)
 # Shared experts, MoE in every other block, aux-loss-free bias (updated from
 # global counts after each step), sigmoid scores, evaluation in between.

@@ -12,11 +12,6 @@ BIN=$1
 small_config "$WORK/c.yaml"
 common=(--set training.dump_grads_at_step=1)
 zero=(--set features.zero.enabled=true)
-run() {  # NAME NPROC ARGS...
-  local name=$1 n=$2; shift 2
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \
-    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
-}
 run ref 1
 run dp2 2
 run dp2z 2 "${zero[@]}"

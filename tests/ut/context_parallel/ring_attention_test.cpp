@@ -73,16 +73,18 @@ TEST(BalancedPieces, ChunksPositionsAndBalanceForOneToFourRanks) {
 }
 
 // The block step's recurrence over uneven key blocks, some rows seeing no
-// key of a later block at all, equals one softmax over the whole row.
+// key of a later block at all and one block hidden from every row, equals
+// one softmax over the whole row.
 TEST(OnlineSoftmax, BlocksCombineToOneSoftmaxOverTheRow) {
   torch::manual_seed(3);
-  const std::int64_t rows = 9, d = 8;
-  const std::vector<std::int64_t> widths{5, 7, 4};
-  auto q = torch::randn({rows, d}) * 0.5, k = torch::randn({16, d}), v = torch::randn({16, d});
-  auto mask = torch::rand({rows, 16}) < 0.4;
+  const std::int64_t rows = 9, d = 8, keys = 19;
+  const std::vector<std::int64_t> widths{5, 7, 4, 3};
+  auto q = torch::randn({rows, d}) * 0.5, k = torch::randn({keys, d}), v = torch::randn({keys, d});
+  auto mask = torch::rand({rows, keys}) < 0.4;
   mask.narrow(1, 0, 5).select(1, 0).fill_(false);  // every row sees key 0 (in the first block)
   mask.narrow(1, 5, 7).select(0, 2).fill_(true);   // row 2 sees nothing of block 2
   mask.narrow(1, 12, 4).narrow(0, 4, 3).fill_(true);  // rows 4-6 nothing of block 3
+  mask.narrow(1, 16, 3).fill_(true);                  // block 4: fully masked
   hp::block_step::OnlineSoftmax st;
   std::int64_t c0 = 0;
   for (auto w : widths) {
