@@ -2,7 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+#include <utility>
+
 #include "backends/dist/autograd.h"
+#include "backends/dist/context.h"
 #include "backends/dist/group.h"
 #include "framework/model/dropout.h"
 #include "framework/model/moe.h"
@@ -27,41 +31,116 @@ dist::Placements over_tp(int d) { return {{kTp, dist::Placement::shard(d)}}; }
 std::vector<std::string> partial_over_tp(bool sp) { return sp ? std::vector<std::string>{kTp} : std::vector<std::string>{}; }
 dist::Group& tp_group(BuildContext& ctx) { return *ctx.group(kTp); }
 
+/// The module kind whose layers are being built (set while attention.heads
+/// and mlp build their column and row layers); null outside them.
+thread_local const char* t_module = nullptr;
+struct ModuleScope {
+  const char* previous;
+  explicit ModuleScope(const char* kind) : previous(t_module) { t_module = kind; }
+  ~ModuleScope() { t_module = previous; }
+};
+
+/// The groups a module kind runs on, and the re-layout between the stream
+/// (tp = T over `inner`, samples split over the data dimensions) and the
+/// module (tp = T x M, the samples of the M `outer` neighbours gathered).
+/// With no `outer` the module runs on the stream's tp, as without degrees.
+struct ModuleGroups {
+  dist::Group* inner = nullptr;
+  dist::Group* outer = nullptr;
+  dist::Group* flat = nullptr;
+  std::string inner_dim = kTp, outer_dim;
+  bool sp = false;
+
+  /// Split along tensor dimension `d` over the module's ranks: outer first,
+  /// so member (inner i, outer o) holds piece o x T + i.
+  dist::Placements split(int d) const {
+    if (!outer) return {{inner_dim, dist::Placement::shard(d)}};
+    return {{outer_dim, dist::Placement::shard(d)}, {inner_dim, dist::Placement::shard(d)}};
+  }
+  /// Stream -> module input, whole on every module rank. Backward: the
+  /// partial gradients summed over the module's ranks, each keeping its own.
+  at::Tensor enter(const at::Tensor& x) const {
+    at::Tensor y = sp ? dist::all_gather_from_group(x, *inner, kSeqDim) : dist::copy_to_group(x, *inner);
+    return outer ? dist::all_gather_from_group(y, *outer, 0) : y;
+  }
+  /// Module partial output -> stream: summed over the module's ranks, each
+  /// keeping its own samples (and, under sequence parallel, its slice).
+  at::Tensor leave(const at::Tensor& partial) const {
+    at::Tensor y = outer ? dist::reduce_scatter_to_group(partial, *outer, 0) : partial;
+    return sp ? dist::reduce_scatter_to_group(y, *inner, kSeqDim) : dist::reduce_from_group(y, *inner);
+  }
+  /// The rows of the outer neighbours too (no gradient: token ids, targets).
+  at::Tensor gather_rows(const at::Tensor& t) const { return outer ? outer->all_gather(t.contiguous(), 0) : t; }
+  /// [offset, end) of this rank's piece of `total` along a split dimension
+  /// (uneven allowed), as param() cuts it.
+  std::pair<std::int64_t, std::int64_t> range(BuildContext& ctx, std::int64_t total) const {
+    const dist::Placements p = split(0);
+    const dist::Part part = dist::part_of({total, 1}, p, dist::coords_of(ctx.dist().mesh(), p, ctx.dist().rank()));
+    const auto off = part.boxes.front().offsets[0];
+    return {off, off + part.boxes.front().lengths[0]};
+  }
+};
+
+ModuleGroups groups_for(BuildContext& ctx, const Options& o, const std::string& kind) {
+  ModuleGroups m;
+  m.sp = o.sequence_parallel;
+  auto it = o.modules.find(kind);
+  if (it == o.modules.end()) {
+    m.inner = m.flat = &tp_group(ctx);
+    return m;
+  }
+  m.inner_dim = it->second.inner;
+  m.outer_dim = it->second.outer;
+  m.inner = ctx.group(m.inner_dim);
+  m.outer = ctx.group(m.outer_dim);
+  m.flat = ctx.group(it->second.flat);
+  return m;
+}
+
 class ColumnLinear : public Layer {
  public:
-  ColumnLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
-      : g_(tp_group(ctx)), gather_(s.gather_output), sp_(sp) {
+  ColumnLinear(const LayerSpec& s, BuildContext& ctx, ModuleGroups m)
+      : m_(std::move(m)), gather_(s.gather_output) {
+    if (m_.outer && gather_) {
+      throw std::invalid_argument("model error: linear.column '" + s.name +
+                                  "' gathers its output, which a module above the stream's tensor-parallel "
+                                  "degree does not do (its output stays split over features)");
+    }
     if (!s.tied_weight.empty()) {
       weight_ = ctx.shared(s.tied_weight);  // the embedding's vocabulary slice
     } else {
-      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), over_tp(0));
+      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), m_.split(0));
     }
-    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), over_tp(0));
+    if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), m_.split(0));
   }
   at::Tensor forward(const at::Tensor& x) override {
     // Sequence parallel: the input is this rank's slice of the sequence;
     // gather it (reduce-scatter of the gradient in backward).
-    auto in = sp_ ? dist::all_gather_from_group(x, g_, kSeqDim) : dist::copy_to_group(x, g_);
-    auto y = at::linear(in, weight_, bias_);
+    auto y = at::linear(m_.enter(x), weight_, bias_);
     if (!gather_) return y;
-    y = dist::gather_from_group(y, g_, -1);
+    y = dist::gather_from_group(y, *m_.inner, -1);
     // A full-width output under sequence parallel goes back to a sequence slice.
-    return sp_ ? dist::scatter_to_group(y, g_, kSeqDim) : y;
+    return m_.sp ? dist::scatter_to_group(y, *m_.inner, kSeqDim) : y;
   }
 
  private:
-  dist::Group& g_;
-  bool gather_, sp_;
+  ModuleGroups m_;
+  bool gather_;
   at::Tensor weight_, bias_;
 };
 
 class RowLinear : public Layer {
  public:
-  RowLinear(const LayerSpec& s, BuildContext& ctx, bool sp)
-      : g_(tp_group(ctx)), input_parallel_(s.input_is_parallel), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), over_tp(1));
+  RowLinear(const LayerSpec& s, BuildContext& ctx, ModuleGroups m)
+      : m_(std::move(m)), input_parallel_(s.input_is_parallel) {
+    if (m_.outer && !input_parallel_) {
+      throw std::invalid_argument("model error: linear.row '" + s.name +
+                                  "' takes a whole input, which a module above the stream's tensor-parallel "
+                                  "degree does not do (its input comes split from a column layer)");
+    }
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), m_.split(1));
     if (s.bias) {
-      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), {}, partial_over_tp(sp));
+      bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), {}, partial_over_tp(m_.sp));
     }
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -70,40 +149,36 @@ class RowLinear : public Layer {
       // A sequence slice with all features: gather the sequence, keep our
       // features. The gathered input's gradient is whole on every rank (the
       // feature scatter all-gathers it), so backward keeps our slice, no sum.
-      in = dist::scatter_to_group(sp_ ? dist::gather_from_group(x, g_, kSeqDim) : x, g_, -1);
+      in = dist::scatter_to_group(m_.sp ? dist::gather_from_group(x, *m_.inner, kSeqDim) : x, *m_.inner, -1);
     }
-    auto partial = at::linear(in, weight_);
-    // Sequence parallel: sum the partial outputs and keep this rank's slice of
-    // the sequence (all-gather of the gradient in backward).
-    auto y = sp_ ? dist::reduce_scatter_to_group(partial, g_, kSeqDim) : dist::reduce_from_group(partial, g_);
+    // Sum the partial outputs (under sequence parallel keeping this rank's
+    // slice of the sequence; all-gather of the gradient in backward).
+    auto y = m_.leave(at::linear(in, weight_));
     return bias_.defined() ? y + bias_ : y;
   }
 
  private:
-  dist::Group& g_;
-  bool input_parallel_, sp_;
+  ModuleGroups m_;
+  bool input_parallel_;
   at::Tensor weight_, bias_;
 };
 
 class VocabEmbedding : public Layer {
  public:
-  VocabEmbedding(const LayerSpec& s, BuildContext& ctx, bool sp) : g_(tp_group(ctx)), sp_(sp) {
-    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), over_tp(0));
+  VocabEmbedding(const LayerSpec& s, BuildContext& ctx, ModuleGroups m) : m_(std::move(m)) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), m_.split(0));
     ctx.share(s.name + ".weight", weight_);
-    auto [off, len] = split_range(s.in, g_.size(), g_.rank());
-    begin_ = off;
-    end_ = off + len;
+    std::tie(begin_, end_) = m_.range(ctx, s.in);
   }
-  at::Tensor forward(const at::Tensor& ids) override {
+  at::Tensor forward(const at::Tensor& tokens) override {
+    const at::Tensor ids = m_.gather_rows(tokens);
     auto outside = (ids < begin_).logical_or(ids >= end_);
     auto local = (ids - begin_).masked_fill(outside, 0);
-    auto out = at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0);
-    return sp_ ? dist::reduce_scatter_to_group(out, g_, kSeqDim) : dist::reduce_from_group(out, g_);
+    return m_.leave(at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0));
   }
 
  private:
-  dist::Group& g_;
-  bool sp_;
+  ModuleGroups m_;
   at::Tensor weight_;
   std::int64_t begin_ = 0, end_ = 0;
 };
@@ -173,35 +248,47 @@ class SequenceDropout : public Layer {
 
 /// loss = log(sum_v exp(z_v - m)) - (z_target - m), with m the global max,
 /// the sum and the target logit each reduced over tp from the local slice.
+/// With the LM head above the stream's degree the logits are those of the
+/// outer neighbours' samples too: the loss's value is this rank's samples',
+/// its gradient that of every gathered sample (each logit slice lives on one
+/// rank of the module, which must see every row's loss).
 class VocabParallelCrossEntropy : public LossLayer {
  public:
-  VocabParallelCrossEntropy(std::int64_t vocab, BuildContext& ctx) : g_(tp_group(ctx)) {
-    auto [off, len] = split_range(vocab, g_.size(), g_.rank());
-    begin_ = off;
-    end_ = off + len;
+  VocabParallelCrossEntropy(std::int64_t vocab, BuildContext& ctx, ModuleGroups m) : m_(std::move(m)) {
+    std::tie(begin_, end_) = m_.range(ctx, vocab);
   }
   LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) override {
+    dist::Group& g = *m_.flat;
     auto z = logits.reshape({-1, logits.size(-1)});
-    auto t = targets.reshape({-1});
+    auto t = m_.gather_rows(targets).reshape({-1});
     at::Tensor m = std::get<0>(z.detach().max(-1));  // the max only shifts: no gradient
-    g_.all_reduce(m, dist::ReduceKind::kMax);
+    g.all_reduce(m, dist::ReduceKind::kMax);
     auto shifted = z - m.unsqueeze(-1);
-    auto sum_exp = dist::reduce_from_group(shifted.exp().sum(-1), g_);
+    auto sum_exp = dist::reduce_from_group(shifted.exp().sum(-1), g);
     auto outside = (t < begin_).logical_or(t >= end_);
     auto local_t = (t - begin_).masked_fill(outside, 0);
     auto target = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0);
-    target = dist::reduce_from_group(target, g_);
-    return {(sum_exp.log() - target).sum(), t.numel()};
+    target = dist::reduce_from_group(target, g);
+    auto per_row = sum_exp.log() - target;
+    if (!m_.outer) return {per_row.sum(), t.numel()};
+    const std::int64_t n = targets.numel();
+    at::Tensor all = per_row.sum();
+    // all - all.detach() is exactly zero: the value stays this rank's.
+    at::Tensor own = per_row.detach().narrow(0, m_.outer->rank() * n, n).sum();
+    return {own + (all - all.detach()), n};
   }
 
  private:
-  dist::Group& g_;
+  ModuleGroups m_;
   std::int64_t begin_ = 0, end_ = 0;
 };
 
+/// A layer of the module being built, or of module kind `outside` when none is.
 template <typename T>
-LayerFactory factory(bool sp) {
-  return [sp](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<T>(s, ctx, sp); };
+LayerFactory module_factory(const Options& o, const char* outside) {
+  return [o, outside](const LayerSpec& s, BuildContext& ctx) {
+    return std::make_shared<T>(s, ctx, groups_for(ctx, o, t_module ? t_module : outside));
+  };
 }
 template <typename T>
 LayerFactory factory() {
@@ -261,22 +348,36 @@ class TensorParallelMoe : public MoeLayer {
 };
 
 void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o) {
-  r.replace("linear.column", owner, factory<ColumnLinear>(o.sequence_parallel));
-  r.replace("linear.row", owner, factory<RowLinear>(o.sequence_parallel));
-  r.replace("embedding.vocab", owner, factory<VocabEmbedding>(o.sequence_parallel));
+  // A column outside attention and FFN is the LM head (its split logits
+  // feed the loss); a row outside them runs on the stream's tp.
+  r.replace("linear.column", owner, module_factory<ColumnLinear>(o, "lm_head"));
+  r.replace("linear.row", owner, module_factory<RowLinear>(o, "stream"));
+  r.replace("embedding.vocab", owner, module_factory<VocabEmbedding>(o, "embedding"));
+  if (!o.modules.empty()) {
+    // Attention and FFN are built as without degrees (from the column and
+    // row kinds), inside a scope that tells those layers their module.
+    auto dense = std::make_shared<const LayerRegistry>(LayerRegistry::dense());
+    for (const auto& [kind, module] : {std::pair<const char*, const char*>{"attention.heads", "attention"},
+                                       std::pair<const char*, const char*>{"mlp", "ffn"}}) {
+      r.replace(kind, owner, [dense, module = module](const LayerSpec& s, BuildContext& ctx) {
+        ModuleScope scope(module);
+        return dense->make(s, ctx);
+      });
+    }
+  }
   if (o.sequence_parallel) {
     r.replace("layer_norm", owner, factory<SequenceLayerNorm>());
     r.replace("embedding.position", owner, factory<SequencePositions>());
     r.replace("dropout", owner, factory<SequenceDropout>());
   }
   r.offer("moe", owner, [](const LayerSpec& s, BuildContext& ctx) { return std::make_shared<TensorParallelMoe>(s, ctx); });
-  r.replace_loss("loss.cross_entropy", owner, [](const LayerSpec& s, BuildContext& ctx) {
+  r.replace_loss("loss.cross_entropy", owner, [o](const LayerSpec& s, BuildContext& ctx) {
     if (s.out <= 0) {
       throw std::invalid_argument("model error: loss.cross_entropy '" + s.name +
                                   "' under tensor parallel needs the vocabulary size as LayerSpec::out (the logits "
                                   "are split over it)");
     }
-    return std::make_shared<VocabParallelCrossEntropy>(s.out, ctx);
+    return std::make_shared<VocabParallelCrossEntropy>(s.out, ctx, groups_for(ctx, o, "lm_head"));
   });
 }
 

@@ -21,12 +21,36 @@
 //                     mask is a function of the global position, no generator)
 // Every element-wise op between regions (residual, dropout) then runs on 1/T
 // of the tokens.
+//
+// Per-module degrees (parallel folding, "DP attention"): the residual stream
+// runs at tp = `size` (T); a module kind (attention, ffn, embedding, lm_head)
+// may run at a degree D = T x M over its own view of the ranks: the T stream
+// ranks (inner) times M data-parallel neighbours (outer), whose tokens it
+// gathers. Its column layers enter by an all-gather of the batch over the
+// outer group (and what tp does today over the inner one); its row layers
+// leave by a reduce-scatter of the batch over the outer group (then today's
+// all-reduce or reduce-scatter over the inner one). Backward mirrors each.
+// The weights are split D ways; their gradients are summed over the view's
+// data-parallel remainder.
+#include <map>
+#include <string>
+
 #include "framework/model/layers.h"
 
 namespace hp::tensor_parallel {
 
+/// The mesh dimensions of one module kind's view (names registered by the plugin).
+struct ModuleDims {
+  std::string inner;  ///< the stream's tp ranks (T)
+  std::string outer;  ///< the data-parallel neighbours whose tokens the module gathers (M)
+  std::string flat;   ///< inner x outer: the module's tp group (D)
+};
+
 struct Options {
   bool sequence_parallel = false;
+  /// Module kinds ("attention", "ffn", "embedding", "lm_head") at a degree
+  /// above the stream's; a kind not listed runs on the stream's tp.
+  std::map<std::string, ModuleDims> modules;
 };
 
 /// Registers the kinds above into `registry`.

@@ -15,11 +15,48 @@ namespace {
 const char* kSize = "features.tensor_parallel.size";
 const char* kSequence = "features.tensor_parallel.sequence_parallel";
 
+/// The module kinds with a degree of their own: option, short name (the
+/// prefix of its mesh dimensions), what it is.
+struct ModuleKind {
+  const char* option;
+  const char* kind;
+  const char* prefix;
+  const char* what;
+};
+const ModuleKind kModules[] = {
+    {"attention_size", "attention", "attn", "attention (qkv and output projections, by whole heads)"},
+    {"ffn_size", "ffn", "ffn", "the dense FFN (and a MoE layer's shared experts)"},
+    {"embedding_size", "embedding", "embed", "the token embedding (vocabulary split, uneven allowed)"},
+    {"lm_head_size", "lm_head", "head", "the LM head and its vocabulary-parallel loss"},
+};
+std::string key_of(const ModuleKind& m) { return std::string("features.tensor_parallel.") + m.option; }
+
+/// A module kind's degree: its option, or `size` when 0.
+std::int64_t degree(const Config& c, const ModuleKind& m) {
+  const auto d = c.get_int(key_of(m));
+  return d == 0 ? c.get_int(kSize) : d;
+}
+/// The mesh dimensions of a module kind's view: the stream's tp (inner) x
+/// the data-parallel neighbours it gathers (outer) x the rest of dp.
+ModuleDims dims_of(const ModuleKind& m) {
+  const std::string p = m.prefix;
+  return {p + "_tp_inner", p + "_tp_outer", p + "_tp"};
+}
+std::string remainder_of(const ModuleKind& m) { return std::string(m.prefix) + "_dp"; }
+
 class TensorParallelFeature : public Feature {
  public:
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "size", 2).range(1, 1024)
-        .describe("Ranks each layer's weights are split over (the tp mesh dimension).");
+        .describe("Ranks each layer's weights are split over (the tp mesh dimension): the residual stream's "
+                  "degree, and every module kind's whose own size is 0.");
+    for (const auto& m : kModules) {
+      s.add_int(prefix + m.option, 0)
+          .range(0, 1024)
+          .describe(std::string("Tensor-parallel degree of ") + m.what +
+                    "; 0: size. A multiple of size: the module gathers the samples of degree / size "
+                    "neighbouring data-parallel ranks and splits its weights degree ways.");
+    }
     s.add_bool(prefix + "sequence_parallel", false)
         .describe("Split the activations between the parallel regions (LayerNorm, dropout, residual) "
                   "along the sequence over tp: all-gather before and reduce-scatter after each region "
@@ -34,9 +71,14 @@ class TensorParallelFeature : public Feature {
       e.add(kSize, std::to_string(T), "must divide the world size " + std::to_string(c.world_size()),
             "a divisor of " + std::to_string(c.world_size()));
     }
-    // The sizes the model says a split must divide; the vocabulary may be
-    // split unevenly.
-    for (const char* role : {"heads", "hidden", "ffn"}) ctx.model.check_divides(role, T, kSize, e);
+    for (const auto& m : kModules)
+      if (!c.ok({key_of(m).c_str()})) return;
+    // The sizes the model says a split must divide (heads by attention's
+    // degree, the FFN width by the FFN's); the vocabulary may be split unevenly.
+    ctx.model.check_divides("hidden", T, kSize, e);
+    ctx.model.check_divides("heads", degree(c, kModules[0]), option_key(c, kModules[0]), e);
+    ctx.model.check_divides("ffn", degree(c, kModules[1]), option_key(c, kModules[1]), e);
+    validate_modules(ctx, T, e);
     if (c.ok({kSequence}) && c.get_bool(kSequence)) {
       if (!ctx.model.size("sequence")) {
         e.add(kSequence, "true",
@@ -58,13 +100,97 @@ class TensorParallelFeature : public Feature {
     }
   }
 
+  /// The key a module kind's degree comes from: its own option, or size.
+  static std::string option_key(const Config& c, const ModuleKind& m) {
+    return c.get_int(key_of(m)) == 0 ? std::string(kSize) : key_of(m);
+  }
+
+  /// Per-module degrees: each a multiple of the stream's, gathering from
+  /// neighbours that exist, on a model and mesh the re-layout handles.
+  static void validate_modules(const FeatureContext& ctx, std::int64_t T, ConfigErrors& e) {
+    const Config& c = ctx.config;
+    std::vector<const ModuleKind*> above;
+    for (const auto& m : kModules) {
+      const auto D = degree(c, m);
+      if (D == T) continue;
+      const std::string v = std::to_string(D);
+      if (D % T != 0) {
+        e.add(key_of(m), v,
+              "must be a multiple of features.tensor_parallel.size = " + std::to_string(T) +
+                  " (the residual stream's degree: a module gathers the samples of degree / size data-parallel "
+                  "neighbours)",
+              "0 (= size) or a multiple of " + std::to_string(T));
+        continue;
+      }
+      if (ctx.mesh.replicas > 0 && ctx.mesh.replicas % (D / T) != 0) {
+        e.add(key_of(m), v,
+              "gathers the samples of degree / size = " + std::to_string(D / T) +
+                  " data-parallel ranks, which must divide the data-parallel size " +
+                  std::to_string(ctx.mesh.replicas) + " (tp x dp = " + std::to_string(T * ctx.mesh.replicas) +
+                  " ranks per pipeline stage)",
+              "0 (= size) or size x a divisor of " + std::to_string(ctx.mesh.replicas));
+        continue;
+      }
+      above.push_back(&m);
+    }
+    if (above.empty()) return;
+    const ModuleKind& first = *above.front();
+    const std::string v = std::to_string(degree(c, first));
+    if (!ctx.model.uses("embedding.vocab") || !ctx.model.uses("mlp")) {
+      e.add(key_of(first), v,
+            "model '" + ctx.model.name + "' is not a language model built from embedding, attention or FFN and "
+            "LM head kinds, which per-module degrees re-lay out",
+            "0 (= size) for model " + ctx.model.name);
+    }
+    for (const auto& [dim, claim] : ctx.mesh.claims) {
+      if (claim.role == dist::MeshRole::kSequence) {
+        e.add(key_of(first), v,
+              "per-module degrees with " + claim.by + " (" + dim +
+                  ") are not supported yet: a module gathers whole samples of its neighbours",
+              "0 (= size), or disable " + claim.by);
+      }
+    }
+    const std::string& order = ctx.mesh.order;
+    const auto tp_at = order.find("tp"), dp_at = order.find(dist::ProcessMesh::data_dim());
+    if (!order.empty() && tp_at != std::string::npos && dp_at != std::string::npos && dp_at < tp_at) {
+      e.add("distributed.mesh_order", order,
+            "per-module tensor-parallel degrees need tp inside dp (a module's ranks are the stream's tp ranks "
+            "of neighbouring data-parallel replicas)",
+            "an order with tp before dp, e.g. tp-dp-pp, or \"\" (by role)");
+    }
+    if (!ctx.model.shared_parameter_key.empty() &&
+        degree(c, kModules[2]) != degree(c, kModules[3])) {
+      e.add(option_key(c, kModules[3]), std::to_string(degree(c, kModules[3])),
+            "the LM head shares the token embedding's weight (" + ctx.model.shared_parameter_key +
+                "), so its degree must equal the embedding's, " + std::to_string(degree(c, kModules[2])),
+            "the embedding's degree, or " + ctx.model.shared_parameter_key + ": false");
+    }
+  }
+
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
-    plan.claim("tp", static_cast<int>(c.get_int(kSize)), "tensor_parallel", dist::MeshRole::kSplit);
+    const int T = static_cast<int>(c.get_int(kSize));
+    plan.claim("tp", T, "tensor_parallel", dist::MeshRole::kSplit);
+    // A module above the stream's degree: a view of the tp x dp ranks as
+    // the stream's tp (inner) x the neighbours it gathers (outer) x the rest.
+    for (const auto& m : kModules) {
+      const auto D = degree(c, m);
+      if (D == T || D % T != 0) continue;  // the stream's own, or refused by validate
+      const ModuleDims d = dims_of(m);
+      plan.view(dist::MeshView{std::string("tensor_parallel.") + m.kind,
+                               {"tp", dist::ProcessMesh::data_dim()},
+                               {{d.inner, T, dist::MeshRole::kSplit, "tensor_parallel"},
+                                {d.outer, static_cast<int>(D / T), dist::MeshRole::kSplit, "tensor_parallel"},
+                                {remainder_of(m), 0, dist::MeshRole::kReplicate, "tensor_parallel"}},
+                               "tensor_parallel"});
+      plan.flatten(d.flat, {d.inner, d.outer}, "tensor_parallel");
+    }
   }
 
   void install(FeatureRuntime& rt) override {
     Options o;
     o.sequence_parallel = rt.config().get_bool(kSequence);
+    for (const auto& m : kModules)
+      if (degree(rt.config(), m) != rt.config().get_int(kSize)) o.modules[m.kind] = dims_of(m);
     replace_kinds(rt.model().layers(), "tensor_parallel", o);
   }
 };
