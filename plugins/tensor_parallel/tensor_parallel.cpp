@@ -122,6 +122,12 @@ class TensorParallelFeature : public Feature {
               "0 (= size) or a multiple of " + std::to_string(T));
         continue;
       }
+      if (c.world_size() % D != 0) {
+        e.add(key_of(m), v, "must divide the world size " + std::to_string(c.world_size()),
+              "0 (= size) or a divisor of " + std::to_string(c.world_size()) + " that is a multiple of " +
+                  std::to_string(T));
+        continue;
+      }
       if (ctx.mesh.replicas > 0 && ctx.mesh.replicas % (D / T) != 0) {
         e.add(key_of(m), v,
               "gathers the samples of degree / size = " + std::to_string(D / T) +
@@ -174,7 +180,8 @@ class TensorParallelFeature : public Feature {
     // the stream's tp (inner) x the neighbours it gathers (outer) x the rest.
     for (const auto& m : kModules) {
       const auto D = degree(c, m);
-      if (D == T || D % T != 0) continue;  // the stream's own, or refused by validate
+      // The stream's own, or refused by validate.
+      if (D == T || D % T != 0 || c.world_size() % D != 0) continue;
       const ModuleDims d = dims_of(m);
       plan.view(dist::MeshView{std::string("tensor_parallel.") + m.kind,
                                {"tp", dist::ProcessMesh::data_dim()},

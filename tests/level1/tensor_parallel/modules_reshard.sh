@@ -66,6 +66,6 @@ for r in range(4):
     v = w["embed.tok.weight"][0][0] // 2  # embedding 2 ways: piece r % 2
     assert mine["embed.tok.weight"] == rows(w["embed.tok.weight"], (r % 2) * v, (r % 2 + 1) * v), r
     assert mine["blocks.0.attn.qkv.weight"] == w["blocks.0.attn.qkv.weight"][1], r  # attention whole
-print("per-rank weights: FFN piece r of 4, embedding piece r %% 2 of 2, attention whole, on each of 4 ranks")
+print("per-rank weights: FFN piece r of 4, embedding piece r % 2 of 2, attention whole, on each of 4 ranks")
 PY
 echo PASS
