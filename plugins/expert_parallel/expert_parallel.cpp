@@ -27,25 +27,74 @@ namespace hp::expert_parallel {
 namespace {
 
 const char* kSize = "features.expert_parallel.size";
+const char* kTensorSize = "features.expert_parallel.tensor_size";
 // The two dimensions this plugin registers (plan_mesh), named once: experts
 // are split over kExperts and their gradients summed over kExpertReplicas.
 const char* kExperts = "ep";
 const char* kExpertReplicas = "edp";
 
+/// The mesh's one base split dimension (the residual stream's tensor
+/// parallel), which expert tensor parallel splits each expert's FFN over.
+std::string stream_split_dim(const dist::ProcessMesh& mesh) {
+  std::string found;
+  for (const auto& d : mesh.dims()) {
+    if (d.role != dist::MeshRole::kSplit) continue;
+    if (!found.empty()) {
+      throw std::invalid_argument("features.expert_parallel.tensor_size: the mesh has two split dimensions (" + found +
+                                  ", " + d.name + "); expert tensor parallel needs exactly one");
+    }
+    found = d.name;
+  }
+  return found;
+}
+
 class ExpertParallelMoe : public MoeLayer {
  public:
-  ExpertParallelMoe(const LayerSpec& s, BuildContext& ctx)
+  /// `split_ffn`: expert tensor parallel (etp = the stream's tp size): each
+  /// expert's FFN split over the stream's split dimension, fc1 by output
+  /// features and fc2 by input features, one all-reduce of the received
+  /// rows' outputs; etp = 1 keeps whole experts.
+  ExpertParallelMoe(const LayerSpec& s, BuildContext& ctx, bool split_ffn)
       : MoeLayer(s, ctx), g_(*ctx.group(kExperts)) {
     const std::int64_t E = options().num_experts, P = g_.size();
     per_rank_ = E / P;
     first_ = g_.rank() * per_rank_;
-    experts_ = make_experts(ctx, {{kExperts, dist::Placement::shard(0)}});
+    const std::string tp = split_ffn ? stream_split_dim(ctx.dist().mesh()) : "";
+    if (tp.empty()) {
+      experts_ = make_experts(ctx, {{kExperts, dist::Placement::shard(0)}});
+      return;
+    }
+    tp_ = ctx.group(tp);
+    const std::int64_t H = hidden_, F = ffn_;
+    auto split = [&](int d) {
+      return dist::Placements{{kExperts, dist::Placement::shard(0)}, {tp, dist::Placement::shard(d)}};
+    };
+    const std::string base = name_ + ".experts.";
+    experts_.w1 = ctx.param(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), split(1));
+    experts_.b1 = ctx.param(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), split(1));
+    experts_.w2 = ctx.param(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), split(2));
+    b2_ = ctx.param(*this, base + "fc2.bias", "experts_fc2_bias", {E, H}, Init::zeros(),
+                    {{kExperts, dist::Placement::shard(0)}});
+    // The partial outputs carry no bias: b2 is added once, after the sum over tp.
+    experts_.b2 = at::zeros({per_rank_, H}, b2_.options());
   }
 
  protected:
+  /// The experts of this rank on rows grouped by local expert (`counts`).
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<std::int64_t>& counts) const {
+    if (!tp_) return experts_.forward_grouped(rows, counts, options().padded);
+    // Every tp rank holds the same rows: the input's gradient is partial
+    // over the FFN slices (summed over tp in backward), the output summed.
+    at::Tensor y = dist::reduce_from_group(
+        experts_.forward_grouped(dist::copy_to_group(rows, *tp_), counts, options().padded), *tp_);
+    at::Tensor expert_of =
+        at::repeat_interleave(at::arange(per_rank_, at::kLong), at::tensor(counts, at::kLong));
+    return y + b2_.index_select(0, expert_of);
+  }
+
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
     const std::int64_t P = g_.size(), E = options().num_experts, k = r.experts.size(1);
-    if (P == 1) return dispatch_locally(experts_, 0, tokens, r, options().padded);
+    if (P == 1 && !tp_) return dispatch_locally(experts_, 0, tokens, r, options().padded);
     // This rank's kept assignments, by expert, then token (one stable sort).
     ExpertGroups groups = group_by_expert(r, 0, E);
     const auto& per_expert = groups.counts;
@@ -76,8 +125,7 @@ class ExpertParallelMoe : public MoeLayer {
     at::Tensor mine = got.sum(0).contiguous();
     std::vector<std::int64_t> mine_counts(mine.data_ptr<std::int64_t>(),
                                           mine.data_ptr<std::int64_t>() + per_rank_);
-    at::Tensor y =
-        experts_.forward_grouped(rows.index_select(0, by_expert), mine_counts, options().padded);
+    at::Tensor y = run_experts(rows.index_select(0, by_expert), mine_counts);
     if (rows.size(0) > 0) y = at::zeros_like(y).index_copy(0, by_expert, y);
     at::Tensor back = dist::all_to_all(y, g_, recv, send);
     at::Tensor w =
@@ -87,8 +135,10 @@ class ExpertParallelMoe : public MoeLayer {
 
  private:
   dist::Group& g_;
+  dist::Group* tp_ = nullptr;  ///< expert tensor parallel: the stream's split group
   std::int64_t per_rank_ = 0, first_ = 0;
   ExpertWeights experts_;
+  at::Tensor b2_;  ///< with tp_: the whole fc2 bias of the local experts
 };
 
 class ExpertParallelFeature : public Feature {
@@ -100,6 +150,12 @@ class ExpertParallelFeature : public Feature {
             "Ranks the experts of every moe layer are split over (the ep mesh dimension, carved "
             "out of the data-parallel ranks, and the context-parallel ones when context parallel is on: "
             "it must divide their product and the expert count).");
+    s.add_int(prefix + "tensor_size", 1)
+        .range(1, 1024)
+        .describe(
+            "Expert tensor parallel (etp): 1 keeps every expert's FFN whole; the size of the mesh's split "
+            "dimension (tensor_parallel.size) splits each expert's FFN over it as well, so an expert group is "
+            "etp x ep ranks.");
   }
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
@@ -120,12 +176,35 @@ class ExpertParallelFeature : public Feature {
     }
     // That ep divides dp is the mesh's own rule (resolve_mesh).
     ctx.model.check_divides("experts", P, kSize, e);
+    if (!c.ok({kTensorSize})) return;
+    const auto etp = c.get_int(kTensorSize);
+    if (etp == 1) return;
+    // The one base split dimension of the mesh (the stream's tensor parallel).
+    int split = 1, splits = 0;
+    std::string by = "tensor_parallel";
+    for (const auto& [dim, claim] : ctx.mesh.claims) {
+      if (claim.role != dist::MeshRole::kSplit) continue;
+      split = claim.size;
+      by = claim.by;
+      ++splits;
+    }
+    if (splits != 1 || etp != split) {
+      const bool one = splits == 1;
+      e.add(kTensorSize, std::to_string(etp),
+            "expert tensor parallel splits each expert's FFN over the mesh's split dimension, " +
+                (one ? "of size " + std::to_string(split) + " (" + by + ")" : std::string("and none is claimed")),
+            one && split > 1 ? "1 or " + std::to_string(split)
+                             : std::string("1 (enable tensor_parallel with size > 1 to split experts)"));
+      return;
+    }
+    ctx.model.check_divides("expert_ffn", etp, kTensorSize, e);
   }
 
   void install(FeatureRuntime& rt) override {
+    const bool split_ffn = rt.config().get_int(kTensorSize) > 1;
     rt.model().layers().replace("moe", "expert_parallel",
-                                [](const LayerSpec& s, BuildContext& ctx) {
-                                  return std::make_shared<ExpertParallelMoe>(s, ctx);
+                                [split_ffn](const LayerSpec& s, BuildContext& ctx) {
+                                  return std::make_shared<ExpertParallelMoe>(s, ctx, split_ffn);
                                 });
   }
 };

@@ -7,7 +7,8 @@
 #            sequence parallel, zero and recompute); pp = 2 outside
 #            (attention 1, FFN 2, LM head 2)
 #   MoE (shared expert in the FFN kind): attention 1 + experts ep 4;
-#            attention 2 + experts ep 2 + LM head 4
+#            attention 2 + experts ep 2 + LM head 4; attention 2 + experts
+#            etp 2 x ep 2 (slices and padded expert compute)
 # and the bytes each module's outer group moves per step equal the RFC's
 # table (docs/rfc/0013), read from the comm figures.
 source "$(dirname "$0")/../../lib/common.sh"
@@ -71,4 +72,9 @@ REF=moe_ref
 E=(--set features.expert_parallel.enabled=true --set features.expert_parallel.size)
 case_ moe_a1ep4 4 "dp=4 tp=1 ffn_tp_inner=1 ffn_tp_outer=4 ffn_dp=1 ep=4 edp=1" --set $P.size=1 --set $P.ffn_size=4 "${E[@]}=4"
 case_ moe_a2ep2 4 "dp=2 tp=2 head_tp_inner=2 head_tp_outer=2 head_dp=1 ep=2 edp=1" --set $P.size=2 --set $P.lm_head_size=4 "${E[@]}=2"
+# Expert tensor parallel: each expert's FFN split over the stream's tp too
+# (etp 2 x ep 2), with the slice loop and with the padded batched matmul.
+case_ moe_a2etp2ep2 4 "dp=2 tp=2 ep=2 edp=1" --set $P.size=2 "${E[@]}=2" --set features.expert_parallel.tensor_size=2
+case_ moe_a2etp2ep2pad 4 "dp=2 tp=2 head_tp_inner=2 head_tp_outer=2 head_dp=1 ep=2 edp=1" --set $P.size=2 \
+  --set $P.lm_head_size=4 "${E[@]}=2" --set features.expert_parallel.tensor_size=2 --set model.moe.expert_compute=padded
 echo PASS

@@ -44,4 +44,13 @@ refused "distributed.mesh_order = dp-tp: per-module tensor-parallel degrees need
   4 --set $P.lm_head_size=2 --set distributed.mesh_order=dp-tp
 refused "features.tensor_parallel.lm_head_size = 2: model 'unet' is not a language model built from embedding, attention or FFN and LM head kinds, which per-module degrees re-lay out (legal: 0 (= size) for model unet)" \
   2 --set $P.lm_head_size=2 --set model.type=unet --set data.type=field
+# Expert tensor parallel: over the stream's split dimension, or not at all.
+X=(--set model.moe.num_experts=4 --set features.expert_parallel.enabled=true)
+refused "features.expert_parallel.tensor_size = 4: expert tensor parallel splits each expert's FFN over the mesh's split dimension, of size 2 (tensor_parallel) (legal: 1 or 2)" \
+  4 "${X[@]}" --set features.expert_parallel.tensor_size=4 --set $P.size=2
+refused "features.expert_parallel.tensor_size = 2: expert tensor parallel splits each expert's FFN over the mesh's split dimension, and none is claimed (legal: 1 (enable tensor_parallel with size > 1 to split experts))" \
+  4 "${X[@]}" --set features.expert_parallel.tensor_size=2 --set $P.enabled=false
+refused "features.expert_parallel.tensor_size = 2: the expert FFN width = 5 (model.moe.ffn_hidden) is not divisible by it (legal: a divisor of 5)" \
+  4 "${X[@]}" --set features.expert_parallel.tensor_size=2 --set $P.size=2 --set model.moe.ffn_hidden=5 \
+  --set features.expert_parallel.size=2
 echo PASS
