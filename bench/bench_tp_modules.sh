@@ -41,10 +41,10 @@ tps = statistics.median(r["tokens_per_second"] for r in steady)
 peak = max(r["peak_resident_memory_bytes"] for r in rows) / 2**20
 params = rows[-1]["optimizer_state_bytes"] / 2 / 2**20
 # docs/rfc/0013 section 6.4: per micro-batch of t own tokens, a module at
-# degree T x M moves through its outer group 4ht gathered and 4ht
-# reduce-scattered each way per use (attention and FFN: one use per layer);
-# the embedding adds its 8t token ids to the gather and has no input
-# gradient; the LM head adds its 8t targets.
+# degree T x M sends through its outer group (M - 1) x 4ht in gathers and
+# as much in reduce-scatters each way per use (attention and FFN: one use
+# per layer); the embedding adds its 8t token ids to the gather and has no
+# input gradient; the LM head adds its 8t targets.
 t = mb * seq
 m = re.search(r"mesh (.*?) over", open(d + ".log").read())
 mesh = dict(kv.split("=") for kv in m.group(1).split())
@@ -57,7 +57,9 @@ for k, f in table.items():
     if ag is None: continue
     want = f()
     want = want if isinstance(want, tuple) else (want, want)
-    out.append("%s %.2f/%.2f MB (%.2f/%.2f)" % (k, ag / 1e6, rs / 1e6, micro * want[0] / 1e6, micro * want[1] / 1e6))
+    M = int(mesh["%s_tp_outer" % k])
+    out.append("%s %.2f/%.2f MB (%.2f/%.2f)" % (k, ag / 1e6, rs / 1e6, (M - 1) * micro * want[0] / 1e6,
+                                               (M - 1) * micro * want[1] / 1e6))
 print("%-5d %-44s %10.1f %9.0f %10.0f  %s" % (n, name, params, peak, tps, "; ".join(out) or "-"))
 PY
 }

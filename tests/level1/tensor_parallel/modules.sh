@@ -36,25 +36,25 @@ case_ a2f4e4h4sp 4 "$m4" "${all4[@]}" --set $P.sequence_parallel=true --set feat
 case_ pp2 4 "pp=2 dp=2 tp=1 ffn_tp_inner=1 ffn_tp_outer=2 ffn_dp=1 head_tp_inner=1 head_tp_outer=2 head_dp=1" \
   --set $P.size=1 --set $P.ffn_size=2 --set $P.lm_head_size=2 --set features.pipeline_parallel.enabled=true
 
-# Bytes per step of each module's outer group (comm figures count an
-# all-gather's input and a reduce-scatter's output: one rank's own rows).
-# Per micro-batch of t tokens, h features: attention and FFN 2 x 4ht per
-# layer each way (the entry's gather and the exit's gradient gather; the
-# exit's reduce-scatter and the entry's gradient reduce-scatter); the
-# embedding gathers its token ids (8t) and 4ht of gradient, reduce-scatters
-# 4ht; the LM head gathers 4ht and its targets (8t), reduce-scatters 4ht of
-# gradient. Step 1: 2 micro-batches of 2 x 32 tokens, h = 64, 2 layers.
+# Bytes per step each module's outer group of M ranks sent (comm figures:
+# M - 1 times a rank's own rows per all-gather or reduce-scatter). Per
+# micro-batch of t tokens, h features: attention and FFN 2 x 4ht per layer
+# each way (the entry's gather and the exit's gradient gather; the exit's
+# reduce-scatter and the entry's gradient reduce-scatter); the embedding
+# gathers its token ids (8t) and 4ht of gradient, reduce-scatters 4ht; the
+# LM head gathers 4ht and its targets (8t), reduce-scatters 4ht of
+# gradient. Step 1: 2 micro-batches of 2 x 32 tokens, h = 64, 2 layers, M = 2.
 python3 - "$WORK/a2f4e4h4/metrics.jsonl" <<'PY' || fail "per-module bytes differ from the RFC's table"
 import json, sys
 row = json.loads(open(sys.argv[1]).readline())
-t, h, layers, micro = 2 * 32, 64, 2, 2
+t, h, layers, micro, M = 2 * 32, 64, 2, 2, 2
 want = {
-    "ffn_tp_outer_all_gather": micro * layers * 2 * 4 * h * t,
-    "ffn_tp_outer_reduce_scatter": micro * layers * 2 * 4 * h * t,
-    "embed_tp_outer_all_gather": micro * (8 * t + 4 * h * t),
-    "embed_tp_outer_reduce_scatter": micro * 4 * h * t,
-    "head_tp_outer_all_gather": micro * (4 * h * t + 8 * t),
-    "head_tp_outer_reduce_scatter": micro * 4 * h * t,
+    "ffn_tp_outer_all_gather": (M - 1) * micro * layers * 2 * 4 * h * t,
+    "ffn_tp_outer_reduce_scatter": (M - 1) * micro * layers * 2 * 4 * h * t,
+    "embed_tp_outer_all_gather": (M - 1) * micro * (8 * t + 4 * h * t),
+    "embed_tp_outer_reduce_scatter": (M - 1) * micro * 4 * h * t,
+    "head_tp_outer_all_gather": (M - 1) * micro * (4 * h * t + 8 * t),
+    "head_tp_outer_reduce_scatter": (M - 1) * micro * 4 * h * t,
 }
 for k, v in want.items():
     got = row.get("comm_bytes_" + k)

@@ -37,4 +37,6 @@ check 0009-sharded-checkpoint.md "$sc"
 printf 'data: {type: synthetic}\nfeatures: {context_parallel: {enabled: true}}\n' > "$dir/c.yaml"
 cpr=$("$HP_TRAIN" "$dir/c.yaml" --nproc 2 --options-markdown | grep '^| `features.context_parallel') || fail "cp options"
 check 0012-context-parallel.md "$cpr"
+check 0013-per-module-degrees.md "$tp"
+check 0013-per-module-degrees.md "$(grep -F 'features.expert_parallel.tensor_size' <<<"$er")"
 echo PASS
