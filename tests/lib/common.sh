@@ -74,3 +74,22 @@ compare_b4() {
   "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 \
     --grad-rtol 1e-5 --phase "$3" || fail "$2 vs $1"
 }
+
+# resumed_bitwise REF RUN FROM_STEP: RUN, resumed from REF's checkpoint at
+# REF's layout, equals REF bitwise from FROM_STEP on (docs/PARITY.md B2).
+resumed_bitwise() {
+  echo "== $2 resumed from $1's checkpoint (same layout)"
+  "$BIN/hp-compare" "$WORK/$1" "$WORK/$2" --from-step "$3" --exact --phase resume || fail "$2: same-layout resume not bitwise"
+}
+
+# resumed_within REF FROM_STEP RUN...: each RUN, resumed from REF's
+# checkpoint at another layout, follows REF within 1e-4 from FROM_STEP on (B9).
+resumed_within() {
+  local ref=$1 from=$2 r
+  shift 2
+  for r in "$@"; do
+    echo "== $r resumed from $ref's checkpoint"
+    "$BIN/hp-compare" "$WORK/$ref" "$WORK/$r" --from-step "$from" --first-loss-rtol 1e-4 --loss-rtol 1e-4 \
+      --phase resume || fail "$r resumed from $ref"
+  done
+}

@@ -33,10 +33,6 @@ resume cp4 4 $(cp 4) --set features.sharded_checkpoint.enabled=true
 ck="$WORK/cp2/checkpoints/step_00000020"
 # shellcheck disable=SC2046
 resume cp2again 2 $(cp 2)
-echo "== cp2 resumed from its own checkpoint (same layout)"
-"$BIN/hp-compare" "$WORK/cp2" "$WORK/cp2again" --from-step 21 --exact --phase resume || fail "cp2 resume not bitwise"
-for r in cp1 cp4; do
-  echo "== $r resumed from the cp=2 checkpoint"
-  "$BIN/hp-compare" "$WORK/cp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
-done
+resumed_bitwise cp2 cp2again 21
+resumed_within cp2 21 cp1 cp4
 echo PASS

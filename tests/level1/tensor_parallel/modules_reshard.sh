@@ -19,18 +19,12 @@ run mods_again 4 "${mods[@]}" --set checkpoint.resume="$ck"
 run one 1 --set checkpoint.resume="$ck"
 run tp2 2 "${uniform[@]}" --set checkpoint.resume="$ck"
 grep -q "resumed from .* at step 20" "$WORK/one.log" || fail "one process did not resume"
-echo "== per-module resumed from its own checkpoint (same layout)"
-"$BIN/hp-compare" "$WORK/mods" "$WORK/mods_again" --from-step 21 --exact --phase resume || fail "same layout not bitwise"
-for r in one tp2; do
-  echo "== $r resumed from the per-module checkpoint"
-  "$BIN/hp-compare" "$WORK/mods" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
-done
+resumed_bitwise mods mods_again 21
+resumed_within mods 21 one tp2
 # The other way round: a uniform tp = 2 checkpoint resumed per module.
 run utp2 2 "${uniform[@]}" --set checkpoint.interval=20
 run utp2_mods 4 "${mods[@]}" --set checkpoint.resume="$WORK/utp2/checkpoints/step_00000020"
-echo "== per-module resumed from the uniform tp=2 checkpoint"
-"$BIN/hp-compare" "$WORK/utp2" "$WORK/utp2_mods" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume \
-  || fail "uniform -> per-module"
+resumed_within utp2 21 utp2_mods
 # Offline: the per-module checkpoint's weights per rank at FFN 2 x 2 over 4
 # ranks of tp 1 (attention data-parallel), each slice as the layout cuts it.
 "$BIN/hp-ckpt" convert "$ck" --to "$WORK/per_rank" --per-rank --tp 1 --dp 4 --size ffn_tp_inner=1 \

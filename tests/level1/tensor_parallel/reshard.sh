@@ -20,10 +20,6 @@ grep -q "resumed from .* at step 20" "$WORK/log" || fail "tp=1 did not resume"
 # shellcheck disable=SC2046
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(tp 2) --set training.max_steps=40 --set checkpoint.resume="$ck" \
   --set run.output_dir="$WORK/tp2again" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "tp=2 resume"; }
-echo "== tp2 resumed from its own checkpoint (same layout)"
-"$BIN/hp-compare" "$WORK/tp2" "$WORK/tp2again" --from-step 21 --exact --phase resume || fail "tp2 resume not bitwise"
-for r in tp1 tp4; do
-  echo "== $r resumed from the tp=2 checkpoint"
-  "$BIN/hp-compare" "$WORK/tp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
-done
+resumed_bitwise tp2 tp2again 21
+resumed_within tp2 21 tp1 tp4
 echo PASS

@@ -21,12 +21,8 @@ run z2again 2 "${zero[@]}" --set checkpoint.resume="$ck"
 run d1 1 --set checkpoint.resume="$ck"
 grep -q "resumed from .* at step 10" "$WORK/d1.log" || fail "dp=1 did not resume"
 run z4 4 "${zero[@]}" --set checkpoint.resume="$ck"
-echo "== zero dp=2 resumed at zero dp=2 (same layout)"
-"$BIN/hp-compare" "$WORK/z2" "$WORK/z2again" --from-step 11 --exact --phase resume || fail "zero -> zero not bitwise"
-for r in d1 z4; do
-  echo "== $r resumed from the zero dp=2 checkpoint"
-  "$BIN/hp-compare" "$WORK/z2" "$WORK/$r" --from-step 11 --first-loss-rtol 1e-4 --loss-rtol 1e-4 --phase resume || fail "$r"
-done
+resumed_bitwise z2 z2again 11
+resumed_within z2 11 d1 z4
 echo "== zero dp=2 resumed from a plain dp=2 checkpoint (same layout, zero switched on)"
 run p2 2 --set checkpoint.interval=10
 run pz 2 "${zero[@]}" --set checkpoint.resume="$WORK/p2/checkpoints/step_00000010"

@@ -3,10 +3,8 @@
 # the mesh it claims is printed; a size that does not divide the world, a
 # sequence length not divisible by 2 x size, and a model without a sequence
 # are refused verbatim with exit 2.
-set -uo pipefail
 HP_TRAIN=$1
-fail() { echo "FAIL: $*"; exit 1; }
-dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/../../lib/dry_run.sh"
 cat > "$dir/c.yaml" <<'YAML'
 model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab_size: 64}
 data: {type: synthetic}
@@ -16,13 +14,6 @@ YAML
 out=$("$HP_TRAIN" "$dir/c.yaml" --nproc 4 --dry-run 2>&1); rc=$?
 [[ $rc -eq 0 ]] || fail "dry-run exit $rc: $out"
 grep -q "mesh dp=2 cp=2 (world 4)" <<<"$out" || fail "no dp=2 cp=2 mesh in: $out"
-refused() {  # expected-line nproc args...
-  local want=$1 n=$2
-  shift 2
-  out=$("$HP_TRAIN" "$dir/c.yaml" --nproc "$n" --dry-run "$@" 2>&1); rc=$?
-  [[ $rc -eq 2 ]] || fail "expected exit 2, got $rc: $out"
-  grep -qF -- "$want" <<<"$out" || fail "missing '$want' in: $out"
-}
 refused "features.context_parallel.size = 3: must divide the world size 2 (legal: a divisor of 2)" 2 \
   --set features.context_parallel.size=3
 refused "features.context_parallel.size = 2: needs the sequence length = 30 (model.seq_len) divisible by 2 x size = 4 (legal: a size whose double divides 30)" \

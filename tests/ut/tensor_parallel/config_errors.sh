@@ -2,10 +2,8 @@
 # Per-module tensor-parallel degrees before any process starts (hp-train
 # --dry-run): each module kind's view is printed with its groups; every rule
 # is refused verbatim with exit 2, one line each.
-set -uo pipefail
 HP_TRAIN=$1
-fail() { echo "FAIL: $*"; exit 1; }
-dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/../../lib/dry_run.sh"
 cat > "$dir/c.yaml" <<'YAML'
 model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab_size: 64}
 data: {type: synthetic}
@@ -21,13 +19,6 @@ for want in "mesh dp=4 tp=1 attn_tp_inner=1 attn_tp_outer=2 attn_dp=2 ffn_tp_inn
   "rank 2 -> dp 2, tp 0, attn_tp_inner 0, attn_tp_outer 0, attn_dp 1, ffn_tp_inner 0, ffn_tp_outer 2, ffn_dp 0 -> tp[2] dp[0,1,2,3] attn_tp_inner[2] attn_tp_outer[2,3] attn_dp[0,2] ffn_tp_inner[2] ffn_tp_outer[0,1,2,3] ffn_dp[2] attn_tp[2,3] ffn_tp[0,1,2,3]"; do
   grep -qF -- "$want" <<<"$out" || fail "missing '$want' in: $out"
 done
-refused() {  # expected-line nproc args...
-  local want=$1 n=$2
-  shift 2
-  out=$("$HP_TRAIN" "$dir/c.yaml" --nproc "$n" --dry-run "$@" 2>&1); rc=$?
-  [[ $rc -eq 2 ]] || fail "expected exit 2, got $rc: $out"
-  grep -qF -- "$want" <<<"$out" || fail "missing '$want' in: $out"
-}
 refused "features.tensor_parallel.ffn_size = 3: must be a multiple of features.tensor_parallel.size = 2 (the residual stream's degree: a module gathers the samples of degree / size data-parallel neighbours) (legal: 0 (= size) or a multiple of 2)" \
   4 --set $P.size=2 --set $P.ffn_size=3
 refused "features.tensor_parallel.ffn_size = 8: must divide the world size 4 (legal: 0 (= size) or a divisor of 4 that is a multiple of 2)" \
