@@ -2,8 +2,8 @@
 # A SIGSTOPped rank is named, with where it is, within stall_seconds + a few
 # seconds; with on_stall: warn a SIGCONT lets the run finish with the same
 # losses as an undisturbed run. dp=2 (its collectives), pp=2 (a stage
-# receive inside the schedule), tp=2 (its forward all-reduces) and cp=2
-# (the ring's messages).
+# receive inside the schedule), tp=2 (its forward all-reduces), cp=2
+# (the ring's messages) and per-module degrees (a module's view groups).
 source "$(dirname "$0")/lib.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -25,4 +25,9 @@ stall_case pp2 2 0 "stall on group 'pp': rank 0 (has not sent message #[0-9]+ to
 # (or, between attention layers, the collective it has not entered).
 stall_case cp2 2 1 "stall on group 'cp': rank 1 (has not sent message #[0-9]+ to rank 0|has not received message #[0-9]+ from rank 0|has not entered [a-z_]+ #[0-9]+|entered [a-z_]+ #[0-9]+|posted message #[0-9]+ to rank 0 but it never arrived) and its heartbeat stopped \(last seen in step [0-9]+, " \
   --set features.context_parallel.enabled=true
+# Per-module degrees (RFC 0013): attention data-parallel, the FFN at 2 over
+# its view; the waiting rank is inside a module's gather or reduce-scatter
+# or the gradient sync, and the report names that group.
+stall_case modules 2 1 "stall on group '(ffn_tp_outer|ffn_tp_inner|ffn_tp|dp|world)': rank 1 (has not entered|entered) [a-z_]+ #[0-9]+ (and|but) its heartbeat stopped \(last seen in step [0-9]+, " \
+  --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=1 --set features.tensor_parallel.ffn_size=2
 echo PASS
