@@ -128,15 +128,9 @@ class TensorParallelFeature : public Feature {
                   std::to_string(T));
         continue;
       }
-      if (ctx.mesh.replicas > 0 && ctx.mesh.replicas % (D / T) != 0) {
-        e.add(key_of(m), v,
-              "gathers the samples of degree / size = " + std::to_string(D / T) +
-                  " data-parallel ranks, which must divide the data-parallel size " +
-                  std::to_string(ctx.mesh.replicas) + " (tp x dp = " + std::to_string(T * ctx.mesh.replicas) +
-                  " ranks per pipeline stage)",
-              "0 (= size) or size x a divisor of " + std::to_string(ctx.mesh.replicas));
-        continue;
-      }
+      // That degree / size divides the data-parallel size of a stage is the
+      // mesh's own rule (the view is refused when resolved), so a stage
+      // with too few replicas is reported there, never here.
       above.push_back(&m);
     }
     if (above.empty()) return;
