@@ -6,33 +6,43 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <stdexcept>
 
 #include "backends/dist/context.h"
 #include "backends/dist/group.h"
+#include "framework/optim/buckets.h"
 #include "framework/optim/sum_squares.h"
 
 namespace hp {
 
+std::vector<std::vector<std::size_t>> cut_buckets(const std::vector<double>& bytes, double cap_bytes) {
+  std::vector<std::vector<std::size_t>> out;
+  std::vector<std::size_t> bucket;
+  double held = 0, limit = std::min(cap_bytes, kFirstBucketBytes);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    bucket.push_back(i);
+    held += bytes[i];
+    if (held >= limit) {
+      out.push_back(std::move(bucket));
+      bucket.clear();
+      held = 0;
+      limit = cap_bytes;
+    }
+  }
+  if (!bucket.empty()) out.push_back(std::move(bucket));
+  return out;
+}
+
 namespace {
 
-/// Consecutive runs of `tensors`, each at most `bucket_bytes` (a tensor
-/// larger than that is a bucket alone): the one bucketing rule.
-std::vector<std::vector<std::size_t>> cut_buckets(const std::vector<at::Tensor>& tensors, double bucket_bytes) {
-  std::vector<std::vector<std::size_t>> out;
-  std::size_t i = 0;
-  while (i < tensors.size()) {
-    std::vector<std::size_t> bucket;
-    double bytes = 0;
-    while (i < tensors.size() && (bucket.empty() || bytes + tensors[i].nbytes() <= bucket_bytes)) {
-      bytes += static_cast<double>(tensors[i].nbytes());
-      bucket.push_back(i++);
-    }
-    out.push_back(std::move(bucket));
-  }
-  return out;
+std::vector<std::vector<std::size_t>> buckets_of(const std::vector<at::Tensor>& tensors, double bucket_bytes) {
+  std::vector<double> bytes;
+  bytes.reserve(tensors.size());
+  for (const auto& t : tensors) bytes.push_back(static_cast<double>(t.nbytes()));
+  return cut_buckets(bytes, bucket_bytes);
 }
 
 at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
@@ -66,7 +76,7 @@ void all_reduce_bucketed(dist::DistributedContext& dist, const std::vector<std::
   const auto groups = groups_to_sum(dist, group_names);
   if (groups.empty()) return;
   c10::NoGradGuard no_grad;
-  for (const auto& idx : cut_buckets(tensors, bucket_bytes)) {
+  for (const auto& idx : buckets_of(tensors, bucket_bytes)) {
     std::vector<at::Tensor> bucket;
     for (auto i : idx) bucket.push_back(tensors[i]);
     at::Tensor flat = flatten(bucket);
@@ -145,7 +155,7 @@ class BucketedReducer : public GradReducer {
       }
       std::vector<at::Tensor> grads;
       for (auto i : idx) grads.push_back(params_[i].tensor.grad());
-      for (const auto& run : cut_buckets(grads, o.bucket_bytes)) {
+      for (const auto& run : buckets_of(grads, o.bucket_bytes)) {
         std::vector<std::size_t> members;
         for (auto k : run) members.push_back(idx[k]);
         set.buckets.push_back(buckets.size());

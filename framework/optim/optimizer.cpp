@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "framework/config/config.h"
+#include "framework/optim/adam_kernel.h"
 
 namespace hp {
 
@@ -60,18 +61,38 @@ void apply_update(const OptimizerOptions& o, std::int64_t steps, double lr, at::
     p.add_(g, -lr);
     return;
   }
+  at::Tensor& m = state[0];
+  at::Tensor& v = state[1];
+  const double t = static_cast<double>(steps);
+  const double bc1 = 1.0 - std::pow(o.beta1, t);
+  const double bc2 = 1.0 - std::pow(o.beta2, t);
+  const auto fusable = [&](const at::Tensor& x) {
+    return x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == p.numel() && x.device().is_cpu();
+  };
+  if (fusable(p) && fusable(g) && fusable(m) && fusable(v)) {
+    AdamScalars s;
+    if (o.kind == OptimizerKind::kAdamW) s.decay = static_cast<float>(1.0 - lr * o.weight_decay);
+    else s.l2 = static_cast<float>(o.weight_decay);
+    s.beta1 = static_cast<float>(o.beta1);
+    s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+    s.beta2 = static_cast<float>(o.beta2);
+    s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+    s.eps = static_cast<float>(o.eps);
+    s.step = static_cast<float>(-lr / bc1);
+    adam_fused(s, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>());
+    // Written through their data as in-place operations would: versions move.
+    for (const at::Tensor* x : {&p, &m, &v}) x->unsafeGetTensorImpl()->bump_version();
+    return;
+  }
+  // The same update as tensor operations (other dtypes, strided tensors).
   if (o.kind == OptimizerKind::kAdamW) {
     p.mul_(1.0 - lr * o.weight_decay);
   } else if (o.weight_decay != 0) {
     g = g.add(p, o.weight_decay);
   }
-  at::Tensor& m = state[0];
-  at::Tensor& v = state[1];
-  const double t = static_cast<double>(steps);
   m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
   v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-  const double bc1 = 1.0 - std::pow(o.beta1, t);
-  const double bc2 = 1.0 - std::pow(o.beta2, t);
   at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
   p.addcdiv_(m, denom, -lr / bc1);
 }

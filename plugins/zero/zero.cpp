@@ -37,6 +37,7 @@
 #include "framework/metrics/metrics.h"
 #include "framework/model/aux_loss.h"
 #include "framework/model/extensions.h"
+#include "framework/optim/buckets.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
 #include "framework/plugin/feature_runtime.h"
@@ -119,27 +120,22 @@ struct Shards {
     bool pre = false;
   };
 
-  /// Buckets of cut indices of at most bucket_bytes, in reverse model order
-  /// (last layers first), per shard group, cuts with a pre-sum (tp for
-  /// sequence-parallel replicated parameters) in buckets of their own.
+  /// Buckets of cut indices in reverse model order (last layers first),
+  /// per shard group, cuts with a pre-sum (tp for sequence-parallel
+  /// replicated parameters) in buckets of their own; cut by the reducer's
+  /// rule (cut_buckets) at bucket_bytes.
   std::vector<Bucket> buckets() const {
     std::map<std::pair<bool, std::string>, std::vector<std::size_t>> by_group;
     for (std::size_t i = cuts.size(); i-- > 0;) by_group[{!cuts[i].pre_groups.empty(), cuts[i].shard_group}].push_back(i);
     std::vector<Bucket> out;
     for (const auto& [key, idx] : by_group) {
-      Bucket b{{}, key.second, key.first};
-      double bytes = 0;
-      for (std::size_t i : idx) {
-        const double n = static_cast<double>(cuts[i].param.tensor.nbytes());
-        if (!b.cuts.empty() && bytes + n > bucket_bytes) {
-          out.push_back(b);
-          b.cuts.clear();
-          bytes = 0;
-        }
-        b.cuts.push_back(i);
-        bytes += n;
+      std::vector<double> bytes;
+      for (std::size_t i : idx) bytes.push_back(static_cast<double>(cuts[i].param.tensor.nbytes()));
+      for (const auto& run : cut_buckets(bytes, bucket_bytes)) {
+        Bucket b{{}, key.second, key.first};
+        for (std::size_t k : run) b.cuts.push_back(idx[k]);
+        out.push_back(std::move(b));
       }
-      if (!b.cuts.empty()) out.push_back(b);
     }
     return out;
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/optim/buckets.h"
 #include "framework/optim/grad_sync.h"
 
 namespace {
@@ -126,4 +127,31 @@ TEST(BucketLauncher, AGradientAfterItsBucketWasLaunchedIsRefusedNamingTheParamet
     EXPECT_NE(m.find("rank 3: gradient reduction overlap: w"), std::string::npos) << m;
     EXPECT_NE(m.find("set distributed.overlap: false"), std::string::npos) << m;
   }
+}
+
+// The bucketing rule (DDP's): a bucket closes once it holds at least its
+// limit; the first bucket's limit is min(1 MiB, cap), the rest the cap;
+// every index once, in order; a tensor above the cap closes its bucket.
+TEST(CutBuckets, ABucketClosesOnceItReachesItsLimitAndTheFirstAtOneMebibyte) {
+  const double mib = 1024.0 * 1024.0;
+  using Runs = std::vector<std::vector<std::size_t>>;
+  // cap 4 MiB: the first bucket closes at 1 MiB (0.6 + 0.6), the next ones
+  // at 4 MiB or more (3 + 2; 9 alone), the rest is the last.
+  EXPECT_EQ(hp::cut_buckets({0.6 * mib, 0.6 * mib, 3 * mib, 2 * mib, 9 * mib, 1 * mib, 0.5 * mib}, 4 * mib),
+            (Runs{{0, 1}, {2, 3}, {4}, {5, 6}}));
+  // A cap below 1 MiB is every bucket's limit, the first's too.
+  EXPECT_EQ(hp::cut_buckets({100, 100, 100, 100, 100}, 250), (Runs{{0, 1, 2}, {3, 4}}));
+  EXPECT_EQ(hp::cut_buckets({300, 10, 300}, 250), (Runs{{0}, {1, 2}}));
+  EXPECT_TRUE(hp::cut_buckets({}, 250).empty());
+  // The shipped 4 x 256 GPT's gradients (13 MB) at the default cap of 4 MiB
+  // make several buckets, the first of them small.
+  std::vector<double> gpt(100, 0.13 * mib);
+  const auto runs = hp::cut_buckets(gpt, 4 * mib);
+  ASSERT_GE(runs.size(), 4u);
+  EXPECT_EQ(runs[0].size(), 8u) << "8 x 0.13 MiB is the first >= 1 MiB";
+  std::size_t next = 0;
+  for (const auto& r : runs) {
+    for (auto i : r) EXPECT_EQ(i, next++);
+  }
+  EXPECT_EQ(next, gpt.size());
 }
