@@ -167,6 +167,8 @@ class BucketedReducer : public GradReducer {
     }
     members_ = buckets;
     works_.resize(buckets.size());
+    flats_.resize(buckets.size());
+    for (std::size_t b = 0; b < buckets.size(); ++b) bind_to_flat(b);
     launcher_ = std::make_unique<BucketLauncher>(params_, std::move(buckets), std::move(queues),
                                                  std::vector<bool>(queue_group.size(), true), o.overlap, dist_.rank(),
                                                  [this](std::size_t b) { launch(b); });
@@ -182,7 +184,8 @@ class BucketedReducer : public GradReducer {
       for (auto b : set.buckets) {
         at::Tensor flat = works_[b]->wait();
         for (std::size_t k = 1; k < set.groups.size(); ++k) set.groups[k]->all_reduce(flat);
-        unflatten(flat, grads_of(b));
+        // Gradients that are views of the bucket were reduced in place.
+        if (!flat.is_same(flats_[b])) unflatten(flat, grads_of(b));
         works_[b].reset();
       }
     }
@@ -222,9 +225,51 @@ class BucketedReducer : public GradReducer {
     return out;
   }
 
+  /// Makes the gradients of bucket b views of one flat tensor, as DDP's
+  /// gradient_as_bucket_view does: backward accumulates straight into the
+  /// bucket, which is reduced in place, with no copy in or out. Kept only
+  /// when every member's gradient is a contiguous float of one device.
+  void bind_to_flat(std::size_t b) {
+    const auto grads = grads_of(b);
+    std::int64_t total = 0;
+    for (const auto& g : grads) {
+      if (g.scalar_type() != grads[0].scalar_type() || g.device() != grads[0].device() ||
+          !g.is_floating_point())
+        return;
+      total += g.numel();
+    }
+    c10::NoGradGuard no_grad;
+    at::Tensor flat = at::empty({total}, grads[0].options());
+    std::int64_t off = 0;
+    for (auto i : members_[b]) {
+      at::Tensor& g = params_[i].tensor.mutable_grad();
+      at::Tensor view = flat.narrow(0, off, g.numel()).view(g.sizes());
+      view.copy_(g);
+      g = view;
+      off += view.numel();
+    }
+    flats_[b] = flat;
+  }
+
+  /// Whether bucket b's gradients are still the views bind_to_flat made
+  /// (nothing replaced a gradient tensor since).
+  bool bound(std::size_t b) const {
+    if (!flats_[b].defined()) return false;
+    const char* base = static_cast<const char*>(flats_[b].data_ptr());
+    std::int64_t off = 0;
+    for (auto i : members_[b]) {
+      const at::Tensor& g = params_[i].tensor.grad();
+      if (!g.defined() || !g.is_contiguous() || static_cast<const char*>(g.data_ptr()) != base + off * g.element_size())
+        return false;
+      off += g.numel();
+    }
+    return true;
+  }
+
   void launch(std::size_t b) {
     c10::NoGradGuard no_grad;
-    works_[b] = sets_[set_of_[b]].groups[0]->all_reduce_async(flatten(grads_of(b)));
+    auto& group = *sets_[set_of_[b]].groups[0];
+    works_[b] = group.all_reduce_async(bound(b) ? flats_[b] : flatten(grads_of(b)));
   }
 
   std::vector<ParamEntry> params_;
@@ -233,6 +278,7 @@ class BucketedReducer : public GradReducer {
   std::vector<std::size_t> set_of_;                 ///< per bucket
   std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
   std::vector<std::unique_ptr<dist::Work>> works_;  ///< per bucket: its first group's all-reduce
+  std::vector<at::Tensor> flats_;                   ///< per bucket: the flat tensor its gradients view (or undefined)
   std::unique_ptr<BucketLauncher> launcher_;
 };
 

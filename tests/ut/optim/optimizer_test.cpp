@@ -242,6 +242,47 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
 
 }  // namespace
 
+// The bucketed reducer's gradients are views of one flat tensor per bucket
+// (written in place by backward's accumulation and reduced in place); a
+// gradient something replaced since is still reduced (copied), and both
+// give the same sums, bitwise, at dp=2 and tp=2 x dp=2.
+TEST(GradReducer, BucketsAreViewsReducedInPlaceAndAReplacedGradientStillCounts) {
+  for (auto mesh : {hp::test::grid(1, 2, 1), hp::test::grid(1, 2, 2)}) {
+    hp::test::run_ranks(mesh, [&](hp::dist::DistributedContext& d) {
+      auto viewed = mesh_params(d);
+      auto replaced = mesh_params(d);
+      auto red_v = hp::make_bucketed_reducer({1 << 20}, viewed, d);
+      auto red_r = hp::make_bucketed_reducer({1 << 20}, replaced, d);
+      // p0, p1 and p2 share the dp list: one bucket, so one storage.
+      for (std::size_t i = 1; i < 3; ++i) {
+        EXPECT_TRUE(viewed[i].tensor.grad().storage().is_alias_of(viewed[0].tensor.grad().storage()))
+            << viewed[i].spec.name << " is not a view of its bucket";
+      }
+      set_grads(replaced, 1, static_cast<std::uint64_t>(1000 * d.rank()));  // new tensors
+      std::vector<const void*> where;
+      for (std::size_t i = 0; i < viewed.size(); ++i) {
+        torch::NoGradGuard g;
+        viewed[i].tensor.mutable_grad().copy_(replaced[i].tensor.grad());  // in place
+        where.push_back(viewed[i].tensor.grad().data_ptr());
+      }
+      red_v->reduce();
+      red_r->reduce();
+      for (std::size_t i = 0; i < viewed.size(); ++i) {
+        EXPECT_TRUE(torch::equal(viewed[i].tensor.grad(), replaced[i].tensor.grad())) << viewed[i].spec.name;
+        EXPECT_EQ(viewed[i].tensor.grad().data_ptr(), where[i]) << viewed[i].spec.name << " was not reduced in place";
+      }
+      // The sums are over dp (and tp first for p3): rank 0's p1 gradient
+      // is the sum of every dp replica's.
+      torch::Tensor expect = torch::zeros({5});
+      for (int r = 0; r < d.world_size(); ++r) {
+        if (r % d.group("tp").size() != d.rank() % d.group("tp").size()) continue;
+        expect += torch::randn({5}, torch::make_generator<at::CPUGeneratorImpl>(100 + 1 + 1000 * r));
+      }
+      EXPECT_LE(max_rel(viewed[1].tensor.grad(), expect), 1e-6) << "p1 on rank " << d.rank();
+    });
+  }
+}
+
 TEST(Zero, ShardedStepEqualsTheUnshardedStepAtDp2AndDp2Tp2) {
   for (auto mesh : {hp::test::grid(1, 2, 1), hp::test::grid(1, 2, 2), hp::test::grid(1, 4, 1)}) {
     static hp::Setup setup = zero_setup();
