@@ -10,7 +10,9 @@
 # torchrun with DDP over Gloo (no_sync on all but the last micro-batch,
 # torch.set_num_threads = cores / ranks). Variants at dp = 2: bucket 1 MB and
 # hp's default distributed.bucket_size_mb (DDP bucket_cap_mb set alike),
-# distributed.overlap true and false when hp-train offers that option, and
+# distributed.overlap true and false when hp-train offers that option, hp
+# with its all-reduce on Gloo (distributed.shm_collectives false, the
+# transport DDP uses) beside its default shared memory, and
 # ZeRO (hp features.zero.enabled; PyTorch ZeroRedundancyOptimizer).
 # Repetitions are interleaved (A B C A B C ...); each run's first steps are
 # warm-up; a run's figure is its measured tokens / its measured seconds; the
@@ -59,6 +61,8 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($CORES cores)"
 "$BIN/hp-train" --options-markdown > "$W/options.md"
 DEF_BUCKET=${BENCH_BUCKET:-$(sed -n 's/^| `distributed.bucket_size_mb` | float | `\([^`]*\)`.*/\1/p' "$W/options.md")}
 [[ -n "$DEF_BUCKET" ]] || { echo "bench_vs_pytorch: no distributed.bucket_size_mb default in hp-train --options-markdown"; exit 1; }
+SHM=no
+grep -q '^| `distributed.shm_collectives`' "$W/options.md" && SHM=yes
 if grep -q '^| `distributed.overlap`' "$W/options.md"; then
   OVERLAP=(true false)
 else
@@ -78,6 +82,12 @@ variants() {
       echo "hp_2x1_b$b|hp|2|$b|default|no|pt_2x1_b$b"
     fi
   done
+  # hp's all-reduce through shared memory (its default) against Gloo's TCP,
+  # the transport DDP uses: the same run with distributed.shm_collectives false.
+  if [[ $SHM == yes ]]; then
+    o=default; ((${#OVERLAP[@]})) && o=true
+    echo "hp_2x1_b${DEF_BUCKET}_gloo|hp|2|$DEF_BUCKET|$o|no|pt_2x1_b$DEF_BUCKET"
+  fi
   echo "pt_2x1_zero|pytorch|2|$DEF_BUCKET|-|yes|"
   echo "hp_2x1_zero|hp|2|$DEF_BUCKET|default|yes|pt_2x1_zero"
 }
@@ -97,6 +107,7 @@ run_hp() {
   [[ "$bucket" != - ]] && sets+=(--set distributed.bucket_size_mb="$bucket")
   [[ "$overlap" == true || "$overlap" == false ]] && sets+=(--set distributed.overlap="$overlap")
   [[ "$zero" == yes ]] && sets+=(--set features.zero.enabled=true)
+  [[ "$name" == *_gloo ]] && sets+=(--set distributed.shm_collectives=false)
   "$BIN/hp-launch" --nproc-per-node "$ranks" --threads-per-worker $((CORES / ranks)) -- \
     "$BIN/hp-train" "$W/$size.yaml" "${sets[@]}" "$@" > "$out.log" 2>&1 || {
     tail -30 "$out.log"; echo "bench_vs_pytorch: hp run $size $name failed (log above)"; exit 1; }

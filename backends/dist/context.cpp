@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backends/dist/detail/pg_handle.h"
+#include "backends/dist/detail/shm_collectives.h"
 #include "backends/dist/flight_recorder.h"
 
 namespace hp::dist {
@@ -129,6 +130,16 @@ std::shared_ptr<DistributedContext> DistributedContext::create(const DistEnv& en
           handle->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
               prefixed, static_cast<int>(it - members.begin()), static_cast<int>(members.size()),
               opts);
+          if (options.shm_collectives) {
+            std::string why_not;
+            handle->shm = ShmCollectives::create(prefixed, static_cast<int>(it - members.begin()),
+                                               static_cast<int>(members.size()), options.timeout, &why_not);
+            if (handle->shm) {
+              ctx->shm_groups_.push_back(name);
+            } else {
+              ctx->shm_fallbacks_.push_back(name + ": " + why_not);
+            }
+          }
         } catch (const std::exception& e) {
           std::string m;
           for (std::size_t i = 0; i < members.size(); ++i) m += (i ? "," : "") + std::to_string(members[i]);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/dist/env.h"
 #include "backends/dist/group.h"
@@ -29,6 +30,9 @@ struct ContextOptions {
   std::chrono::milliseconds timeout{300000};
   /// Operations each rank keeps in its flight recorder (0: no recorder).
   std::size_t flight_entries = 4096;
+  /// All-reduces of float tensors inside a group whose members share a host
+  /// go through one shared-memory segment instead of Gloo's TCP loopback.
+  bool shm_collectives = true;
 
   ContextOptions& with_backend(std::string b) { backend = std::move(b); return *this; }
   ContextOptions& with_file(std::string f) { init_method = "file"; init_file = std::move(f); return *this; }
@@ -63,6 +67,11 @@ class DistributedContext {
   const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
   /// This rank's flight recorder (null when ContextOptions::flight_entries is 0).
   const std::shared_ptr<flight::Recorder>& recorder() const { return recorder_; }
+  /// This rank's groups whose float all-reduces go through shared memory.
+  const std::vector<std::string>& shm_groups() const { return shm_groups_; }
+  /// This rank's groups left on Gloo although ContextOptions::shm_collectives
+  /// asked for shared memory, each "group: why".
+  const std::vector<std::string>& shm_fallbacks() const { return shm_fallbacks_; }
 
  private:
   DistributedContext() = default;
@@ -73,6 +82,7 @@ class DistributedContext {
   std::shared_ptr<flight::Recorder> recorder_;
   struct StoreHolder;
   std::unique_ptr<StoreHolder> store_;
+  std::vector<std::string> shm_groups_, shm_fallbacks_;
 };
 
 }  // namespace hp::dist

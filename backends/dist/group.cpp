@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include "backends/dist/detail/pg_handle.h"
+#include "backends/dist/detail/shm_collectives.h"
 #include "backends/dist/flight_recorder.h"
 #include "backends/profile/trace.h"
 
@@ -244,8 +245,13 @@ std::unique_ptr<Work> Group::all_reduce_async(const at::Tensor& t, ReduceKind op
   o.reduceOp = to_c10d(op);
   o.timeout = timeout_;
   const int n = size();
+  ShmCollectives* shm =
+      pg_->shm && (op == ReduceKind::kSum || op == ReduceKind::kAvg) && ShmCollectives::supports_sum(buf)
+          ? pg_->shm.get()
+          : nullptr;
   return launch(
-      "all_reduce", nbytes(buf), [&](c10d::ProcessGroup& pg) { return pg.allreduce(v, o); },
+      "all_reduce", nbytes(buf),
+      [&](c10d::ProcessGroup& pg) { return shm ? shm->all_reduce_sum(buf) : pg.allreduce(v, o); },
       flight::Kind::kCollective, -1, [buf, t, op, n]() {
         if (op == ReduceKind::kAvg) buf.div_(n);
         if (!buf.is_same(t)) t.copy_(buf);
@@ -275,6 +281,9 @@ void Group::broadcast(at::Tensor& t, int root) { wait_here(broadcast_async(t, ro
 std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
   if (size() == 1) return {t.clone()};
   at::Tensor in = t.contiguous();
+  if (pg_->shm && in.dim() > 0 && ShmCollectives::supports_copy(in)) {
+    return wait_here(all_gather_async(in, 0)).chunk(size(), 0);
+  }
   std::vector<std::vector<at::Tensor>> out(1);
   for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> inputs{in};
@@ -290,6 +299,21 @@ std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
 std::unique_ptr<Work> Group::all_gather_async(const at::Tensor& t, std::int64_t dim) {
   if (size() == 1) return local("all_gather", t.clone());
   at::Tensor in = t.contiguous();
+  if (pg_->shm && in.dim() > 0 && ShmCollectives::supports_copy(in)) {
+    // Every member's tensor one after the other: along dim 0 that already
+    // is the concatenation.
+    at::Tensor flat = at::empty({size() * in.numel()}, in.options());
+    std::vector<std::int64_t> shape = in.sizes().vec();
+    shape.insert(shape.begin(), size());
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1),
+        [&](c10d::ProcessGroup&) { return shm->all_gather(in, flat); }, flight::Kind::kCollective, -1,
+        [in, flat, shape, dim]() {
+          const at::Tensor parts = flat.view(shape);
+          return dim == 0 ? parts.flatten(0, 1) : at::cat(parts.unbind(0), dim);
+        });
+  }
   auto out = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
   for (int i = 0; i < size(); ++i) (*out)[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> inputs{in};
@@ -360,6 +384,23 @@ std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t,
   o.timeout = timeout_;
   const std::uint64_t row = t.size(0) ? nbytes(send) / static_cast<std::uint64_t>(t.size(0)) : 0;
   const auto dtype = t.scalar_type();
+  if (pg_->shm && (op == ReduceKind::kSum || op == ReduceKind::kAvg) && ShmCollectives::supports_sum(send)) {
+    // Member m's chunk is elements [offsets[m], offsets[m + 1]) of `send`.
+    const std::int64_t row_elems = send.numel() / send.size(0);
+    std::vector<std::int64_t> offsets{0};
+    for (auto c : counts) offsets.push_back(offsets.back() + c * row_elems);
+    std::vector<std::int64_t> out_shape = send.sizes().vec();
+    out_shape[0] = mine;
+    at::Tensor out = at::empty(out_shape, send.options());
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
+        [&](c10d::ProcessGroup&) { return shm->reduce_scatter_sum(send, out, offsets); }, flight::Kind::kCollective,
+        -1, [send, out, op, n, dtype]() {
+          if (op == ReduceKind::kAvg) out.div_(n);
+          return out.to(dtype);
+        });
+  }
   return launch(
       "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
       [&](c10d::ProcessGroup& pg) {

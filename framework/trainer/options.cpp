@@ -35,6 +35,7 @@ dist::ContextOptions context_options(const Config& c) {
   o.init_file = c.get_string("distributed.init_file");
   o.gloo_hostname = c.get_string("distributed.gloo_hostname");
   o.timeout = std::chrono::milliseconds(static_cast<long long>(c.get_float("distributed.timeout_seconds") * 1000));
+  o.shm_collectives = c.get_bool("distributed.shm_collectives");
   o.flight_entries =
       c.get_bool("distributed.flight_recorder") ? static_cast<std::size_t>(c.get_int("distributed.flight_entries")) : 0;
   return o;

@@ -16,6 +16,12 @@ namespace hp::test {
 void run_ranks(const dist::ProcessMesh& mesh,
                const std::function<void(dist::DistributedContext&)>& fn,
                std::chrono::milliseconds timeout) {
+  run_ranks(mesh, dist::ContextOptions(), fn, timeout);
+}
+
+void run_ranks(const dist::ProcessMesh& mesh, const dist::ContextOptions& options,
+               const std::function<void(dist::DistributedContext&)>& fn,
+               std::chrono::milliseconds timeout) {
   static std::atomic<int> counter{0};
   const std::string file = (std::filesystem::temp_directory_path() /
                             ("hp_test_store_" + std::to_string(::getpid()) + "_" +
@@ -35,8 +41,7 @@ void run_ranks(const dist::ProcessMesh& mesh,
         env.local_rank = r;
         env.local_world_size = world;
         env.source = "test";
-        auto ctx = dist::DistributedContext::create(
-            env, mesh, dist::ContextOptions().with_file(file).with_timeout(timeout));
+        auto ctx = dist::DistributedContext::create(env, mesh, dist::ContextOptions(options).with_file(file).with_timeout(timeout));
         fn(*ctx);
       } catch (...) {
         errors[r] = std::current_exception();

@@ -16,6 +16,11 @@ namespace hp::test {
 void run_ranks(const dist::ProcessMesh& mesh,
                const std::function<void(dist::DistributedContext&)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(30));
+/// As above, every rank's context made with `options` (its store file and
+/// timeout set here).
+void run_ranks(const dist::ProcessMesh& mesh, const dist::ContextOptions& options,
+               const std::function<void(dist::DistributedContext&)>& fn,
+               std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 /// The mesh the shipped features build for these sizes (tp fastest, then
 /// dp, then pp; ep carved out of dp).

@@ -1,0 +1,224 @@
+// The shared-memory collectives (ContextOptions::shm_collectives): an
+// all-reduce bitwise the sum in member order on every member, equal to
+// Gloo's at two members; reduce-scatters (uneven) and all-gathers bitwise
+// Gloo's path at 2-4 members; tensors of one element to several slots, in
+// flight beside Gloo's operations, and failures that name the member: a
+// peer process that exited (a real second process), a peer that never
+// comes (the timeout).
+// Ranks as threads share the segment as processes do (each maps it).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/dist/context.h"
+#include "backends/dist/group.h"
+#include "tests/support/multi_rank.h"
+
+extern char** environ;
+
+using hp::dist::CommError;
+using hp::dist::ContextOptions;
+using hp::dist::DistributedContext;
+using hp::dist::Work;
+
+namespace {
+
+// Floats per slot of the segment (ShmCollectives::kSlotBytes / 4): sizes around
+// it take one, two and four pieces.
+constexpr std::int64_t kSlotFloats = (2 << 20) / 4;
+
+const std::vector<std::int64_t> kSizes{1, 3, 17, 1000, kSlotFloats - 1, kSlotFloats + 5, 3 * kSlotFloats + 123};
+
+torch::Tensor input_of(int r, std::size_t i, std::int64_t n, at::ScalarType type) {
+  auto g = torch::make_generator<at::CPUGeneratorImpl>(4200 + 100 * r + static_cast<int>(i));
+  return torch::randn({n}, g).to(type);
+}
+
+/// ((x0 + x1) + x2) + ...: what every member must get, bit for bit.
+torch::Tensor member_order_sum(int n, std::size_t i, std::int64_t size, at::ScalarType type) {
+  auto sum = input_of(0, i, size, type);
+  for (int q = 1; q < n; ++q) sum.add_(input_of(q, i, size, type));
+  return sum;
+}
+
+ContextOptions with_shm(bool on) {
+  ContextOptions o;
+  o.shm_collectives = on;
+  return o;
+}
+
+}  // namespace
+
+TEST(ShmCollectives, EveryMemberGetsTheMemberOrderSumBitwiseAndTwoMembersGetGloosSum) {
+  for (int n : {2, 3, 4}) {
+    for (bool shm : {true, false}) {
+      if (!shm && n != 2) continue;  // Gloo's ring sums in another order past two members
+      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
+        const bool expect_shm = shm;
+        EXPECT_EQ(!ctx.shm_groups().empty(), expect_shm) << "groups on shared memory";
+        EXPECT_TRUE(ctx.shm_fallbacks().empty()) << (ctx.shm_fallbacks().empty() ? "" : ctx.shm_fallbacks()[0]);
+        auto& g = ctx.group("world");
+        for (auto type : {at::kFloat, at::kDouble}) {
+          for (std::size_t i = 0; i < kSizes.size(); ++i) {
+            auto t = input_of(ctx.rank(), i, kSizes[i], type);
+            g.all_reduce(t);
+            EXPECT_TRUE(torch::equal(t, member_order_sum(n, i, kSizes[i], type)))
+                << "n=" << n << " shm=" << shm << " " << t.scalar_type() << " size " << kSizes[i];
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
+  for (int n : {2, 3, 4}) {
+    // [shm][rank]: every result of the script below.
+    std::vector<std::vector<std::vector<torch::Tensor>>> results(2, std::vector<std::vector<torch::Tensor>>(n));
+    for (bool shm : {true, false}) {
+      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
+        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
+        auto& g = ctx.group("world");
+        const int r = ctx.rank();
+        auto& out = results[shm ? 0 : 1][static_cast<std::size_t>(r)];
+        // Uneven chunks (one empty) of rows of 3, across several slots.
+        const std::int64_t rows = kSlotFloats;  // 3 * kSlotFloats floats: two pieces
+        std::vector<std::int64_t> counts(static_cast<std::size_t>(n), rows / n);
+        counts[0] += rows % n + counts[1];
+        counts[1] = 0;
+        auto t = input_of(r, 0, rows * 3, at::kFloat).view({rows, 3});
+        out.push_back(g.reduce_scatter(t, counts));
+        out.push_back(g.reduce_scatter(input_of(r, 1, 12 * n, at::kDouble).view({2, 6 * n}), 1, hp::dist::ReduceKind::kAvg));
+        out.push_back(g.all_gather(input_of(r, 2, kSlotFloats + 7, at::kFloat)));
+        out.push_back(g.all_gather(input_of(r, 3, 15, at::kFloat).view({3, 5}), 1));
+        for (auto& p : g.all_gather_list(torch::arange(4, torch::kLong) + r)) out.push_back(p.clone());
+      });
+    }
+    for (int r = 0; r < n; ++r) {
+      const auto& a = results[0][static_cast<std::size_t>(r)];
+      const auto& b = results[1][static_cast<std::size_t>(r)];
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].sizes(), b[i].sizes()) << "n=" << n << " rank " << r << " result " << i;
+        EXPECT_TRUE(a[i].sizes() == b[i].sizes() && torch::equal(a[i], b[i])) << "n=" << n << " rank " << r << " result " << i;
+      }
+    }
+  }
+}
+
+TEST(ShmCollectives, ManyInFlightBesideGlooOperationsInIssueOrder) {
+  hp::test::run_ranks(hp::test::grid(1, 3, 1), with_shm(true), [&](DistributedContext& ctx) {
+    auto& g = ctx.group("world");
+    const int r = ctx.rank();
+    std::vector<torch::Tensor> sums, avgs;
+    std::vector<std::unique_ptr<Work>> works;
+    for (std::size_t i = 0; i < 6; ++i) {
+      sums.push_back(input_of(r, i, kSizes[i], at::kFloat));
+      works.push_back(g.all_reduce_async(sums.back()));
+      // Gloo's operations in between: a maximum, integers.
+      avgs.push_back(input_of(r, 20 + i, 33, at::kDouble));
+      works.push_back(g.all_reduce_async(avgs.back(), hp::dist::ReduceKind::kAvg));
+    }
+    auto maxed = torch::full({5}, static_cast<float>(r));
+    auto max_work = g.all_reduce_async(maxed, hp::dist::ReduceKind::kMax);
+    auto ints = torch::full({7}, static_cast<std::int64_t>(r + 1));
+    auto int_work = g.all_reduce_async(ints);
+    auto gathered = g.all_gather_async(torch::full({2}, static_cast<float>(r)));
+    // Waited in the reverse order.
+    auto all = gathered->wait();
+    int_work->wait();
+    max_work->wait();
+    for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+    for (std::size_t i = 0; i < 6; ++i) {
+      EXPECT_TRUE(torch::equal(sums[i], member_order_sum(3, i, kSizes[i], at::kFloat))) << "sum " << i;
+      EXPECT_TRUE(torch::equal(avgs[i], member_order_sum(3, 20 + i, 33, at::kDouble).div_(3))) << "average " << i;
+    }
+    EXPECT_TRUE(torch::equal(maxed, torch::full({5}, 2.0f)));
+    EXPECT_TRUE(torch::equal(ints, torch::full({7}, static_cast<std::int64_t>(6))));
+    EXPECT_TRUE(torch::equal(all, torch::tensor({0.f, 0.f, 1.f, 1.f, 2.f, 2.f})));
+  });
+}
+
+TEST(ShmCollectives, APeerThatNeverComesFailsAtTheTimeoutNamingOpGroupAndMember) {
+  hp::test::run_ranks(
+      hp::test::grid(1, 2, 1), with_shm(true),
+      [&](DistributedContext& ctx) {
+        if (ctx.rank() == 1) return;  // never joins
+        auto t = torch::ones({10});
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          ctx.group("world").all_reduce(t);
+          ADD_FAILURE() << "an all_reduce without its peer completed";
+        } catch (const CommError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("rank 0: all_reduce on group 'world'"), std::string::npos) << what;
+          EXPECT_NE(what.find("member 1 did not reach the shared-memory operation within 3"), std::string::npos) << what;
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+      },
+      std::chrono::seconds(3));
+}
+
+// The second process of the next test: joins the job, then exits.
+TEST(ShmCollectivesChild, JoinsThenExits) {
+  const char* file = std::getenv("HP_SHM_TEST_STORE");
+  if (!file) GTEST_SKIP() << "run by ShmCollectives.AnExitedPeerProcessIsNamedLongBeforeTheTimeout";
+  hp::dist::DistEnv env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.source = "test";
+  auto ctx = DistributedContext::create(env, hp::test::grid(1, 2, 1),
+                                        ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+  std::_Exit(ctx->shm_groups().empty() ? 3 : 0);
+}
+
+TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
+  const std::string file = (std::filesystem::temp_directory_path() / ("hp_shm_exit_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(file);
+  const std::string store = "HP_SHM_TEST_STORE=" + file;
+  std::vector<std::string> env_text{store};
+  for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& s : env_text) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=ShmCollectivesChild.JoinsThenExits";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(::posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+
+  hp::dist::DistEnv env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.source = "test";
+  {
+    auto ctx = DistributedContext::create(env, hp::test::grid(1, 2, 1),
+                                          ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+    ASSERT_FALSE(ctx->shm_groups().empty());
+    auto t = torch::ones({1000});
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      ctx->group("world").all_reduce(t);
+      ADD_FAILURE() << "an all_reduce whose peer exited completed";
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 0: all_reduce on group 'world'"), std::string::npos) << what;
+      EXPECT_NE(what.find("member 1 (pid " + std::to_string(child) + ") has exited"), std::string::npos) << what;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "found by the timeout (60 s), not the exit";
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child joined with shared memory";
+  std::filesystem::remove(file);
+}
