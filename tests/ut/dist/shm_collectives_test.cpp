@@ -169,17 +169,25 @@ TEST(ShmCollectives, APeerThatNeverComesFailsAtTheTimeoutNamingOpGroupAndMember)
       std::chrono::seconds(3));
 }
 
+namespace {
+
+/// Rank `rank` of a 2-process job meeting at the FileStore `file`.
+std::shared_ptr<DistributedContext> join_pair(int rank, const std::string& file) {
+  hp::dist::DistEnv env;
+  env.rank = rank;
+  env.world_size = 2;
+  env.source = "test";
+  return DistributedContext::create(env, hp::test::grid(1, 2, 1),
+                                    ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+}
+
+}  // namespace
+
 // The second process of the next test: joins the job, then exits.
 TEST(ShmCollectivesChild, JoinsThenExits) {
   const char* file = std::getenv("HP_SHM_TEST_STORE");
   if (!file) GTEST_SKIP() << "run by ShmCollectives.AnExitedPeerProcessIsNamedLongBeforeTheTimeout";
-  hp::dist::DistEnv env;
-  env.rank = 1;
-  env.world_size = 2;
-  env.source = "test";
-  auto ctx = DistributedContext::create(env, hp::test::grid(1, 2, 1),
-                                        ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
-  std::_Exit(ctx->shm_groups().empty() ? 3 : 0);
+  std::_Exit(join_pair(1, file)->shm_groups().empty() ? 3 : 0);
 }
 
 TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
@@ -197,13 +205,8 @@ TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
   pid_t child = 0;
   ASSERT_EQ(::posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
 
-  hp::dist::DistEnv env;
-  env.rank = 0;
-  env.world_size = 2;
-  env.source = "test";
   {
-    auto ctx = DistributedContext::create(env, hp::test::grid(1, 2, 1),
-                                          ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+    auto ctx = join_pair(0, file);
     ASSERT_FALSE(ctx->shm_groups().empty());
     auto t = torch::ones({1000});
     const auto t0 = std::chrono::steady_clock::now();
