@@ -225,9 +225,9 @@ void TrainingRun::setup_process() {
     log->info("{}", data_->describe());
     std::string shm;
     for (const auto& g : ctx_->shm_groups()) shm += (shm.empty() ? "" : ", ") + g;
-    if (!shm.empty()) log->info("all-reduce through shared memory in group(s) {} (distributed.shm_collectives)", shm);
+    if (!shm.empty()) log->info("sums and gathers through shared memory in group(s) {} (distributed.shm_collectives)", shm);
     for (const auto& why : ctx_->shm_fallbacks()) {
-      log->info("all-reduce through Gloo in group {} (distributed.shm_collectives asked for shared memory)", why);
+      log->info("sums and gathers through Gloo in group {} (distributed.shm_collectives asked for shared memory)", why);
     }
     log->info("launch: {}", dist::describe_launch(env_));
     log->info("mesh {} over {} ranks ({} backend, intra-op threads: {} ({}))", setup_.mesh.shape(),

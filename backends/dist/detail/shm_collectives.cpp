@@ -392,8 +392,12 @@ std::shared_ptr<ShmCollectives> ShmCollectives::create(const c10::intrusive_ptr<
     if (fd < 0) {
       made = "!shm_open " + name + ": " + std::strerror(errno);
     } else {
-      if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-        made = "!sizing " + name + " to " + std::to_string(total) + " bytes: " + std::strerror(errno);
+      // Reserved, not only sized: touching a page a full /dev/shm cannot
+      // give would kill the process (SIGBUS); a refusal here leaves the
+      // group on Gloo instead.
+      const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
+      if (err != 0) {
+        made = "!reserving " + std::to_string(total) + " bytes for " + name + " in /dev/shm: " + std::strerror(err);
         ::shm_unlink(name.c_str());
       }
       ::close(fd);
