@@ -57,6 +57,12 @@ const std::string& ProcessMesh::data_dim() {
   return kData;
 }
 
+std::string ProcessMesh::carve_remainder(const std::string& dim) {
+  std::string stem = dim;
+  if (stem.size() > 1 && stem.back() == 'p') stem.pop_back();
+  return stem + data_dim();
+}
+
 ProcessMesh::ProcessMesh() : ProcessMesh({MeshDim{data_dim(), 1, MeshRole::kReplicate, ""}}) {}
 
 ProcessMesh::ProcessMesh(std::vector<MeshDim> dims, std::vector<MeshView> views, std::vector<MeshFlat> flats)
@@ -464,11 +470,11 @@ void MeshPlan::claim(const std::string& dim, int size, const std::string& featur
   claims[dim] = Claim{size, feature, role};
 }
 
-void MeshPlan::carve(const std::string& dim, int size, const std::string& remainder, const std::string& feature,
-                     MeshRole role) {
+void MeshPlan::carve(const std::string& dim, int size, const std::string& feature, MeshRole role) {
   view(MeshView{feature,
                 {ProcessMesh::data_dim()},
-                {MeshDim{dim, size, role, feature}, MeshDim{remainder, 0, MeshRole::kReplicate, feature}},
+                {MeshDim{dim, size, role, feature},
+                 MeshDim{ProcessMesh::carve_remainder(dim), 0, MeshRole::kReplicate, feature}},
                 feature, /*with_sequence=*/true});
 }
 

@@ -10,7 +10,8 @@
 // covers ("over") are flattened in mesh order and cut again into its own
 // named dimensions, innermost first (Megatron's "parallel folding": experts
 // see etp x ep x edp where attention sees tp x cp x dp). Expert parallel's
-// carve-out of dp is a view over dp with dims [ep, edp]. A flat group joins
+// carve-out of dp is a view over dp with dims [ep, edp], the mesh naming the
+// remainder (carve_remainder). A flat group joins
 // several dimensions of one coordinate system into one group (a ZeRO shard
 // over dp x cp). Every group of every view and flat is created once, at the
 // context's creation, in one fixed order on every rank.
@@ -72,6 +73,10 @@ class ProcessMesh {
 
   /// The name of the dimension the mesh owns: the data-parallel remainder.
   static const std::string& data_dim();
+  /// The name the mesh gives what a carve of `dim` leaves of the data ranks
+  /// (replicate): `dim` without a trailing 'p', then data_dim() ("ep" ->
+  /// "edp", Megatron's expert data parallel). A feature never spells it.
+  static std::string carve_remainder(const std::string& dim);
 
   int world_size() const noexcept { return world_; }
   const std::vector<MeshDim>& dims() const noexcept { return dims_; }
@@ -172,9 +177,9 @@ struct MeshPlan {
   void claim(const std::string& dim, int size, const std::string& feature, MeshRole role);
   /// Carves `dim` (`size`, innermost) out of the data dimension and every
   /// sequence dimension (the ranks holding the same parameters), the rest
-  /// becoming `remainder` (replicate): a view named after `feature`.
-  void carve(const std::string& dim, int size, const std::string& remainder, const std::string& feature,
-             MeshRole role);
+  /// becoming the replicate dimension carve_remainder(dim), named by the
+  /// mesh: a view named after `feature`.
+  void carve(const std::string& dim, int size, const std::string& feature, MeshRole role);
   /// Declares another factoring of the ranks of `view.over` (one of its
   /// dimensions may have size 0: what the others leave).
   void view(MeshView view);

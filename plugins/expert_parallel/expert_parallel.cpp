@@ -8,8 +8,9 @@
 // reverse all-to-all; the backward of each exchange is the other. A token's
 // outputs are then weighted and summed in ascending expert order, as the
 // dense layer does. Expert parameters are stacked [experts, ...] and split
-// on dimension 0; their gradients are summed over the expert-data-parallel
-// group (edp), the router's over dp (and cp).
+// on dimension 0; their gradients are summed over what the carve leaves of
+// the data ranks (the mesh's expert-data-parallel dimension, edp), the
+// router's over dp (and cp).
 #include <ATen/ATen.h>
 
 #include "backends/dist/autograd.h"
@@ -28,10 +29,10 @@ namespace {
 
 const char* kSize = "features.expert_parallel.size";
 const char* kTensorSize = "features.expert_parallel.tensor_size";
-// The two dimensions this plugin registers (plan_mesh), named once: experts
-// are split over kExperts and their gradients summed over kExpertReplicas.
+// The dimension this plugin registers (plan_mesh), named once: experts are
+// split over kExperts; the mesh names what the carve leaves of the data
+// ranks, and their gradients are summed over it (grad_sync_dims).
 const char* kExperts = "ep";
-const char* kExpertReplicas = "edp";
 
 /// The mesh's one base split dimension (the residual stream's tensor
 /// parallel), which expert tensor parallel splits each expert's FFN over.
@@ -160,8 +161,9 @@ class ExpertParallelFeature : public Feature {
 
   void plan_mesh(const Config& c, dist::MeshPlan& plan) const override {
     // ep is carved out of the data-parallel ranks (consecutive indices);
-    // edp, the rest, joins the ranks holding the same experts.
-    plan.carve(kExperts, static_cast<int>(c.get_int(kSize)), kExpertReplicas, "expert_parallel", dist::MeshRole::kSplit);
+    // the rest, which the mesh names (edp), joins the ranks holding the same
+    // experts.
+    plan.carve(kExperts, static_cast<int>(c.get_int(kSize)), "expert_parallel", dist::MeshRole::kSplit);
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {

@@ -85,9 +85,9 @@ dist::ProcessMesh layout_mesh(const std::map<std::string, int>& sizes, const dis
     base.insert("pp");
   }
   if (!known.count("ep")) {
-    plan.carve("ep", size_of("ep"), "edp", "expert_parallel", dist::MeshRole::kSplit);
+    plan.carve("ep", size_of("ep"), "expert_parallel", dist::MeshRole::kSplit);
     known.insert("ep");
-    known.insert("edp");
+    known.insert(dist::ProcessMesh::carve_remainder("ep"));
   }
   for (const auto& [dim, n] : sizes) {
     if (!known.count(dim)) {
@@ -116,9 +116,13 @@ dist::ProcessMesh layout_mesh(const std::map<std::string, int>& sizes, const dis
 std::map<std::string, int> layout_sizes(const dist::ProcessMesh& mesh) {
   std::map<std::string, int> out;
   for (const auto& d : layout_dims()) out[d] = std::max(1, mesh.group_size(d));
-  // Any other dimension a feature registered, but the experts' remainder.
+  // Any other dimension a feature registered, but what a carve leaves (a
+  // layout gives the carved size; the remainder follows).
+  std::set<std::string> remainders;
+  for (const auto& v : mesh.views())
+    for (const auto& d : v.dims) remainders.insert(dist::ProcessMesh::carve_remainder(d.name));
   for (const auto& [d, n] : mesh.sizes()) {
-    if (!out.count(d) && d != "edp") out[d] = n;
+    if (!out.count(d) && !remainders.count(d)) out[d] = n;
   }
   return out;
 }

@@ -199,7 +199,7 @@ namespace hp::ckpt::test {
 TEST(ManifestMesh, RoundTripsAndABadOneIsRefusedNamingTheFile) {
   dist::MeshPlan plan;
   plan.claim("tp", 2, "tensor_parallel", dist::MeshRole::kSplit);
-  plan.carve("ep", 2, "edp", "expert_parallel", dist::MeshRole::kSplit);
+  plan.carve("ep", 2, "expert_parallel", dist::MeshRole::kSplit);
   dist::ProcessMesh mesh;
   dist::MeshProblem problem;
   ASSERT_TRUE(dist::resolve_mesh(plan, 8, 0, mesh, problem)) << problem.rule;

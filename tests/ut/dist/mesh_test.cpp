@@ -145,13 +145,14 @@ TEST(ProcessMesh, TwoTensorParallelViewsOfDifferentSizesOnTheSameRanks) {
   MeshPlan plan;
   plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
   plan.view({"ffn", {"tp", "dp"}, {{"ffn_tp", 4, MeshRole::kSplit, "t"}, {"ffn_dp", 0, MeshRole::kReplicate, "t"}}, "t"});
-  plan.carve("ep", 2, "edp", "expert_parallel", MeshRole::kSplit);
+  plan.carve("ep", 2, "expert_parallel", MeshRole::kSplit);
   const ProcessMesh m = resolved(plan, 8);
   EXPECT_EQ(m.group_size("ffn_dp"), 2);
   EXPECT_EQ(m.group_ranks("tp", 5), (std::vector<int>{4, 5}));
   EXPECT_EQ(m.group_ranks("ffn_tp", 5), (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ(m.group_ranks("ffn_dp", 5), (std::vector<int>{1, 5}));
   EXPECT_EQ(m.group_ranks("ep", 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(ProcessMesh::carve_remainder("ep"), "edp");  // named by the mesh, never by the plugin
   EXPECT_EQ(m.group_ranks("edp", 5), (std::vector<int>{1, 5}));
   for (int r = 0; r < 8; ++r) {
     const auto small = m.group_ranks("tp", r), big = m.group_ranks("ffn_tp", r);
@@ -172,7 +173,7 @@ TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
   plan.claim("tp", 2, "tensor_parallel", MeshRole::kSplit);
   plan.claim("cp", 2, "context_parallel", MeshRole::kSequence);
   plan.view({"ffn", {"tp", "dp"}, {{"ffn_tp", 4, MeshRole::kSplit, "t"}, {"ffn_dp", 0, MeshRole::kReplicate, "t"}}, "t"});
-  plan.carve("ep", 2, "edp", "expert_parallel", MeshRole::kSplit);
+  plan.carve("ep", 2, "expert_parallel", MeshRole::kSplit);
   const ProcessMesh m = resolved(plan, 16);
   using V = std::vector<std::string>;
   EXPECT_EQ(m.grad_sync_dims({}), (V{"cp", "dp"}));
@@ -222,7 +223,8 @@ TEST(MeshPlan, ConflictsAreNamed) {
   p.claim("dp", 2, "mine", MeshRole::kReplicate);
   p.claim("pp", 2, "pipeline_parallel", MeshRole::kPartition);
   p.claim("stages", 2, "odd", MeshRole::kPartition);
-  p.carve("ep", 2, "tp", "expert_parallel", MeshRole::kSplit);
+  p.claim("etdp", 2, "mine", MeshRole::kReplicate);
+  p.carve("et", 2, "expert_parallel", MeshRole::kSplit);
   ASSERT_EQ(p.conflicts.size(), 4u);
   EXPECT_EQ(p.conflicts[0], "mesh dimension 'tp' is claimed by both 'tensor_parallel' and 'other'");
   EXPECT_EQ(p.conflicts[1],
@@ -231,7 +233,8 @@ TEST(MeshPlan, ConflictsAreNamed) {
   EXPECT_EQ(p.conflicts[2],
             "mesh dimension 'stages' claimed by 'odd' as partition, but 'pp' (pipeline_parallel) already partitions "
             "the model: a mesh has one partition dimension");
-  EXPECT_EQ(p.conflicts[3], "mesh dimension 'tp' is claimed by both 'tensor_parallel' and 'expert_parallel'");
+  // The remainder the mesh names for a carve of "et" is "etdp", taken.
+  EXPECT_EQ(p.conflicts[3], "mesh dimension 'etdp' is claimed by both 'mine' and 'expert_parallel'");
   EXPECT_EQ(p.size_of("tp"), 2);
   EXPECT_EQ(p.size_of("pp"), 2);
   EXPECT_EQ(p.size_of("unclaimed"), 1);
@@ -258,7 +261,7 @@ TEST(MeshPlan, ResolveRefusesWhatDoesNotFit) {
   }
   {
     MeshPlan p;
-    p.carve("ep", 4, "edp", "expert_parallel", MeshRole::kSplit);
+    p.carve("ep", 4, "expert_parallel", MeshRole::kSplit);
     EXPECT_FALSE(hp::dist::resolve_mesh(p, 2, 0, m, problem));
     EXPECT_EQ(problem.key + " = " + problem.value + ": " + problem.rule + " (legal: " + problem.legal + ")",
               "distributed = ep=4 dp=2: ep (claimed by expert_parallel) is carved out of dp and must divide its size "

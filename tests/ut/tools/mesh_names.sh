@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Framework code works from mesh roles: outside backends/dist/mesh.* (which
-# owns only the data-parallel remainder's name) and plugins/, no source names
+# owns the data-parallel remainder's name and names what a carve leaves of
+# it) and plugins/, no source names
 # a mesh dimension ("tp", "pp", "ep", "cp", "dp", "edp") as a string
 # (comments aside). tools/hp_ckpt/layout.* is the one exception: it builds
 # the shipped features' layouts for hp-ckpt's --tp/--dp/--ep/--pp and the
