@@ -331,9 +331,11 @@ BucketLauncher::BucketLauncher(const std::vector<ParamEntry>& params, std::vecto
     for (auto b : queues_[q]) queue_of_[b] = static_cast<int>(q);
   }
   fires_.assign(params.size(), 0);
-  launched_.assign(buckets_.size(), false);
-  waiting_.assign(buckets_.size(), -1);
+  launches_.assign(buckets_.size(), 0);
+  never_.assign(buckets_.size(), true);
   next_.assign(queues_.size(), 0);
+  round_.assign(queues_.size(), 0);
+  queue_rounds_.assign(queues_.size(), 1);
   hooks_ = std::make_unique<Hooks>();
   if (!overlap) return;
   hooks_->token = std::make_shared<BucketLauncher*>(this);
@@ -355,28 +357,46 @@ void BucketLauncher::accumulated(std::size_t i) {
   fires_[i] += 1;
   if (!learned_) return;
   const auto b = static_cast<std::size_t>(bucket_of_[i]);
-  if (fires_[i] == expected_[i]) {
-    if (waiting_[b] > 0 && --waiting_[b] == 0) launch_ready(static_cast<std::size_t>(queue_of_[b]));
-  } else if (fires_[i] > expected_[i] && launched_[b]) {
-    throw std::runtime_error("rank " + std::to_string(rank_) + ": gradient reduction overlap: " + names_[i] +
-                             " received gradient " + std::to_string(fires_[i]) +
-                             " of the step after its bucket was launched (the first step gave it " +
-                             std::to_string(expected_[i]) +
-                             "); the model's backward differs between steps: set distributed.overlap: false");
+  const auto q = static_cast<std::size_t>(queue_of_[b]);
+  if (fires_[i] > expected_[i]) {
+    if (launches_[b] >= queue_rounds_[q]) {
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": gradient reduction overlap: " + names_[i] +
+                               " received gradient " + std::to_string(fires_[i]) +
+                               " of the step after its bucket was launched (the first step gave it " +
+                               std::to_string(expected_[i]) +
+                               "); the model's backward differs between steps: set distributed.overlap: false");
+    }
+    return;
   }
+  if (next_[q] < queues_[q].size() && queues_[q][next_[q]] == b) launch_ready(q);
+}
+
+bool BucketLauncher::ready(std::size_t b) const {
+  if (never_[b]) return false;
+  const auto q = static_cast<std::size_t>(queue_of_[b]);
+  const int r = queue_rounds_[q];
+  if (launches_[b] >= r) return false;
+  for (auto i : buckets_[b]) {
+    // Round k of parameter i is complete at (k + 1) / r of its gradients.
+    if (fires_[i] * r < (launches_[b] + 1) * expected_[i]) return false;
+  }
+  return true;
 }
 
 void BucketLauncher::launch_bucket(std::size_t b) {
-  if (launched_[b]) return;
-  launched_[b] = true;
+  ++launches_[b];
   launch_(b);
 }
 
 void BucketLauncher::launch_ready(std::size_t q) {
   auto& order = queues_[q];
-  while (next_[q] < order.size() && waiting_[order[next_[q]]] == 0) {
+  while (next_[q] < order.size() && ready(order[next_[q]])) {
     launch_bucket(order[next_[q]++]);
     if (!flushed_) ++early_;
+    if (next_[q] == order.size() && round_[q] + 1 < queue_rounds_[q]) {
+      next_[q] = 0;  // the queue's next round
+      ++round_[q];
+    }
   }
 }
 
@@ -384,7 +404,15 @@ void BucketLauncher::flush() {
   if (flushed_) return;
   flushed_ = true;
   for (std::size_t q = 0; q < queues_.size(); ++q) {
-    while (next_[q] < queues_[q].size()) launch_bucket(queues_[q][next_[q]++]);
+    // The rounds the hooks did not reach (a backward unlike the first
+    // step's) still send what they hold, so no gradient is left behind.
+    while (next_[q] < queues_[q].size()) {
+      launch_bucket(queues_[q][next_[q]++]);
+      if (next_[q] == queues_[q].size() && round_[q] + 1 < queue_rounds_[q]) {
+        next_[q] = 0;
+        ++round_[q];
+      }
+    }
   }
 }
 
@@ -394,8 +422,9 @@ void BucketLauncher::end_step() {
     learned_ = true;
   }
   std::fill(fires_.begin(), fires_.end(), 0);
-  std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(launches_.begin(), launches_.end(), 0);
   std::fill(next_.begin(), next_.end(), 0);
+  std::fill(round_.begin(), round_.end(), 0);
   flushed_ = false;
   last_early_ = early_;
   early_ = 0;
@@ -403,11 +432,25 @@ void BucketLauncher::end_step() {
     // A bucket of a queue hooks may not launch, or holding a parameter that
     // got no gradient in the first step, is never ready from hooks: flush
     // launches it.
-    const bool hooked = learned_ && hooked_[static_cast<std::size_t>(queue_of_[b])];
-    waiting_[b] = hooked ? static_cast<int>(buckets_[b].size()) : -1;
+    never_[b] = !(learned_ && hooked_[static_cast<std::size_t>(queue_of_[b])]);
     for (auto i : buckets_[b]) {
-      if (!hooked || expected_[i] == 0) waiting_[b] = -1;
+      if (never_[b] || expected_[i] == 0) never_[b] = true;
     }
+  }
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    // Several rounds only when every bucket of the queue is hooked and every
+    // parameter's gradients divide into the rounds evenly.
+    bool even = rounds_ > 1 && learned_;
+    for (auto b : queues_[q]) {
+      if (!even || never_[b]) {
+        even = false;
+        break;
+      }
+      for (auto i : buckets_[b]) {
+        if (expected_[i] % rounds_ != 0) even = false;
+      }
+    }
+    queue_rounds_[q] = even ? rounds_ : 1;
   }
 }
 

@@ -61,6 +61,12 @@ class GradReducer {
 /// the same order whatever order its gradients arrive in. flush() launches
 /// the rest (backward_done), queue by queue. Used by the bucketed reducer
 /// (all-reduce) and zero (reduce-scatter).
+///
+/// With set_rounds(R) a queue whose parameters all got a multiple of R
+/// gradients in the first step (R micro-batches) launches each of its
+/// buckets R times a step, once per round of gradients (the caller releases
+/// what it sent, so each launch carries that round's gradients); any other
+/// queue launches once, as with R = 1.
 class BucketLauncher {
  public:
   /// `buckets[b]`: indices into `params`. `queues[q]`: bucket indices in
@@ -74,8 +80,11 @@ class BucketLauncher {
   BucketLauncher(const BucketLauncher&) = delete;
   BucketLauncher& operator=(const BucketLauncher&) = delete;
 
-  /// Launches every bucket not launched yet, queue by queue, in order.
+  /// Launches every bucket not launched yet, queue by queue, in order (and,
+  /// for a queue of several rounds, the rounds its hooks did not reach).
   void flush();
+  /// Rounds a step (micro-batches); takes effect from the next step learned.
+  void set_rounds(int rounds) { rounds_ = rounds < 1 ? 1 : rounds; }
   /// After the step's reductions are waited: the first step's counts are
   /// learned; everything is reset for the next step.
   void end_step();
@@ -89,6 +98,8 @@ class BucketLauncher {
  private:
   void launch_ready(std::size_t q);
   void launch_bucket(std::size_t b);
+  /// Whether bucket b's parameters all have their gradients of its next round.
+  bool ready(std::size_t b) const;
   std::vector<std::string> names_;
   std::vector<std::vector<std::size_t>> buckets_;
   std::vector<std::vector<std::size_t>> queues_;
@@ -97,9 +108,12 @@ class BucketLauncher {
   std::function<void(std::size_t)> launch_;
   std::vector<int> bucket_of_, queue_of_;
   std::vector<int> fires_, expected_;
-  std::vector<int> waiting_;     ///< per bucket: parameters still incomplete (-1: never ready from hooks)
-  std::vector<bool> launched_;
+  std::vector<bool> never_;       ///< per bucket: never ready from hooks (flush launches it)
+  std::vector<int> launches_;     ///< per bucket: launched this step
   std::vector<std::size_t> next_;  ///< per queue
+  std::vector<int> round_;         ///< per queue: the round its next launch belongs to
+  std::vector<int> queue_rounds_;  ///< per queue: rounds a step (1 unless every parameter divides by rounds_)
+  int rounds_ = 1;
   bool learned_ = false;
   bool flushed_ = false;
   std::size_t early_ = 0, last_early_ = 0;

@@ -48,6 +48,7 @@ namespace hp::zero {
 namespace {
 
 const char* kStage = "features.zero.stage";
+const char* kPerMicroBatch = "features.zero.reduce_per_micro_batch";
 
 
 /// One parameter's cut: which group it is sharded over, along which
@@ -61,6 +62,9 @@ struct Cut {
   int me = 0;
   ShardSpec slice_spec;
   at::Tensor slice_grad;
+  /// slice_grad holds a sum of this step already (reduce_per_micro_batch:
+  /// the next round's sum is added to it).
+  bool summed = false;
   /// Stage 3: this rank's slice of the parameter, kept while the
   /// parameter's own storage is released between uses.
   at::Tensor shard;
@@ -199,7 +203,11 @@ struct Shards {
     for (std::size_t i : bucket.cuts) {
       auto& c = cuts[i];
       const std::int64_t k = c.numel_of(c.me);
-      c.slice_grad = sum.narrow(0, off, k).view(c.slice_grad.sizes());
+      const at::Tensor part = sum.narrow(0, off, k).view(c.slice_grad.sizes());
+      // A later round of the step (reduce_per_micro_batch) adds to the sum.
+      if (c.summed) c.slice_grad.add_(part);
+      else c.slice_grad = part;
+      c.summed = true;
       off += k;
     }
   }
@@ -377,6 +385,8 @@ struct Shards {
   bool backward = false;     ///< the step is in its backward (prefetch goes to earlier blocks)
   int prefetch = 1;
   bool reshard_after_forward = true;
+  /// reduce_per_micro_batch: the micro-batches of a rank's step (else 1).
+  int micro_batch_rounds = 1;
   std::size_t stage3_gathers = 0;     ///< since the last report
   std::size_t stage3_prefetched = 0;  ///< of those, in flight before their block asked (prefetch)
   double gathered_bytes = 0, gathered_peak = 0;  ///< whole-parameter bytes held now / at most since the report
@@ -660,6 +670,9 @@ class ZeroReducer : public GradReducer {
     for (const auto& c : s_->cuts) params.push_back(c.param);
     launcher_ = std::make_unique<BucketLauncher>(params, std::move(members), std::move(queues), std::move(hooked),
                                                  overlap, s_->dist->rank(), [this](std::size_t b) { launch(b); });
+    // reduce_per_micro_batch (stages 2 and 3: what a launch sent is
+    // released, so each round carries its own micro-batch's gradients).
+    if (s_->stage >= 2 && s_->micro_batch_rounds > 1) launcher_->set_rounds(s_->micro_batch_rounds);
   }
   void backward_done() override { launcher_->flush(); }
   void reduce() override {
@@ -667,6 +680,7 @@ class ZeroReducer : public GradReducer {
     for (std::size_t b = 0; b < plan_.size(); ++b) finish(b);
     launched_.clear();
     finished_.assign(plan_.size(), false);
+    for (auto& c : s_->cuts) c.summed = false;
     pre_summed_ = false;
     launcher_->end_step();
     s_->release_all();
@@ -675,6 +689,10 @@ class ZeroReducer : public GradReducer {
   void report(std::map<std::string, double>& figures) const override {
     figures["grad_buckets"] = static_cast<double>(launcher_->size());
     figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
+    // Reduce-scatters of the step: one per bucket, or one per bucket and
+    // micro-batch with reduce_per_micro_batch.
+    figures["zero_reduce_scatters"] = static_cast<double>(launches_);
+    launches_ = 0;
     // Time this step's forward waited for the parameter gathers issued by
     // the last update (0 with overlap off: they were waited in the update).
     figures["zero_gather_wait_seconds"] = s_->waited_seconds;
@@ -721,6 +739,11 @@ class ZeroReducer : public GradReducer {
 
  private:
   void launch(std::size_t b) {
+    // A bucket launched again in the same step (another round) first
+    // collects its previous launch.
+    if (works_[b] && !finished_[b]) finish(b);
+    finished_[b] = false;
+    ++launches_;
     if (plan_[b].pre && !pre_summed_) {
       // Buckets with a pre-sum launch only after backward, after every
       // other bucket: the pre-sum over their groups happens once, here.
@@ -744,9 +767,11 @@ class ZeroReducer : public GradReducer {
   void finish(std::size_t b) {
     if (finished_[b]) return;
     s_->finish_scatter(plan_[b], std::move(works_[b]));
+    works_[b].reset();
     finished_[b] = true;
   }
   static constexpr std::size_t kInFlight = 2;
+  mutable std::size_t launches_ = 0;  ///< this step's, until reported
   std::deque<std::size_t> launched_;
   std::vector<bool> finished_;
   std::shared_ptr<Shards> s_;
@@ -816,14 +841,25 @@ class ZeroFeature : public Feature {
         .describe("Stage 3 with block_cache: at most this many MiB of freed blocks kept for reuse (the oldest are "
                   "unmapped first; blocks a whole step did not ask for go back after it). 0 keeps none: the least "
                   "memory, every large block mapped and faulted in anew.");
+    s.add_bool(prefix + "reduce_per_micro_batch", false)
+        .describe("Stages 2 and 3: reduce-scatter each micro-batch's gradients as soon as its backward has produced "
+                  "them and add the slices up (as DeepSpeed and FSDP do), so no rank holds full gradients across "
+                  "micro-batches; false sums the micro-batches locally first and reduces once, stage 1's numbers "
+                  "bitwise. The sums then run in another order: within the parity bars, not bitwise. Needs "
+                  "distributed.overlap (the rounds are launched from backward).");
     s.add_bool(prefix + "reshard_after_forward", true)
         .describe("Stage 3: release a block's gathered parameters after its forward (gathered again for its "
                   "backward); false keeps them until the step's end: less communication, more memory.");
   }
 
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
-    (void)ctx;
-    (void)e;
+    const Config& c = ctx.config;
+    if (!c.ok({kStage, kPerMicroBatch})) return;
+    if (c.get_bool(kPerMicroBatch) && c.get_int(kStage) < 2) {
+      e.add(kPerMicroBatch, "true",
+            "stage 1 keeps every full gradient, so reducing per micro-batch would only add communication",
+            "features.zero.stage: 2 or 3, or reduce_per_micro_batch: false");
+    }
   }
 
   void install(FeatureRuntime& rt) override {
@@ -832,6 +868,11 @@ class ZeroFeature : public Feature {
     const int stage = static_cast<int>(rt.config().get_int(kStage));
     const int prefetch = static_cast<int>(rt.config().get_int("features.zero.prefetch"));
     const bool reshard = rt.config().get_bool("features.zero.reshard_after_forward");
+    // reduce_per_micro_batch: the executor runs global batch / replicas /
+    // micro-batch micro-batches (the replicas come with the mesh).
+    const bool per_micro_batch = rt.config().get_bool(kPerMicroBatch);
+    const std::int64_t samples_per_micro = rt.config().get_int("training.micro_batch_size");
+    const std::int64_t global_samples = rt.config().get_int("training.global_batch_size");
     if (stage >= 3 && rt.config().get_bool("features.zero.block_cache")) {
       memory::use_block_cache(std::size_t{1} << 20,
                               static_cast<std::size_t>(rt.config().get_int("features.zero.block_cache_mb")) << 20);
@@ -847,12 +888,17 @@ class ZeroFeature : public Feature {
       if (gauge) gauge->set(static_cast<double>(opt->state_bytes()));
       return opt;
     });
-    rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard](const ReducerOptions& o, const std::vector<ParamEntry>& params,
+    rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard, per_micro_batch, samples_per_micro, global_samples](const ReducerOptions& o, const std::vector<ParamEntry>& params,
                                                 dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
       (*shards)->stage = stage;
       (*shards)->prefetch = prefetch;
       (*shards)->reshard_after_forward = reshard;
+      if (per_micro_batch) {
+        const std::int64_t per_rank = global_samples / std::max(1, d.mesh().replicas());
+        (*shards)->micro_batch_rounds =
+            static_cast<int>(std::max<std::int64_t>(1, per_rank / std::max<std::int64_t>(1, samples_per_micro)));
+      }
       (*shards)->bucket_bytes = o.bucket_bytes;
       (*shards)->overlap = o.overlap;
       (*shards)->plan_gathers();

@@ -112,6 +112,48 @@ TEST(BucketLauncher, UnhookedQueuesAndOverlapOffLaunchOnlyAtFlushAfterTheHookedO
   EXPECT_EQ(off.early(), 0u);
 }
 
+// Rounds (zero's reduce_per_micro_batch): with two micro-batches a step and
+// set_rounds(2), every bucket is launched once per micro-batch, from inside
+// that micro-batch's backward, in queue order; a queue whose counts do not
+// divide by the rounds (a parameter reached three times) launches once.
+TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
+  Chain c;
+  Recorder r;
+  hp::BucketLauncher l(c.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
+                       [&](std::size_t b) { r.events.push_back("b" + std::to_string(b)); });
+  l.set_rounds(2);
+  c.backward();  // step 1 learns two gradients each and launches once, at flush
+  c.backward();
+  l.flush();
+  l.end_step();
+  EXPECT_EQ(r.events, (std::vector<std::string>{"b0", "b1", "b2"}));
+  for (int step = 0; step < 2; ++step) {
+    r.events.clear();
+    c.backward();
+    r.events.push_back("mb");
+    c.backward();
+    r.events.push_back("end");
+    l.flush();
+    l.end_step();
+    EXPECT_EQ(r.events, (std::vector<std::string>{"b0", "b1", "b2", "mb", "b0", "b1", "b2", "end"})) << step;
+    EXPECT_EQ(l.early(), 6u);
+  }
+
+  Chain odd;
+  Recorder r2;
+  hp::BucketLauncher once(odd.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
+                          [&](std::size_t b) { r2.events.push_back("b" + std::to_string(b)); });
+  once.set_rounds(2);
+  for (int step = 0; step < 2; ++step) {
+    r2.events.clear();
+    for (int mb = 0; mb < 3; ++mb) odd.backward();
+    r2.events.push_back("end");
+    once.flush();
+    once.end_step();
+  }
+  EXPECT_EQ(r2.events, (std::vector<std::string>{"b0", "b1", "b2", "end"}));
+}
+
 TEST(BucketLauncher, AGradientAfterItsBucketWasLaunchedIsRefusedNamingTheParameter) {
   Chain c;
   hp::BucketLauncher l(c.params, {{3, 2, 1, 0}}, {{0}}, {true}, true, 3, [](std::size_t) {});
