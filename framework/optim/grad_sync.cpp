@@ -355,7 +355,10 @@ BucketLauncher::~BucketLauncher() {
 
 void BucketLauncher::accumulated(std::size_t i) {
   fires_[i] += 1;
-  if (!learned_) return;
+  if (!learned_) {
+    fired_since_launch_ = true;
+    return;
+  }
   const auto b = static_cast<std::size_t>(bucket_of_[i]);
   const auto q = static_cast<std::size_t>(queue_of_[b]);
   if (fires_[i] > expected_[i]) {
@@ -400,6 +403,15 @@ void BucketLauncher::launch_ready(std::size_t q) {
   }
 }
 
+void BucketLauncher::forward_starts() {
+  if (learned_ || rounds_ <= 1 || flushed_ || !fired_since_launch_ || !hooks_->token) return;
+  fired_since_launch_ = false;
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    if (!hooked_[q]) continue;
+    for (auto b : queues_[q]) launch_bucket(b);
+  }
+}
+
 void BucketLauncher::flush() {
   if (flushed_) return;
   flushed_ = true;
@@ -426,6 +438,7 @@ void BucketLauncher::end_step() {
   std::fill(next_.begin(), next_.end(), 0);
   std::fill(round_.begin(), round_.end(), 0);
   flushed_ = false;
+  fired_since_launch_ = false;
   last_early_ = early_;
   early_ = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {

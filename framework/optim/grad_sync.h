@@ -85,6 +85,10 @@ class BucketLauncher {
   void flush();
   /// Rounds a step (micro-batches); takes effect from the next step learned.
   void set_rounds(int rounds) { rounds_ = rounds < 1 ? 1 : rounds; }
+  /// With rounds, in the first step (which only counts, so hooks cannot
+  /// tell a micro-batch's end): a forward is starting; if gradients arrived
+  /// since the last launch, every bucket is launched now, in queue order.
+  void forward_starts();
   /// After the step's reductions are waited: the first step's counts are
   /// learned; everything is reset for the next step.
   void end_step();
@@ -116,6 +120,7 @@ class BucketLauncher {
   int rounds_ = 1;
   bool learned_ = false;
   bool flushed_ = false;
+  bool fired_since_launch_ = false;  ///< the first step: a gradient since the last forward_starts launch
   std::size_t early_ = 0, last_early_ = 0;
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;

@@ -278,6 +278,11 @@ void TrainingRun::setup_model() {
   const auto& io = runtime_->checkpoint_io_factory();
   checkpoint_ = io ? io(ckpt_, c, *ctx_) : make_gathered_checkpoint_io(ckpt_, c, *ctx_);
   setup_throughput();
+  // What the model's construction cost before any step (a feature that
+  // shards parameters only from the first step still built them whole).
+  const auto [rss, peak] = resident_memory_bytes();
+  log::logger()->info("this rank: after setup, resident memory {:.1f} MiB, peak so far {:.1f} MiB",
+                      rss / (1024.0 * 1024.0), peak / (1024.0 * 1024.0));
 }
 
 void TrainingRun::setup_throughput() {

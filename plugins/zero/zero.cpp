@@ -387,6 +387,8 @@ struct Shards {
   bool reshard_after_forward = true;
   /// reduce_per_micro_batch: the micro-batches of a rank's step (else 1).
   int micro_batch_rounds = 1;
+  /// Set by the reducer with rounds: told when a block's forward starts.
+  std::function<void()> forward_starts;
   std::size_t stage3_gathers = 0;     ///< since the last report
   std::size_t stage3_prefetched = 0;  ///< of those, in flight before their block asked (prefetch)
   double gathered_bytes = 0, gathered_peak = 0;  ///< whole-parameter bytes held now / at most since the report
@@ -672,8 +674,12 @@ class ZeroReducer : public GradReducer {
                                                  overlap, s_->dist->rank(), [this](std::size_t b) { launch(b); });
     // reduce_per_micro_batch (stages 2 and 3: what a launch sent is
     // released, so each round carries its own micro-batch's gradients).
-    if (s_->stage >= 2 && s_->micro_batch_rounds > 1) launcher_->set_rounds(s_->micro_batch_rounds);
+    if (s_->stage >= 2 && s_->micro_batch_rounds > 1) {
+      launcher_->set_rounds(s_->micro_batch_rounds);
+      s_->forward_starts = [this] { launcher_->forward_starts(); };
+    }
   }
+  ~ZeroReducer() override { s_->forward_starts = nullptr; }
   void backward_done() override { launcher_->flush(); }
   void reduce() override {
     launcher_->flush();
@@ -909,6 +915,9 @@ class ZeroFeature : public Feature {
     BlockObserver watch;
     watch.before = [shards, stage](int block) {
       if (!*shards) return;
+      // reduce_per_micro_batch's first step: a new micro-batch's forward
+      // (not a recompute replay) sends what the last one accumulated.
+      if ((*shards)->forward_starts && !aux_loss_replaying()) (*shards)->forward_starts();
       if (stage >= 3) (*shards)->before_block3(block);
       else (*shards)->before_block(block);
     };

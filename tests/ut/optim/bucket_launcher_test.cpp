@@ -114,19 +114,27 @@ TEST(BucketLauncher, UnhookedQueuesAndOverlapOffLaunchOnlyAtFlushAfterTheHookedO
 
 // Rounds (zero's reduce_per_micro_batch): with two micro-batches a step and
 // set_rounds(2), every bucket is launched once per micro-batch, from inside
-// that micro-batch's backward, in queue order; a queue whose counts do not
-// divide by the rounds (a parameter reached three times) launches once.
+// that micro-batch's backward, in queue order (in the first step, which
+// learns the counts, at the next forward's start); a queue whose counts do
+// not divide by the rounds (a parameter reached three times) launches once.
 TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
   Chain c;
   Recorder r;
   hp::BucketLauncher l(c.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
                        [&](std::size_t b) { r.events.push_back("b" + std::to_string(b)); });
   l.set_rounds(2);
-  c.backward();  // step 1 learns two gradients each and launches once, at flush
+  // Step 1 learns two gradients each; the hooks cannot tell where a
+  // micro-batch ends, the next forward's start can: it launches them all.
+  l.forward_starts();  // nothing arrived yet: nothing to send
   c.backward();
+  r.events.push_back("fwd");
+  l.forward_starts();
+  l.forward_starts();  // again before any gradient: nothing
+  c.backward();
+  r.events.push_back("end");
   l.flush();
   l.end_step();
-  EXPECT_EQ(r.events, (std::vector<std::string>{"b0", "b1", "b2"}));
+  EXPECT_EQ(r.events, (std::vector<std::string>{"fwd", "b0", "b1", "b2", "end", "b0", "b1", "b2"}));
   for (int step = 0; step < 2; ++step) {
     r.events.clear();
     c.backward();
@@ -137,6 +145,8 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
     l.end_step();
     EXPECT_EQ(r.events, (std::vector<std::string>{"b0", "b1", "b2", "mb", "b0", "b1", "b2", "end"})) << step;
     EXPECT_EQ(l.early(), 6u);
+    l.forward_starts();  // learned: the hooks do it, a forward launches nothing
+    EXPECT_EQ(r.events.size(), 8u);
   }
 
   Chain odd;
