@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include "backends/dist/context.h"
@@ -404,7 +405,7 @@ void BucketLauncher::launch_ready(std::size_t q) {
 }
 
 void BucketLauncher::forward_starts() {
-  if (learned_ || rounds_ <= 1 || flushed_ || !fired_since_launch_ || !hooks_->token) return;
+  if (learned_ || !learn_rounds_ || flushed_ || !fired_since_launch_ || !hooks_->token) return;
   fired_since_launch_ = false;
   for (std::size_t q = 0; q < queues_.size(); ++q) {
     if (!hooked_[q]) continue;
@@ -451,19 +452,17 @@ void BucketLauncher::end_step() {
     }
   }
   for (std::size_t q = 0; q < queues_.size(); ++q) {
-    // Several rounds only when every bucket of the queue is hooked and every
-    // parameter's gradients divide into the rounds evenly.
-    bool even = rounds_ > 1 && learned_;
+    // Rounds: the greatest common divisor of the queue's gradient counts,
+    // when every bucket of the queue is hooked and got gradients.
+    int rounds = 0;
     for (auto b : queues_[q]) {
-      if (!even || never_[b]) {
-        even = false;
+      if (!learn_rounds_ || !learned_ || never_[b]) {
+        rounds = 1;
         break;
       }
-      for (auto i : buckets_[b]) {
-        if (expected_[i] % rounds_ != 0) even = false;
-      }
+      for (auto i : buckets_[b]) rounds = std::gcd(rounds, expected_[i]);
     }
-    queue_rounds_[q] = even ? rounds_ : 1;
+    queue_rounds_[q] = std::max(1, rounds);
   }
 }
 

@@ -62,11 +62,12 @@ class GradReducer {
 /// the rest (backward_done), queue by queue. Used by the bucketed reducer
 /// (all-reduce) and zero (reduce-scatter).
 ///
-/// With set_rounds(R) a queue whose parameters all got a multiple of R
-/// gradients in the first step (R micro-batches) launches each of its
-/// buckets R times a step, once per round of gradients (the caller releases
-/// what it sent, so each launch carries that round's gradients); any other
-/// queue launches once, as with R = 1.
+/// With learn_rounds(), a queue launches each of its buckets R times a step,
+/// R the greatest common divisor of its parameters' gradient counts in the
+/// first step (the micro-batches: a parameter used twice a micro-batch
+/// counts two), once per round of gradients (the caller releases what it
+/// sent, so each launch carries that round's gradients). A queue holding a
+/// parameter the first step gave no gradient launches once.
 class BucketLauncher {
  public:
   /// `buckets[b]`: indices into `params`. `queues[q]`: bucket indices in
@@ -83,9 +84,11 @@ class BucketLauncher {
   /// Launches every bucket not launched yet, queue by queue, in order (and,
   /// for a queue of several rounds, the rounds its hooks did not reach).
   void flush();
-  /// Rounds a step (micro-batches); takes effect from the next step learned.
-  void set_rounds(int rounds) { rounds_ = rounds < 1 ? 1 : rounds; }
-  /// With rounds, in the first step (which only counts, so hooks cannot
+  /// Launch in rounds (see above), learned from the first step.
+  void learn_rounds() { learn_rounds_ = true; }
+  /// Rounds a step of queue q (1 until learned).
+  int rounds(std::size_t q) const { return queue_rounds_[q]; }
+  /// With learn_rounds(), in the first step (which only counts, so hooks cannot
   /// tell a micro-batch's end): a forward is starting; if gradients arrived
   /// since the last launch, every bucket is launched now, in queue order.
   void forward_starts();
@@ -116,8 +119,8 @@ class BucketLauncher {
   std::vector<int> launches_;     ///< per bucket: launched this step
   std::vector<std::size_t> next_;  ///< per queue
   std::vector<int> round_;         ///< per queue: the round its next launch belongs to
-  std::vector<int> queue_rounds_;  ///< per queue: rounds a step (1 unless every parameter divides by rounds_)
-  int rounds_ = 1;
+  std::vector<int> queue_rounds_;  ///< per queue: rounds a step (1 unless learn_rounds_)
+  bool learn_rounds_ = false;
   bool learned_ = false;
   bool flushed_ = false;
   bool fired_since_launch_ = false;  ///< the first step: a gradient since the last forward_starts launch

@@ -385,8 +385,8 @@ struct Shards {
   bool backward = false;     ///< the step is in its backward (prefetch goes to earlier blocks)
   int prefetch = 1;
   bool reshard_after_forward = true;
-  /// reduce_per_micro_batch: the micro-batches of a rank's step (else 1).
-  int micro_batch_rounds = 1;
+  /// reduce_per_micro_batch: reduce-scatter once per micro-batch (rounds).
+  bool per_micro_batch = false;
   /// Set by the reducer with rounds: told when a block's forward starts.
   std::function<void()> forward_starts;
   std::size_t stage3_gathers = 0;     ///< since the last report
@@ -674,8 +674,9 @@ class ZeroReducer : public GradReducer {
                                                  overlap, s_->dist->rank(), [this](std::size_t b) { launch(b); });
     // reduce_per_micro_batch (stages 2 and 3: what a launch sent is
     // released, so each round carries its own micro-batch's gradients).
-    if (s_->stage >= 2 && s_->micro_batch_rounds > 1) {
-      launcher_->set_rounds(s_->micro_batch_rounds);
+    // The rounds (micro-batches) are learned from the first step's counts.
+    if (s_->stage >= 2 && s_->per_micro_batch) {
+      launcher_->learn_rounds();
       s_->forward_starts = [this] { launcher_->forward_starts(); };
     }
   }
@@ -874,11 +875,7 @@ class ZeroFeature : public Feature {
     const int stage = static_cast<int>(rt.config().get_int(kStage));
     const int prefetch = static_cast<int>(rt.config().get_int("features.zero.prefetch"));
     const bool reshard = rt.config().get_bool("features.zero.reshard_after_forward");
-    // reduce_per_micro_batch: the executor runs global batch / replicas /
-    // micro-batch micro-batches (the replicas come with the mesh).
     const bool per_micro_batch = rt.config().get_bool(kPerMicroBatch);
-    const std::int64_t samples_per_micro = rt.config().get_int("training.micro_batch_size");
-    const std::int64_t global_samples = rt.config().get_int("training.global_batch_size");
     if (stage >= 3 && rt.config().get_bool("features.zero.block_cache")) {
       memory::use_block_cache(std::size_t{1} << 20,
                               static_cast<std::size_t>(rt.config().get_int("features.zero.block_cache_mb")) << 20);
@@ -894,17 +891,14 @@ class ZeroFeature : public Feature {
       if (gauge) gauge->set(static_cast<double>(opt->state_bytes()));
       return opt;
     });
-    rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard, per_micro_batch, samples_per_micro, global_samples](const ReducerOptions& o, const std::vector<ParamEntry>& params,
+    rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard, per_micro_batch](
+                                    const ReducerOptions& o, const std::vector<ParamEntry>& params,
                                                 dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
       if (!*shards) *shards = std::make_shared<Shards>(params, d);
       (*shards)->stage = stage;
       (*shards)->prefetch = prefetch;
       (*shards)->reshard_after_forward = reshard;
-      if (per_micro_batch) {
-        const std::int64_t per_rank = global_samples / std::max(1, d.mesh().replicas());
-        (*shards)->micro_batch_rounds =
-            static_cast<int>(std::max<std::int64_t>(1, per_rank / std::max<std::int64_t>(1, samples_per_micro)));
-      }
+      (*shards)->per_micro_batch = per_micro_batch;
       (*shards)->bucket_bytes = o.bucket_bytes;
       (*shards)->overlap = o.overlap;
       (*shards)->plan_gathers();

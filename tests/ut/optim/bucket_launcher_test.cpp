@@ -112,17 +112,18 @@ TEST(BucketLauncher, UnhookedQueuesAndOverlapOffLaunchOnlyAtFlushAfterTheHookedO
   EXPECT_EQ(off.early(), 0u);
 }
 
-// Rounds (zero's reduce_per_micro_batch): with two micro-batches a step and
-// set_rounds(2), every bucket is launched once per micro-batch, from inside
-// that micro-batch's backward, in queue order (in the first step, which
-// learns the counts, at the next forward's start); a queue whose counts do
-// not divide by the rounds (a parameter reached three times) launches once.
+// Rounds (zero's reduce_per_micro_batch): with learn_rounds() and two
+// micro-batches a step, every bucket is launched once per micro-batch, from
+// inside that micro-batch's backward, in queue order (in the first step,
+// which learns the counts, at the next forward's start); a queue whose
+// counts have no common divisor (a parameter reached three times, the
+// others twice) launches once.
 TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
   Chain c;
   Recorder r;
   hp::BucketLauncher l(c.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
                        [&](std::size_t b) { r.events.push_back("b" + std::to_string(b)); });
-  l.set_rounds(2);
+  l.learn_rounds();
   // Step 1 learns two gradients each; the hooks cannot tell where a
   // micro-batch ends, the next forward's start can: it launches them all.
   l.forward_starts();  // nothing arrived yet: nothing to send
@@ -153,15 +154,20 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
   Recorder r2;
   hp::BucketLauncher once(odd.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
                           [&](std::size_t b) { r2.events.push_back("b" + std::to_string(b)); });
-  once.set_rounds(2);
+  once.learn_rounds();
   for (int step = 0; step < 2; ++step) {
     r2.events.clear();
-    for (int mb = 0; mb < 3; ++mb) odd.backward();
+    // Two micro-batches, and w0 used once more (counts 3, 2, 2, 2): their
+    // greatest common divisor is 1, so the queue launches once.
+    for (int mb = 0; mb < 2; ++mb) odd.backward();
+    (odd.params[0].tensor * 2.0).sum().backward();
     r2.events.push_back("end");
     once.flush();
     once.end_step();
   }
   EXPECT_EQ(r2.events, (std::vector<std::string>{"b0", "b1", "b2", "end"}));
+  EXPECT_EQ(once.rounds(0), 1);
+  EXPECT_EQ(l.rounds(0), 2);
 }
 
 TEST(BucketLauncher, AGradientAfterItsBucketWasLaunchedIsRefusedNamingTheParameter) {
