@@ -333,6 +333,7 @@ BucketLauncher::BucketLauncher(const std::vector<ParamEntry>& params, std::vecto
   }
   fires_.assign(params.size(), 0);
   launches_.assign(buckets_.size(), 0);
+  late_.assign(buckets_.size(), false);
   never_.assign(buckets_.size(), true);
   next_.assign(queues_.size(), 0);
   round_.assign(queues_.size(), 0);
@@ -356,13 +357,16 @@ BucketLauncher::~BucketLauncher() {
 
 void BucketLauncher::accumulated(std::size_t i) {
   fires_[i] += 1;
-  if (!learned_) {
-    fired_since_launch_ = true;
-    return;
-  }
+  if (!learned_ && !provisional_) return;
   const auto b = static_cast<std::size_t>(bucket_of_[i]);
   const auto q = static_cast<std::size_t>(queue_of_[b]);
   if (fires_[i] > expected_[i]) {
+    if (launches_[b] >= queue_rounds_[q] && provisional_) {
+      // More than the first step's guess, after its bucket went: flush
+      // sends it once more.
+      late_[b] = true;
+      return;
+    }
     if (launches_[b] >= queue_rounds_[q]) {
       throw std::runtime_error("rank " + std::to_string(rank_) + ": gradient reduction overlap: " + names_[i] +
                                " received gradient " + std::to_string(fires_[i]) +
@@ -404,13 +408,15 @@ void BucketLauncher::launch_ready(std::size_t q) {
   }
 }
 
-void BucketLauncher::forward_starts() {
-  if (learned_ || !learn_rounds_ || flushed_ || !fired_since_launch_ || !hooks_->token) return;
-  fired_since_launch_ = false;
-  for (std::size_t q = 0; q < queues_.size(); ++q) {
-    if (!hooked_[q]) continue;
-    for (auto b : queues_[q]) launch_bucket(b);
-  }
+void BucketLauncher::guess_first_step(int per_step) {
+  if (learned_ || !hooks_->token || per_step < 1) return;
+  // Until the first step has counted, each parameter is expected to get
+  // per_step gradients (one per micro-batch); the buckets then launch from
+  // the hooks as in a learned step.
+  provisional_ = true;
+  expected_.assign(fires_.size(), per_step);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) never_[b] = !hooked_[static_cast<std::size_t>(queue_of_[b])];
+  for (std::size_t q = 0; q < queues_.size(); ++q) queue_rounds_[q] = learn_rounds_ && hooked_[q] ? per_step : 1;
 }
 
 void BucketLauncher::flush() {
@@ -427,19 +433,25 @@ void BucketLauncher::flush() {
       }
     }
   }
+  for (std::size_t q = 0; q < queues_.size(); ++q) {
+    for (auto b : queues_[q]) {
+      if (late_[b]) launch_bucket(b);
+    }
+  }
 }
 
 void BucketLauncher::end_step() {
   if (!learned_ && hooks_->token) {
     expected_ = fires_;
     learned_ = true;
+    provisional_ = false;
   }
   std::fill(fires_.begin(), fires_.end(), 0);
+  std::fill(late_.begin(), late_.end(), false);
   std::fill(launches_.begin(), launches_.end(), 0);
   std::fill(next_.begin(), next_.end(), 0);
   std::fill(round_.begin(), round_.end(), 0);
   flushed_ = false;
-  fired_since_launch_ = false;
   last_early_ = early_;
   early_ = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {

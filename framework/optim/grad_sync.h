@@ -33,6 +33,9 @@ class GradReducer {
   /// Sums gradients over the replicating groups. The loss is already
   /// divided by the global token count, so the sum is the average.
   virtual void reduce() = 0;
+  /// Called at the step's start with the micro-batches this rank runs in
+  /// it (normally one gradient per parameter each).
+  virtual void begin_step(int /*micro_batches*/) {}
   /// Called once the step's last backward has run, before any hook or
   /// collective of the step's end: a reducer that launched reductions during
   /// backward launches the rest now, so every rank issues them in the same
@@ -54,7 +57,8 @@ class GradReducer {
 /// LibTorch 1.13 has no post-accumulate-grad hook: a post-hook on each
 /// parameter's AccumulateGrad node counts the gradients it accumulates (once
 /// per backward that reaches it: micro-batches, pipeline schedules and
-/// recompute regions all just fire it). The first step only counts; from the
+/// recompute regions all just fire it). The first step counts (and only
+/// counts, unless guess_first_step gave it counts to go by); from the
 /// second a parameter is complete at that count, and the buckets at the
 /// head of a queue are handed to `launch` as soon as they are complete,
 /// strictly in queue order, so every rank issues one queue's reductions in
@@ -88,10 +92,13 @@ class BucketLauncher {
   void learn_rounds() { learn_rounds_ = true; }
   /// Rounds a step of queue q (1 until learned).
   int rounds(std::size_t q) const { return queue_rounds_[q]; }
-  /// With learn_rounds(), in the first step (which only counts, so hooks cannot
-  /// tell a micro-batch's end): a forward is starting; if gradients arrived
-  /// since the last launch, every bucket is launched now, in queue order.
-  void forward_starts();
+  /// Before the first step: each parameter is expected to get `per_step`
+  /// gradients in it (one per micro-batch), so its buckets launch from the
+  /// hooks already (with learn_rounds, once per micro-batch) instead of all
+  /// at flush; only for a caller that releases what it sends (a parameter
+  /// getting more than guessed sends the rest again at flush). The first
+  /// step still counts, and the counts replace the guess.
+  void guess_first_step(int per_step);
   /// After the step's reductions are waited: the first step's counts are
   /// learned; everything is reset for the next step.
   void end_step();
@@ -117,13 +124,14 @@ class BucketLauncher {
   std::vector<int> fires_, expected_;
   std::vector<bool> never_;       ///< per bucket: never ready from hooks (flush launches it)
   std::vector<int> launches_;     ///< per bucket: launched this step
+  std::vector<bool> late_;        ///< per bucket: a gradient beyond the first step's guess after it went
   std::vector<std::size_t> next_;  ///< per queue
   std::vector<int> round_;         ///< per queue: the round its next launch belongs to
   std::vector<int> queue_rounds_;  ///< per queue: rounds a step (1 unless learn_rounds_)
   bool learn_rounds_ = false;
   bool learned_ = false;
   bool flushed_ = false;
-  bool fired_since_launch_ = false;  ///< the first step: a gradient since the last forward_starts launch
+  bool provisional_ = false;  ///< the first step, launching on guess_first_step's counts
   std::size_t early_ = 0, last_early_ = 0;
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;

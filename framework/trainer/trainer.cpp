@@ -389,6 +389,7 @@ StepResult TrainingRun::step(std::int64_t step) {
   const double global_tokens = static_cast<double>(train_.global_batch * train_.seq_len);
   StepWork work;
   work.micro_batches = per_rank / train_.micro_batch;
+  reducer_->begin_step(static_cast<int>(work.micro_batches));
   work.loss_scale = 1.0 / global_tokens;
   // The global batch is laid out the same on every layout: replica d takes
   // samples [d * per_rank, (d + 1) * per_rank).
@@ -450,6 +451,7 @@ double TrainingRun::evaluate() {
   const std::int64_t per_rank = train_.eval_samples / replicas;
   StepWork work;
   work.micro_batches = per_rank / train_.micro_batch;
+  reducer_->begin_step(static_cast<int>(work.micro_batches));
   work.backward = false;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   work.batch = [&](std::int64_t mb) {

@@ -88,7 +88,8 @@ struct Shards {
   double bucket_bytes = 25.0 * 1024 * 1024;
   dist::DistributedContext* dist = nullptr;
 
-  Shards(const std::vector<ParamEntry>& params, dist::DistributedContext& d) : dist(&d) {
+  Shards(const std::vector<ParamEntry>& params, dist::DistributedContext& d, int zero_stage)
+      : dist(&d), stage(zero_stage) {
     for (const auto& p : params) {
       Cut c;
       c.param = p;
@@ -108,7 +109,9 @@ struct Shards {
         const auto& pl = c.slice_spec.placements;
         c.slice_spec.box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(d.mesh(), pl, d.rank())).boxes.at(0);
       }
-      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+      // Stage 1 keeps every full gradient from the start; stages 2 and 3
+      // make them in backward (none is held before the first step).
+      if (stage < 2 && !p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       // A placeholder with the slice's shape (the optimizer's state is made
       // from it); the first reduction replaces it. Never written, so its
       // pages are never touched.
@@ -387,8 +390,6 @@ struct Shards {
   bool reshard_after_forward = true;
   /// reduce_per_micro_batch: reduce-scatter once per micro-batch (rounds).
   bool per_micro_batch = false;
-  /// Set by the reducer with rounds: told when a block's forward starts.
-  std::function<void()> forward_starts;
   std::size_t stage3_gathers = 0;     ///< since the last report
   std::size_t stage3_prefetched = 0;  ///< of those, in flight before their block asked (prefetch)
   double gathered_bytes = 0, gathered_peak = 0;  ///< whole-parameter bytes held now / at most since the report
@@ -675,12 +676,14 @@ class ZeroReducer : public GradReducer {
     // reduce_per_micro_batch (stages 2 and 3: what a launch sent is
     // released, so each round carries its own micro-batch's gradients).
     // The rounds (micro-batches) are learned from the first step's counts.
-    if (s_->stage >= 2 && s_->per_micro_batch) {
-      launcher_->learn_rounds();
-      s_->forward_starts = [this] { launcher_->forward_starts(); };
-    }
+    if (s_->stage >= 2 && s_->per_micro_batch) launcher_->learn_rounds();
   }
-  ~ZeroReducer() override { s_->forward_starts = nullptr; }
+  // Stages 2 and 3 release what a launch sent, so the first step can launch
+  // on a guess (one gradient per micro-batch) instead of holding every full
+  // gradient until its end.
+  void begin_step(int micro_batches) override {
+    if (s_->stage >= 2) launcher_->guess_first_step(micro_batches);
+  }
   void backward_done() override { launcher_->flush(); }
   void reduce() override {
     launcher_->flush();
@@ -838,7 +841,7 @@ class ZeroFeature : public Feature {
         .describe("Stage 3: how many blocks ahead (in forward; behind, in backward) a block's parameter gather is "
                   "issued while the current block computes.");
     s.add_bool(prefix + "block_cache", true)
-        .describe("Stage 3: serve blocks of 1 MiB and more (a gathered block's storage, its gather buffers, the "
+        .describe("Stage 3: serve blocks of 256 KiB and more (a gathered block's storage, its gather buffers, the "
                   "activations) from mappings of their own, freed ones kept for reuse by exact size, instead of "
                   "glibc's heap, where blocks gathered and freed between the activations fragment it and the "
                   "process holds far more than it uses.")
@@ -877,7 +880,7 @@ class ZeroFeature : public Feature {
     const bool reshard = rt.config().get_bool("features.zero.reshard_after_forward");
     const bool per_micro_batch = rt.config().get_bool(kPerMicroBatch);
     if (stage >= 3 && rt.config().get_bool("features.zero.block_cache")) {
-      memory::use_block_cache(std::size_t{1} << 20,
+      memory::use_block_cache(std::size_t{256} << 10,
                               static_cast<std::size_t>(rt.config().get_int("features.zero.block_cache_mb")) << 20);
     }
     metrics::Gauge* gauge = rt.has_metrics()
@@ -885,7 +888,7 @@ class ZeroFeature : public Feature {
         : nullptr;
     rt.set_optimizer("zero", [shards, gauge, stage](const OptimizerOptions& o, const std::vector<ParamEntry>& params,
                                                      dist::DistributedContext& d) -> std::unique_ptr<Optimizer> {
-      if (!*shards) *shards = std::make_shared<Shards>(params, d);
+      if (!*shards) *shards = std::make_shared<Shards>(params, d, stage);
       (*shards)->stage = stage;
       auto opt = std::make_unique<ZeroOptimizer>(o, *shards);
       if (gauge) gauge->set(static_cast<double>(opt->state_bytes()));
@@ -894,7 +897,7 @@ class ZeroFeature : public Feature {
     rt.set_grad_reducer("zero", [shards, stage, prefetch, reshard, per_micro_batch](
                                     const ReducerOptions& o, const std::vector<ParamEntry>& params,
                                                 dist::DistributedContext& d) -> std::unique_ptr<GradReducer> {
-      if (!*shards) *shards = std::make_shared<Shards>(params, d);
+      if (!*shards) *shards = std::make_shared<Shards>(params, d, stage);
       (*shards)->stage = stage;
       (*shards)->prefetch = prefetch;
       (*shards)->reshard_after_forward = reshard;
@@ -909,9 +912,6 @@ class ZeroFeature : public Feature {
     BlockObserver watch;
     watch.before = [shards, stage](int block) {
       if (!*shards) return;
-      // reduce_per_micro_batch's first step: a new micro-batch's forward
-      // (not a recompute replay) sends what the last one accumulated.
-      if ((*shards)->forward_starts && !aux_loss_replaying()) (*shards)->forward_starts();
       if (stage >= 3) (*shards)->before_block3(block);
       else (*shards)->before_block(block);
     };

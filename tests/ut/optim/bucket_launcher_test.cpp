@@ -114,8 +114,8 @@ TEST(BucketLauncher, UnhookedQueuesAndOverlapOffLaunchOnlyAtFlushAfterTheHookedO
 
 // Rounds (zero's reduce_per_micro_batch): with learn_rounds() and two
 // micro-batches a step, every bucket is launched once per micro-batch, from
-// inside that micro-batch's backward, in queue order (in the first step,
-// which learns the counts, at the next forward's start); a queue whose
+// inside that micro-batch's backward, in queue order (in the first step on
+// guess_first_step's counts, later on the learned ones); a queue whose
 // counts have no common divisor (a parameter reached three times, the
 // others twice) launches once.
 TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
@@ -124,20 +124,9 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
   hp::BucketLauncher l(c.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
                        [&](std::size_t b) { r.events.push_back("b" + std::to_string(b)); });
   l.learn_rounds();
-  // Step 1 learns two gradients each; the hooks cannot tell where a
-  // micro-batch ends, the next forward's start can: it launches them all.
-  l.forward_starts();  // nothing arrived yet: nothing to send
-  c.backward();
-  r.events.push_back("fwd");
-  l.forward_starts();
-  l.forward_starts();  // again before any gradient: nothing
-  c.backward();
-  r.events.push_back("end");
-  l.flush();
-  l.end_step();
-  EXPECT_EQ(r.events, (std::vector<std::string>{"fwd", "b0", "b1", "b2", "end", "b0", "b1", "b2"}));
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 3; ++step) {
     r.events.clear();
+    l.guess_first_step(2);  // only the first step goes by it
     c.backward();
     r.events.push_back("mb");
     c.backward();
@@ -146,9 +135,8 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
     l.end_step();
     EXPECT_EQ(r.events, (std::vector<std::string>{"b0", "b1", "b2", "mb", "b0", "b1", "b2", "end"})) << step;
     EXPECT_EQ(l.early(), 6u);
-    l.forward_starts();  // learned: the hooks do it, a forward launches nothing
-    EXPECT_EQ(r.events.size(), 8u);
   }
+  EXPECT_EQ(l.rounds(0), 2);
 
   Chain odd;
   Recorder r2;
@@ -157,6 +145,7 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
   once.learn_rounds();
   for (int step = 0; step < 2; ++step) {
     r2.events.clear();
+    once.guess_first_step(2);
     // Two micro-batches, and w0 used once more (counts 3, 2, 2, 2): their
     // greatest common divisor is 1, so the queue launches once.
     for (int mb = 0; mb < 2; ++mb) odd.backward();
@@ -164,10 +153,28 @@ TEST(BucketLauncher, RoundsLaunchEveryBucketOncePerMicroBatchFromItsBackward) {
     r2.events.push_back("end");
     once.flush();
     once.end_step();
+    if (step == 0) {
+      // w0's third gradient came after its bucket's last round on the
+      // guess: the flush sends that bucket once more.
+      EXPECT_EQ(r2.events, (std::vector<std::string>{"b0", "b1", "b2", "b0", "b1", "b2", "end", "b2"}));
+    }
   }
   EXPECT_EQ(r2.events, (std::vector<std::string>{"b0", "b1", "b2", "end"}));
   EXPECT_EQ(once.rounds(0), 1);
-  EXPECT_EQ(l.rounds(0), 2);
+
+  // Without rounds the guess launches each bucket once, at its last
+  // micro-batch's gradient, in the first step already.
+  Chain plain;
+  Recorder r3;
+  hp::BucketLauncher one(plain.params, {{3, 2}, {1}, {0}}, {{0, 1, 2}}, {true}, true, 0,
+                         [&](std::size_t b) { r3.events.push_back("b" + std::to_string(b)); });
+  one.guess_first_step(2);
+  plain.backward();
+  r3.events.push_back("mb");
+  plain.backward();
+  r3.events.push_back("end");
+  one.flush();
+  EXPECT_EQ(r3.events, (std::vector<std::string>{"mb", "b0", "b1", "b2", "end"}));
 }
 
 TEST(BucketLauncher, AGradientAfterItsBucketWasLaunchedIsRefusedNamingTheParameter) {
