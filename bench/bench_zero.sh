@@ -6,7 +6,8 @@
 # (VmHWM) of training (rank 0, before the run's final save: the last step's
 # peak_resident_memory_bytes) and of the whole run (every rank, the final
 # save included: a save gathers whole tensors) and the step time; then zero at dp=2 with distributed.overlap on
-# against off, and stage 3 at dp=2 with reduce_per_micro_batch and without the block cache.
+# against off, and stage 3 at dp=2 with reduce_per_micro_batch (alone and with recompute) and without the
+# block cache, at dp=4 with recompute.
 #   bash bench/bench_zero.sh [hidden=256] [steps=12] [layers=4]
 # Each rank gets cores / ranks intra-op threads (hp-launch), so dp=4 on this
 # 2-core machine runs 4 single-thread processes on 2 cores: its step times
@@ -46,16 +47,22 @@ done
   --set run.output_dir="$W/dp2_1_overlap" > "$W/dp2_1_overlap.log" 2>&1 || { cat "$W/dp2_1_overlap.log"; exit 1; }
 # Stage 3 at dp=2 with the gradients reduce-scattered per micro-batch
 # (features.zero.reduce_per_micro_batch: no full gradients held across the
-# micro-batches; numbers within the bars, not bitwise) and with the block
-# cache off (glibc's heap, as before it).
-for v in pmb nocache; do
+# micro-batches; numbers within the bars, not bitwise), that with activation
+# recompute, and with the block cache off (glibc's heap, as before it); at
+# dp=4 (one micro-batch a rank) stage 3 with recompute.
+VARIANTS="2:pmb 2:pmb_rc 2:nocache"
+[[ " $DPS " == *" 4 "* ]] && VARIANTS="$VARIANTS 4:rc"
+for dv in $VARIANTS; do
+  dp=${dv%%:*}; v=${dv#*:}
   case $v in
     pmb) vargs=(--set features.zero.reduce_per_micro_batch=true) ;;
+    pmb_rc) vargs=(--set features.zero.reduce_per_micro_batch=true --set features.recompute.enabled=true) ;;
+    rc) vargs=(--set features.recompute.enabled=true) ;;
     nocache) vargs=(--set features.zero.block_cache=false) ;;
   esac
-  "$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set features.zero.stage=3 "${vargs[@]}" \
-    ${EXTRA[@]+"${EXTRA[@]}"} --set run.output_dir="$W/dp2_3_$v" > "$W/dp2_3_$v.log" 2>&1 \
-    || { cat "$W/dp2_3_$v.log"; exit 1; }
+  "$BIN/hp-train" "$W/c.yaml" --nproc "$dp" --set features.zero.enabled=true --set features.zero.stage=3 "${vargs[@]}" \
+    ${EXTRA[@]+"${EXTRA[@]}"} --set run.output_dir="$W/dp${dp}_3_$v" > "$W/dp${dp}_3_$v.log" 2>&1 \
+    || { cat "$W/dp${dp}_3_$v.log"; exit 1; }
 done
 python3 - "$W" "$H" "$L" "$T" "$B" "$DPS" <<'PY'
 import json, re, statistics, sys
@@ -109,12 +116,15 @@ if r3 and "zero_block_gathers" in r3[-1]:
           f"{statistics.median(r['zero_block_gathers_prefetched'] for r in r3):.0f} of them prefetched; at most "
           f"{max(r['zero_gathered_peak_bytes'] for r in r3) / MiB:.1f} of {r3[-1]['zero_sharded_param_bytes'] / MiB:.1f} "
           f"MiB of parameters whole at once")
-if 2 in DPS:
-    base, base_peak = step_seconds("dp2_off"), train_peak("dp2_off")
-    for v, what in (("pmb", "reduce_per_micro_batch: true"), ("nocache", "block_cache: false")):
-        print(f"dp=2 stage 3 with {what}: training peak {train_peak(f'dp2_3_{v}'):.0f} MiB "
-              f"({train_peak(f'dp2_3_{v}') / base_peak:.2f}x plain), step {step_seconds(f'dp2_3_{v}'):.3f} s "
-              f"({step_seconds(f'dp2_3_{v}') / base:.2f}x plain)")
+what = {"pmb": "reduce_per_micro_batch: true", "pmb_rc": "reduce_per_micro_batch: true and recompute",
+        "nocache": "block_cache: false", "rc": "recompute"}
+for dp, v in [(2, "pmb"), (2, "pmb_rc"), (2, "nocache"), (4, "rc")]:
+    if dp not in DPS:
+        continue
+    base, base_peak = step_seconds(f"dp{dp}_off"), train_peak(f"dp{dp}_off")
+    print(f"dp={dp} stage 3 with {what[v]}: training peak {train_peak(f'dp{dp}_3_{v}'):.0f} MiB "
+          f"({train_peak(f'dp{dp}_3_{v}') / base_peak:.2f}x plain), step {step_seconds(f'dp{dp}_3_{v}'):.3f} s "
+          f"({step_seconds(f'dp{dp}_3_{v}') / base:.2f}x plain)")
 on, off = step_seconds("dp2_1_overlap"), step_seconds("dp2_1_blocking")
 wait = statistics.mean(r.get("zero_gather_wait_seconds", 0) for r in rows("dp2_1_overlap")[1:])
 print(f"dp=2 stage 1: overlap on {on:.3f} s vs off {off:.3f} s ({100 * (on / off - 1):+.1f}%); with it on, the "

@@ -845,7 +845,7 @@ class ZeroFeature : public Feature {
                   "activations) from mappings of their own, freed ones kept for reuse by exact size, instead of "
                   "glibc's heap, where blocks gathered and freed between the activations fragment it and the "
                   "process holds far more than it uses.")
-        .note("12 x 768 GPT, dp=2: peak resident memory 1838 -> 1547 MiB at the same step time (RFC 0006)");
+        .note("12 x 768 GPT, dp=2: peak resident memory 2152 -> 1487 MiB (RFC 0006)");
     s.add_int(prefix + "block_cache_mb", 256)
         .range(0, 1 << 20)
         .describe("Stage 3 with block_cache: at most this many MiB of freed blocks kept for reuse (the oldest are "
