@@ -6,6 +6,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include "backends/memory/block_cache.h"
 
@@ -104,3 +108,25 @@ TEST_F(BlockCache, RawAllocateAndDeallocateWorkForLargeAndSmallBlocks) {
 }
 
 }  // namespace
+
+// A block the system will not map is a one-line error naming the size and
+// the cause, thrown to the caller (not an abort): a child process under an
+// address-space limit asks for more than the limit allows.
+TEST_F(BlockCache, AMappingTheSystemRefusesIsAnErrorNamingTheSize) {
+  EXPECT_EXIT(
+      {
+        struct rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        limit.rlim_cur = std::size_t{4} << 30;  // 4 GiB of address space
+        setrlimit(RLIMIT_AS, &limit);
+        try {
+          at::Tensor t = at::empty({std::int64_t{2} << 30}, at::kFloat);  // 8 GiB
+          std::fprintf(stderr, "mapped\n");
+          std::exit(1);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(0);
+        }
+      },
+      ::testing::ExitedWithCode(0), "block cache: mapping 8589934592 bytes: Cannot allocate memory \\(out of memory or address space\\)");
+}
