@@ -34,6 +34,12 @@ run moe_1p2t "HP_INTRA_OP_THREADS=2" "${moe[@]}"
 run moe_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}"
 run dense_1p2t "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
 run dense_dp2 "" --nproc 2 --set model.ffn_hidden=$((2 * 4 * H))
+# The same MoE with a capacity of 1.25 x the balanced share per expert
+# (tokens over it dropped, as Switch, GShard and DeepSpeed's MoE do): the
+# busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
+cap=(--set model.moe.capacity_factor=1.25)
+run moe_1p2t_cap "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}"
+run moe_ep2_cap "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}"
 if [ "$ONLY" = speed ]; then
   python3 - "$W" <<'PY'
 import json, sys
@@ -44,14 +50,17 @@ def tps(name):
     r = rows(name)
     return sum(x["tokens_per_second"] for x in r) / len(r)
 # Each MoE run against the dense run of the same processes and threads.
-print(f"{'run':44s} {'tokens/s':>10s} {'x dense':>8s} {'imbalance':>10s}")
+print(f"{'run':52s} {'tokens/s':>10s} {'x dense':>8s} {'imbalance':>10s} {'dropped':>8s}")
 for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
+                           ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
                            ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
+                           ("moe_ep2_cap", "MoE, ep=2, capacity factor 1.25", "dense_dp2"),
                            ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2")]:
     r = rows(name)
     imb = sum(x.get("moe_load_imbalance_max", 0) for x in r) / len(r)
-    print(f"{label:44s} {tps(name):10.0f} {tps(name) / tps(dense):8.2f} {imb:10.3f}")
+    drop = sum(x.get("moe_dropped_fraction_max", 0) for x in r) / len(r)
+    print(f"{label:52s} {tps(name):10.0f} {tps(name) / tps(dense):8.2f} {imb:10.3f} {drop:8.3f}")
 PY
   exit 0
 fi
