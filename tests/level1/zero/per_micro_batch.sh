@@ -2,15 +2,17 @@
 # features.zero.reduce_per_micro_batch (stages 2 and 3, as DeepSpeed and
 # FSDP reduce): each micro-batch's gradients are reduce-scattered from
 # backward and the slices added up, so no rank holds full gradients across
-# micro-batches (in the first step, which learns the gradient counts, the
-# next micro-batch's forward sends the last one's). The sums run in another order than stage 1's, so the bar
+# micro-batches (in the first step, before the gradient counts are known,
+# on a guess of one gradient per parameter and micro-batch). The sums run in another order than stage 1's, so the bar
 # is one process's (docs/PARITY.md: first-step loss and every gradient
 # 1e-5, 20-step losses 1e-4, eval 1e-5): stage 3 at dp=2 and dp=4 (one
 # micro-batch a rank: the option changes nothing), stage 2 at dp=2,
 # stage 3 at pp=2 x dp=2 (the pipeline's micro-batches). Each step of the
 # dp=2 runs, the first included, launches one reduce-scatter per bucket and
-# micro-batch. Stage 1
-# with the option is refused before start.
+# micro-batch; without the option, too, stage 3's first step launches
+# every bucket from backward (no full gradients held to its end). Stage 3
+# with the option resumes bitwise at the same layout. Stage 1 with the
+# option is refused before start.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -18,7 +20,9 @@ common=(--set training.dump_grads_at_step=1)
 z=(--set features.zero.enabled=true --set features.zero.reduce_per_micro_batch=true --set distributed.overlap=true
    --set distributed.bucket_size_mb=0.004)
 run ref 1
-run dp2z3 2 "${z[@]}" --set features.zero.stage=3
+run dp2z3 2 "${z[@]}" --set features.zero.stage=3 --set checkpoint.interval=10
+run dp2z3again 2 "${z[@]}" --set features.zero.stage=3 --set checkpoint.resume="$WORK/dp2z3/checkpoints/step_00000010"
+resumed_bitwise dp2z3 dp2z3again 11
 run dp2z3once 2 "${z[@]}" --set features.zero.stage=3 --set features.zero.reduce_per_micro_batch=false
 run dp2z2 2 "${z[@]}" --set features.zero.stage=2
 run dp4z3 4 "${z[@]}" --set features.zero.stage=3
@@ -40,6 +44,9 @@ print(f"reduce-scatters per step: per micro-batch {per[:3]}..., once {once[:3]}.
       f"{buckets[0]:.0f} buckets")
 ok = all(n == 2 * buckets[0] for n in per) and all(n == buckets[0] for n in once)
 ok = ok and all(n == 2 * buckets[0] for n in s2)
+early = col(sys.argv[2], "grad_buckets_early")
+print(f"without the option, buckets launched from backward per step: {early[:3]}...")
+ok = ok and all(n == buckets[0] for n in early)
 sys.exit(0 if ok else 1)
 PY
 set +e
