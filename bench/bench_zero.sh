@@ -64,6 +64,13 @@ for dv in $VARIANTS; do
     ${EXTRA[@]+"${EXTRA[@]}"} --set run.output_dir="$W/dp${dp}_3_$v" > "$W/dp${dp}_3_$v.log" 2>&1 \
     || { cat "$W/dp${dp}_3_$v.log"; exit 1; }
 done
+# Stage 3 at dp=2 with the trace on (4 steps): how much of the parameter
+# gathers' time the blocks' compute hides (bench/trace_overlap.py --gathers).
+if [[ " $DPS " == *" 2 "* ]]; then
+  "$BIN/hp-train" "$W/c.yaml" --nproc 2 --set features.zero.enabled=true --set features.zero.stage=3 \
+    --set run.profile.enabled=true --set training.max_steps=4 ${EXTRA[@]+"${EXTRA[@]}"} \
+    --set run.output_dir="$W/dp2_3_trace" > "$W/dp2_3_trace.log" 2>&1 || { cat "$W/dp2_3_trace.log"; exit 1; }
+fi
 python3 - "$W" "$H" "$L" "$T" "$B" "$DPS" <<'PY'
 import json, re, statistics, sys
 w, H, L, T, B = sys.argv[1], *map(int, sys.argv[2:6])
@@ -131,3 +138,6 @@ print(f"dp=2 stage 1: overlap on {on:.3f} s vs off {off:.3f} s ({100 * (on / off
       f"forward still waited {1000 * wait:.2f} ms per step for {rows('dp2_1_overlap')[-1].get('zero_gathers', 0):.0f} "
       f"parameter gathers")
 PY
+if [[ " $DPS " == *" 2 "* ]]; then
+  python3 bench/trace_overlap.py --gathers "$W/dp2_3_trace" | sed "s|$W/dp2_3_trace|dp=2 stage 3, 4 traced steps|"
+fi

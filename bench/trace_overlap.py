@@ -3,9 +3,13 @@ profile (run.profile.enabled): per rank, the time of the asynchronous
 all_reduce spans (Chrome "X" events, category "comm", name "all_reduce",
 args.async = 1) that lies inside a backward span (category "compute", name
 "backward") of the same rank, over the total time of those all_reduce spans.
-Standard library only.
+With --gathers: the fraction of zero stage 3's parameter-gather time hidden
+behind compute instead: per rank, 1 - (time in "zero_gather_wait" spans, a
+block waiting for its gather and writing it into the parameters) / (time of
+the asynchronous all_gather spans, issue to completion). Standard library
+only.
 
-  python3 bench/trace_overlap.py RUN_DIR_OR_TRACE_JSON...
+  python3 bench/trace_overlap.py [--gathers] RUN_DIR_OR_TRACE_JSON...
 
 A run directory is read through its merged trace.json (one pid per rank), or
 its trace/rank*.json when there is no merged file.
@@ -87,8 +91,38 @@ def analyse(path):
     return frac
 
 
+def analyse_gathers(path):
+    files, events = load_events(path)
+    if not files:
+        print(f"{path}: no trace.json nor trace/rank*.json (was run.profile.enabled on?)")
+        return None
+    flight, waited = {}, {}
+    for rank, e in events:
+        if e.get("ph") != "X":
+            continue
+        dur = float(e.get("dur", 0))
+        if e.get("cat") == "comm" and e.get("name") == "all_gather" and is_async(e):
+            flight[rank] = flight.get(rank, 0.0) + dur
+        elif e.get("cat") == "comm" and e.get("name") == "zero_gather_wait":
+            waited[rank] = waited.get(rank, 0.0) + dur
+    if not flight:
+        print(f"{path}: no asynchronous all_gather spans: not a zero stage-3 run with the trace on")
+        return None
+    total, wait = sum(flight.values()), sum(waited.values())
+    for rank in sorted(flight, key=str):
+        t, w = flight[rank], waited.get(rank, 0.0)
+        print(f"  rank {rank}: gathers in flight {t / 1e3:.1f} ms, blocks waited {w / 1e3:.1f} ms")
+    frac = max(0.0, 1.0 - wait / total)
+    print(f"{path}: fraction of parameter-gather time hidden behind compute: {100 * frac:.1f}% "
+          f"({wait / 1e3:.1f} ms waited of {total / 1e3:.1f} ms in flight, all ranks)")
+    return frac
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: trace_overlap.py RUN_DIR_OR_TRACE_JSON...")
-    for p in sys.argv[1:]:
-        analyse(p)
+    args = sys.argv[1:]
+    gathers = "--gathers" in args
+    args = [a for a in args if a != "--gathers"]
+    if not args:
+        sys.exit("usage: trace_overlap.py [--gathers] RUN_DIR_OR_TRACE_JSON...")
+    for p in args:
+        (analyse_gathers if gathers else analyse)(p)
