@@ -325,6 +325,59 @@ std::unique_ptr<Work> Group::all_gather_async(const at::Tensor& t, std::int64_t 
       [out, dim]() { return at::cat((*out)[0], dim); });
 }
 
+std::unique_ptr<Work> Group::all_gather_into_async(const at::Tensor& in, std::vector<std::vector<at::Tensor>> out) {
+  std::vector<std::int64_t> lens(out.size(), 0);
+  for (std::size_t m = 0; m < out.size(); ++m) {
+    for (const auto& p : out[m]) {
+      if (!p.is_contiguous() || p.scalar_type() != in.scalar_type()) {
+        throw std::logic_error("internal error: all_gather_into on group '" + name_ +
+                               "' got a destination piece that is not contiguous or not of the input's type; please report");
+      }
+      lens[m] += p.numel();
+    }
+  }
+  if (static_cast<int>(out.size()) != size() || in.dim() != 1 || !in.is_contiguous() ||
+      lens[static_cast<std::size_t>(my_index_)] != in.numel()) {
+    throw std::logic_error("internal error: all_gather_into on group '" + name_ + "' got pieces for " +
+                           std::to_string(out.size()) + " members (group of " + std::to_string(size()) +
+                           ") or not this member's length " + std::to_string(in.numel()) + "; please report");
+  }
+  // Member m's stream from `all` (its elements first) into its pieces.
+  auto place = [](const std::vector<at::Tensor>& pieces, const at::Tensor& all) {
+    std::int64_t off = 0;
+    for (const auto& p : pieces) {
+      p.view({-1}).copy_(all.narrow(0, off, p.numel()));
+      off += p.numel();
+    }
+  };
+  if (size() == 1) {
+    place(out[0], in);
+    return local("all_gather", in);
+  }
+  const std::uint64_t bytes = nbytes(in) * static_cast<std::uint64_t>(size() - 1);
+  // Members decide alike: the segment and the device are the group's.
+  if (pg_->shm && in.device().is_cpu()) {
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "all_gather", bytes, [&](c10d::ProcessGroup&) { return shm->all_gather_into(in, std::move(out)); },
+        flight::Kind::kCollective, -1, [in]() { return in; });
+  }
+  const std::int64_t longest = std::max<std::int64_t>(*std::max_element(lens.begin(), lens.end()), 1);
+  at::Tensor padded = in.numel() == longest ? in : at::cat({in, at::zeros({longest - in.numel()}, in.options())});
+  auto gathered = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+  for (int i = 0; i < size(); ++i) (*gathered)[0].push_back(at::empty_like(padded));
+  std::vector<at::Tensor> inputs{padded};
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_;
+  auto dests = std::make_shared<std::vector<std::vector<at::Tensor>>>(std::move(out));
+  return launch(
+      "all_gather", bytes, [&](c10d::ProcessGroup& pg) { return pg.allgather(*gathered, inputs, o); },
+      flight::Kind::kCollective, -1, [gathered, dests, place, in]() {
+        for (std::size_t m = 0; m < dests->size(); ++m) place((*dests)[m], (*gathered)[0][m]);
+        return in;
+      });
+}
+
 at::Tensor Group::all_gather(const at::Tensor& t, std::int64_t dim) {
   if (size() == 1) return t.clone();
   return at::cat(all_gather_list(t), dim);

@@ -107,6 +107,15 @@ class Group {
   std::unique_ptr<Work> all_gather_async(const at::Tensor& t, std::int64_t dim = 0);
   /// Every member's `t` (shapes may differ along dim 0 only if `sizes` given).
   std::vector<at::Tensor> all_gather_list(const at::Tensor& t);
+  /// Every member's `in` (1-D, contiguous; the members' lengths may differ)
+  /// written into `out[m]`, member m's pieces in order: contiguous tensors of
+  /// in's type whose element counts add up to member m's length (every member
+  /// passes pieces of the same sizes; this member's own are filled too). On
+  /// shared memory each member's bytes go from the segment straight into the
+  /// pieces; on Gloo the inputs are gathered (padded to the longest) and
+  /// copied into the pieces when the Work is waited. The pieces must stay
+  /// untouched until then; the Work's result is `in`.
+  std::unique_ptr<Work> all_gather_into_async(const at::Tensor& in, std::vector<std::vector<at::Tensor>> out);
   /// Sum over members of `t`, split evenly along `dim`; this member's chunk.
   /// `t.size(dim)` must be divisible by the group size.
   at::Tensor reduce_scatter(const at::Tensor& t, std::int64_t dim = 0,

@@ -378,6 +378,9 @@ struct Shards {
     bool pinned = false;  ///< read by later blocks too: released only at the step's end
     Residency state = Residency::kHere;
     std::optional<dist::UnevenGather> work;
+    /// The gather in flight when it writes straight into the parameters'
+    /// storage (every member's slice of each parameter one contiguous range).
+    std::unique_ptr<dist::Work> direct;
     at::Tensor shards;  ///< this rank's slices of the unit's parameters, one flat tensor (c.shard views it)
     at::DataPtr storage;  ///< the gathered parameters' one buffer while whole (each storage a range of it)
   };
@@ -452,7 +455,9 @@ struct Shards {
       auto it = index.find(key);
       if (it == index.end()) {
         it = index.emplace(key, units.size()).first;
-        units.push_back(Unit{key.first, key.second, {}, false, Residency::kHere, std::nullopt});
+        units.emplace_back();
+        units.back().block = key.first;
+        units.back().group = key.second;
       }
       units[it->second].cuts.push_back(i);
       if (!cuts[i].param.also_used_by.empty()) units[it->second].pinned = true;
@@ -511,10 +516,28 @@ struct Shards {
     memory::release_block_cache();  // the whole parameters just freed are not asked for again
   }
 
+  /// Issues unit u's gather. The parameters get their storage now: where
+  /// every member's slice of each is one contiguous range of it (slices
+  /// along the first dimension), the gather writes straight into it;
+  /// otherwise the gathered slices are copied in when it lands.
   void issue(std::size_t u) {
     Unit& unit = units[u];
     if (unit.state != Residency::kReleased) return;
-    unit.work = gather_slices(unit.group, unit.cuts, [](const Cut& c) { return c.shard; }, unit.shards);
+    allocate_storage(unit);
+    gathered_bytes += unit_bytes(unit);
+    gathered_peak = std::max(gathered_peak, gathered_bytes);
+    auto& g = dist->group(unit.group);
+    std::vector<std::vector<at::Tensor>> into(static_cast<std::size_t>(g.size()));
+    bool direct = unit.shards.defined();
+    for (int m = 0; m < g.size() && direct; ++m) {
+      for (std::size_t i : unit.cuts) {
+        at::Tensor piece = cuts[i].slice_of(alias_of(cuts[i].param.tensor), m);
+        direct = direct && piece.is_contiguous();
+        if (piece.numel() > 0) into[static_cast<std::size_t>(m)].push_back(piece);
+      }
+    }
+    if (direct) unit.direct = g.all_gather_into_async(unit.shards, std::move(into));
+    else unit.work = gather_slices(unit.group, unit.cuts, [](const Cut& c) { return c.shard; }, unit.shards);
     unit.state = Residency::kInFlight;
     ++stage3_gathers;
   }
@@ -536,18 +559,22 @@ struct Shards {
     span.arg("block", unit.block);
     std::vector<at::Tensor> all;
     try {
-      all = unit.work->wait();
+      if (unit.direct) unit.direct->wait();
+      else all = unit.work->wait();
     } catch (const dist::CommError& e) {
+      unit.direct.reset();
+      unit.work.reset();
+      unit.state = Residency::kHere;  // storage allocated: a release frees it
       throw dist::CommError("zero stage 3: rank " + std::to_string(dist->rank()) + " gathering the parameters of " +
                             describe_unit(unit) + ": " + e.what());
     }
+    if (unit.work) {
+      std::vector<at::Tensor> targets;
+      for (std::size_t i : unit.cuts) targets.push_back(alias_of(cuts[i].param.tensor));
+      place_slices(unit.cuts, all, /*skip=*/-1, targets);
+    }
+    unit.direct.reset();
     unit.work.reset();
-    gathered_bytes += unit_bytes(unit);
-    gathered_peak = std::max(gathered_peak, gathered_bytes);
-    allocate_storage(unit);
-    std::vector<at::Tensor> targets;
-    for (std::size_t i : unit.cuts) targets.push_back(alias_of(cuts[i].param.tensor));
-    place_slices(unit.cuts, all, /*skip=*/-1, targets);
     unit.state = Residency::kHere;
   }
 
@@ -591,13 +618,28 @@ struct Shards {
     gather_for(block);
   }
 
+  /// Whether `block` is among the first (from_end: last) 1 + prefetch of
+  /// this rank's blocks: those a backward (from_end) or the next
+  /// micro-batch's forward asks for before any compute could hide their
+  /// gather, so they stay whole across the turn instead of being gathered
+  /// again at once (FSDP keeps the last block for backward the same way).
+  bool at_turn(int block, bool from_end) const {
+    auto pos = std::find(blocks.begin(), blocks.end(), block);
+    if (pos == blocks.end()) return false;
+    const std::ptrdiff_t i = pos - blocks.begin();
+    const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(blocks.size());
+    return (from_end ? n - 1 - i : i) <= prefetch;
+  }
+
   void after_block3(int block, const Activations& in, const Activations& out) {
     if (!sharded_now) return;
     // Before the block's backward its parameters come back; once the
     // gradient of its input exists its backward is done with them.
+    bool backward_follows = false;
     for (const auto& item : out.items()) {
       const at::Tensor& t = item.value();
       if (t.defined() && t.requires_grad()) {
+        backward_follows = true;
         const_cast<at::Tensor&>(t).register_hook([this, block](const at::Tensor&) {
           backward = true;
           gather_for(block);
@@ -607,11 +649,15 @@ struct Shards {
     for (const auto& item : in.items()) {
       const at::Tensor& t = item.value();
       if (t.defined() && t.requires_grad()) {
-        const_cast<at::Tensor&>(t).register_hook([this, block](const at::Tensor&) { release_block(block); });
+        const_cast<at::Tensor&>(t).register_hook([this, block](const at::Tensor&) {
+          if (!at_turn(block, /*from_end=*/false)) release_block(block);
+        });
       }
     }
     // A forward replayed by recompute is followed by its backward at once.
-    if (reshard_after_forward && !aux_loss_replaying()) release_block(block);
+    if (reshard_after_forward && !aux_loss_replaying() && !(backward_follows && at_turn(block, /*from_end=*/true))) {
+      release_block(block);
+    }
   }
 
   /// After the step's reduction: everything back to slices.

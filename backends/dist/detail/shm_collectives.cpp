@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -138,11 +139,12 @@ struct ShmCollectives::Impl {
   std::uint32_t barriers = 0;  ///< passed by this member (its thread only)
   std::uint64_t pieces = 0;    ///< reduced so far: picks the slot set
 
-  enum class Kind { kAllReduce, kReduceScatter, kAllGather };
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllGatherInto };
   struct Op {
     Kind kind = Kind::kAllReduce;
     at::Tensor in, out;  ///< all_reduce: in place in `in`
     std::vector<std::int64_t> offsets;  ///< reduce_scatter: member m's chunk is elements [offsets[m], offsets[m + 1])
+    std::vector<std::vector<at::Tensor>> pieces;  ///< all_gather_into: member m's destination pieces
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
   std::mutex mu;
@@ -279,6 +281,56 @@ struct ShmCollectives::Impl {
     }
   }
 
+  /// Bytes [off, off + n) of a member's stream, from `src`, into its
+  /// destination pieces (`ends`: each piece's end in the stream).
+  static void scatter_bytes(const std::vector<at::Tensor>& pieces, const std::vector<std::size_t>& ends,
+                            std::size_t off, const char* src, std::size_t n) {
+    std::size_t k = static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), off) - ends.begin());
+    while (n > 0 && k < pieces.size()) {
+      const std::size_t begin = ends[k] - pieces[k].nbytes();
+      const std::size_t take = std::min(n, ends[k] - off);
+      std::memcpy(static_cast<char*>(pieces[k].data_ptr()) + (off - begin), src, take);
+      src += take;
+      off += take;
+      n -= take;
+      ++k;
+    }
+  }
+
+  /// Every member's `in` into its pieces: each member copies its own piece
+  /// of the stream into its slot, then every other member's from theirs
+  /// straight into the destination (its own bytes it copies directly).
+  void all_gather_into(const at::Tensor& in, const std::vector<std::vector<at::Tensor>>& dests) {
+    std::vector<std::vector<std::size_t>> ends(static_cast<std::size_t>(size));
+    std::vector<std::size_t> lens(static_cast<std::size_t>(size), 0);
+    for (int j = 0; j < size; ++j) {
+      for (const auto& p : dests[static_cast<std::size_t>(j)]) {
+        lens[static_cast<std::size_t>(j)] += p.nbytes();
+        ends[static_cast<std::size_t>(j)].push_back(lens[static_cast<std::size_t>(j)]);
+      }
+    }
+    const char* src = static_cast<const char*>(in.data_ptr());
+    const std::size_t mine = lens[static_cast<std::size_t>(member)];
+    scatter_bytes(dests[static_cast<std::size_t>(member)], ends[static_cast<std::size_t>(member)], 0, src, mine);
+    const std::size_t longest = *std::max_element(lens.begin(), lens.end());
+    auto part = [](std::size_t len, std::size_t off, std::size_t piece) {
+      return off >= len ? std::size_t{0} : std::min(piece, len - off);
+    };
+    for (std::size_t off = 0; off < longest; off += ShmCollectives::kSlotBytes) {
+      const std::size_t piece = std::min(ShmCollectives::kSlotBytes, longest - off);
+      const int set = static_cast<int>(pieces++ & 1);
+      const std::size_t own = part(mine, off, piece);
+      if (own > 0) std::memcpy(slot(set, member), src + off, own);
+      barrier();
+      for (int j = 0; j < size; ++j) {
+        const std::size_t n = part(lens[static_cast<std::size_t>(j)], off, piece);
+        if (j != member && n > 0) {
+          scatter_bytes(dests[static_cast<std::size_t>(j)], ends[static_cast<std::size_t>(j)], off, slot(set, j), n);
+        }
+      }
+    }
+  }
+
   void run_op(const Op& op) {
     const bool dbl = op.in.scalar_type() == at::kDouble;
     switch (op.kind) {
@@ -287,6 +339,7 @@ struct ShmCollectives::Impl {
         dbl ? reduce_scatter<double>(op.in, op.out, op.offsets) : reduce_scatter<float>(op.in, op.out, op.offsets);
         break;
       case Kind::kAllGather: all_gather(op.in, op.out); break;
+      case Kind::kAllGatherInto: all_gather_into(op.in, op.pieces); break;
     }
   }
 
@@ -336,13 +389,15 @@ bool ShmCollectives::supports_copy(const at::Tensor& t) {
 }
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(int kind, at::Tensor in, at::Tensor out,
-                                                     std::vector<std::int64_t> offsets) {
+                                                     std::vector<std::int64_t> offsets,
+                                                     std::vector<std::vector<at::Tensor>> pieces) {
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
   Impl::Op op;
   op.kind = static_cast<Impl::Kind>(kind);
   op.in = std::move(in);
   op.out = std::move(out);
   op.offsets = std::move(offsets);
+  op.pieces = std::move(pieces);
   op.future = future;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -363,6 +418,11 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::reduce_scatter_sum(const at::Tens
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather(const at::Tensor& in, const at::Tensor& out) {
   return enqueue(static_cast<int>(Impl::Kind::kAllGather), in, out, {});
+}
+
+c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather_into(const at::Tensor& in,
+                                                             std::vector<std::vector<at::Tensor>> out) {
+  return enqueue(static_cast<int>(Impl::Kind::kAllGatherInto), in, at::Tensor(), {}, std::move(out));
 }
 
 std::shared_ptr<ShmCollectives> ShmCollectives::create(const c10::intrusive_ptr<c10d::Store>& store, int member, int size,

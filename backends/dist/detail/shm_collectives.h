@@ -72,11 +72,16 @@ class ShmCollectives {
                                                     std::vector<std::int64_t> offsets);
   /// `out` (size × in's elements) = member 0's `in`, member 1's, ...
   c10::intrusive_ptr<c10d::Work> all_gather(const at::Tensor& in, const at::Tensor& out);
+  /// Member m's `in` (lengths may differ between members) written into
+  /// `out[m]`, its pieces in order (contiguous; their bytes add up to member
+  /// m's), straight from the slots: no gathered copy in between.
+  c10::intrusive_ptr<c10d::Work> all_gather_into(const at::Tensor& in, std::vector<std::vector<at::Tensor>> out);
 
  private:
   struct Impl;
   explicit ShmCollectives(std::unique_ptr<Impl> impl);
-  c10::intrusive_ptr<c10d::Work> enqueue(int kind, at::Tensor in, at::Tensor out, std::vector<std::int64_t> offsets);
+  c10::intrusive_ptr<c10d::Work> enqueue(int kind, at::Tensor in, at::Tensor out, std::vector<std::int64_t> offsets,
+                                         std::vector<std::vector<at::Tensor>> pieces = {});
   std::unique_ptr<Impl> impl_;
 };
 

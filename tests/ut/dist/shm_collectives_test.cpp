@@ -116,6 +116,59 @@ TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
   }
 }
 
+TEST(ShmCollectives, AllGatherIntoPiecesPutsEveryMembersBytesInItsPiecesOnBothPaths) {
+  // Member m's length: several slots for some, one element, none (member 1).
+  auto length = [](int m) -> std::int64_t { return m == 1 ? 0 : m == 2 ? 1 : 2 * kSlotFloats + 333 * (m + 1); };
+  // Member m's pieces: cut at a third and at one element past the half (a
+  // piece of zero elements included when the length is small).
+  auto cuts = [&](int m) {
+    const std::int64_t n = length(m);
+    const std::int64_t a = n / 3, b = std::min(n, n / 2 + 1);
+    return std::vector<std::int64_t>{a, b - a, n - b};
+  };
+  for (int n : {2, 3, 4}) {
+    for (bool shm : {true, false}) {
+      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
+        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
+        auto& g = ctx.group("world");
+        const int r = ctx.rank();
+        std::vector<std::vector<torch::Tensor>> out(static_cast<std::size_t>(n));
+        std::vector<torch::Tensor> whole;
+        for (int m = 0; m < n; ++m) {
+          // Each member's destination: pieces of one buffer after five guard
+          // elements that must stay untouched.
+          whole.push_back(torch::full({length(m) + 5}, -7.0f));
+          std::int64_t off = 5;
+          for (std::int64_t k : cuts(m)) {
+            out[static_cast<std::size_t>(m)].push_back(whole.back().narrow(0, off, k));
+            off += k;
+          }
+        }
+        // Twice in flight, the second on a stream of another size (the pieces
+        // of round one are filled when round two is issued).
+        auto first = g.all_gather_into_async(input_of(r, 7, length(r), at::kFloat), out);
+        auto second_in = input_of(r, 8, 3, at::kFloat);
+        std::vector<std::vector<torch::Tensor>> out2(static_cast<std::size_t>(n));
+        std::vector<torch::Tensor> whole2;
+        for (int m = 0; m < n; ++m) {
+          whole2.push_back(torch::empty({3}));
+          out2[static_cast<std::size_t>(m)].push_back(whole2.back());
+        }
+        auto second = g.all_gather_into_async(second_in, out2);
+        second->wait();
+        first->wait();
+        for (int m = 0; m < n; ++m) {
+          const auto& w = whole[static_cast<std::size_t>(m)];
+          EXPECT_TRUE(torch::equal(w.narrow(0, 5, length(m)), input_of(m, 7, length(m), at::kFloat)))
+              << "n=" << n << " shm=" << shm << " rank " << r << " member " << m;
+          EXPECT_TRUE(torch::equal(w.narrow(0, 0, 5), torch::full({5}, -7.0f))) << "wrote before the pieces";
+          EXPECT_TRUE(torch::equal(whole2[static_cast<std::size_t>(m)], input_of(m, 8, 3, at::kFloat)));
+        }
+      });
+    }
+  }
+}
+
 TEST(ShmCollectives, ManyInFlightBesideGlooOperationsInIssueOrder) {
   hp::test::run_ranks(hp::test::grid(1, 3, 1), with_shm(true), [&](DistributedContext& ctx) {
     auto& g = ctx.group("world");
