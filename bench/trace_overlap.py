@@ -6,8 +6,9 @@ args.async = 1) that lies inside a backward span (category "compute", name
 With --gathers: the fraction of zero stage 3's parameter-gather time hidden
 behind compute instead: per rank, 1 - (time in "zero_gather_wait" spans, a
 block waiting for its gather and writing it into the parameters) / (time of
-the asynchronous all_gather spans, issue to completion). Standard library
-only.
+the asynchronous all_gather spans, issue to completion), both counted only
+when they start inside a forward or backward span (a checkpoint save's
+gathers have no compute to hide behind). Standard library only.
 
   python3 bench/trace_overlap.py [--gathers] RUN_DIR_OR_TRACE_JSON...
 
@@ -96,15 +97,25 @@ def analyse_gathers(path):
     if not files:
         print(f"{path}: no trace.json nor trace/rank*.json (was run.profile.enabled on?)")
         return None
-    flight, waited = {}, {}
+    # Only the gathers of forward and backward count: those of a save (every
+    # parameter gathered at once, nothing to hide behind) start outside them.
+    compute, gathers, waits = {}, {}, {}
     for rank, e in events:
         if e.get("ph") != "X":
             continue
-        dur = float(e.get("dur", 0))
-        if e.get("cat") == "comm" and e.get("name") == "all_gather" and is_async(e):
-            flight[rank] = flight.get(rank, 0.0) + dur
+        span = (float(e["ts"]), float(e.get("dur", 0)))
+        if e.get("cat") == "compute" and e.get("name") in ("forward", "backward"):
+            compute.setdefault(rank, []).append((span[0], span[0] + span[1]))
+        elif e.get("cat") == "comm" and e.get("name") == "all_gather" and is_async(e):
+            gathers.setdefault(rank, []).append(span)
         elif e.get("cat") == "comm" and e.get("name") == "zero_gather_wait":
-            waited[rank] = waited.get(rank, 0.0) + dur
+            waits.setdefault(rank, []).append(span)
+    flight, waited = {}, {}
+    for rank in gathers:
+        merged = union(compute.get(rank, []))
+        inside = lambda t: any(b <= t <= e for b, e in merged)
+        flight[rank] = sum(d for t, d in gathers[rank] if inside(t))
+        waited[rank] = sum(d for t, d in waits.get(rank, []) if inside(t))
     if not flight:
         print(f"{path}: no asynchronous all_gather spans: not a zero stage-3 run with the trace on")
         return None
