@@ -6,9 +6,10 @@
 # step beside the theory; expert-parameter bytes per rank; load imbalance
 # over the run with the aux loss, with the bias method, and with neither.
 #   bash bench/bench_moe.sh [steps=80] [speed]
-# `speed` runs only the four throughput runs (MoE and dense at 1 process x 2
-# threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread) and prints
-# each MoE run over the dense run of the same layout, with the load imbalance.
+# `speed` runs only the throughput runs (MoE and dense at 1 process x 2
+# threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
+# capacity factor), BENCH_REPS times interleaved, and prints each MoE run
+# over the dense run of the same layout, with the load imbalance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
@@ -37,38 +38,50 @@ run() {  # NAME ENV ARGS...
   env $envs "$BIN/hp-train" "$W/c.yaml" --set run.output_dir="$W/$name" "$@" > "$W/$name.log" 2>&1 \
     || { cat "$W/$name.log"; exit 1; }
 }
-run moe_1p2t "HP_INTRA_OP_THREADS=2" "${moe[@]}"
-run moe_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}"
-run dense_1p2t "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
-run dense_dp2 "" --nproc 2 --set model.ffn_hidden=$((2 * 4 * H))
-# The same MoE with a capacity of 1.25 x the balanced share per expert
-# (tokens over it dropped, as Switch, GShard and DeepSpeed's MoE do): the
-# busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
+# The throughput runs; `speed` repeats them BENCH_REPS times (default 3),
+# interleaved, since single runs on this machine scatter by 10-20 %.
 cap=(--set model.moe.capacity_factor=1.25)
-run moe_1p2t_cap "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}"
-run moe_ep2_cap "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}"
+throughput() {  # SUFFIX
+  run moe_1p2t$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}"
+  run dense_1p2t$1 "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
+  run moe_ep2$1 "" --nproc 2 "${moe[@]}" "${ep[@]}"
+  run dense_dp2$1 "" --nproc 2 --set model.ffn_hidden=$((2 * 4 * H))
+  # The same MoE with a capacity of 1.25 x the balanced share per expert
+  # (tokens over it dropped, as Switch, GShard and DeepSpeed's MoE do): the
+  # busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
+  run moe_1p2t_cap$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}"
+  run moe_ep2_cap$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}"
+}
+if [ "$ONLY" != speed ]; then
+  throughput ""
+else
+  for r in $(seq "${BENCH_REPS:-3}"); do throughput "_r$r"; done
+fi
 if [ "$ONLY" = speed ]; then
-  python3 - "$W" "$WARMUP" <<'PY'
-import json, sys
-w, warm = sys.argv[1], int(sys.argv[2])
+  python3 - "$W" "$WARMUP" "${BENCH_REPS:-3}" <<'PY'
+import json, statistics, sys
+w, warm, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def rows(name):  # the steps after the learning-rate warm-up
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][max(1, warm):]
-def tps(name):
+def mean(name, key):
     r = rows(name)
-    return sum(x["tokens_per_second"] for x in r) / len(r)
-print(f"steps {warm + 1} on (after the learning-rate warm-up), mean over the steps")
-# Each MoE run against the dense run of the same processes and threads.
-print(f"{'run':52s} {'tokens/s':>10s} {'x dense':>8s} {'imbalance':>10s} {'dropped':>8s}")
+    return sum(x.get(key, 0) for x in r) / len(r)
+print(f"steps {warm + 1} on (after the learning-rate warm-up): mean tokens/s per run, median of {reps} "
+      f"interleaved repetitions; x dense: the median of each repetition's ratio (and their range)")
+print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")
 for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
                            ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
                            ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
                            ("moe_ep2_cap", "MoE, ep=2, capacity factor 1.25", "dense_dp2"),
                            ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2")]:
-    r = rows(name)
-    imb = sum(x.get("moe_load_imbalance_max", 0) for x in r) / len(r)
-    drop = sum(x.get("moe_dropped_fraction_max", 0) for x in r) / len(r)
-    print(f"{label:52s} {tps(name):10.0f} {tps(name) / tps(dense):8.2f} {imb:10.3f} {drop:8.3f}")
+    runs = [f"{name}_r{r}" for r in range(1, reps + 1)]
+    tps = [mean(n, "tokens_per_second") for n in runs]
+    ratio = [mean(n, "tokens_per_second") / mean(f"{dense}_r{r}", "tokens_per_second") for r, n in enumerate(runs, 1)]
+    imb = statistics.median(mean(n, "moe_load_imbalance_max") for n in runs)
+    drop = statistics.median(mean(n, "moe_dropped_fraction_max") for n in runs)
+    print(f"{label:44s} {statistics.median(tps):9.0f} {statistics.median(ratio):8.2f} "
+          f"{min(ratio):5.2f}-{max(ratio):<5.2f} {imb:10.3f} {drop:8.3f}")
 PY
   exit 0
 fi

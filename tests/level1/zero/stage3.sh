@@ -2,8 +2,9 @@
 # zero stage 3 (parameters sharded, gathered per block): bitwise equal to
 # stage 1 at the same layout (losses of 20 steps, grad norms, eval losses,
 # every gradient of step 1) at dp=2, dp=4, tp=2 x dp=2, pp=2 x dp=2, ep=2
-# (MoE), with recompute, with tied embeddings, without resharding after
-# forward and without prefetch; after each step a rank holds 1/dp of the
+# (MoE) on 2 processes and on 4 (edp=2: experts sharded too), with
+# recompute, with tied embeddings, without resharding after forward and
+# without prefetch; after each step a rank holds 1/dp of the
 # sharded parameters' bytes, and at most a few blocks' parameters are
 # whole at once during a step (the current block and the one prefetched:
 # less than all of them); with prefetch 1 the next block's gather is in
@@ -44,6 +45,9 @@ same dp4 4 -
 same tp2dp2 4 - --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 same pp2dp2 4 - --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
 same ep2 2 - "${moe[@]}" --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
+# ep=2 over 4 processes: edp has two members, so the experts' units are
+# sharded and gathered over edp beside the dense units over dp.
+same ep2edp2 4 - "${moe[@]}" --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
 same tied 2 - --set model.tie_embeddings=true
 # Recompute, overlap and these two options leave the numbers alone (zero
 # with recompute is bitwise zero without: level1.zero.parity; overlap on is
