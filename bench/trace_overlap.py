@@ -58,16 +58,24 @@ def covered(b, e, merged):
     return sum(max(0.0, min(e, me) - max(b, mb)) for mb, me in merged)
 
 
-def analyse(path):
+def complete_spans(path):
+    """Every complete ("X") event of the run as (rank, event, begin, end) in
+    microseconds, or None (said why) when the run has no trace."""
     files, events = load_events(path)
     if not files:
         print(f"{path}: no trace.json nor trace/rank*.json (was run.profile.enabled on?)")
         return None
+    return [(rank, e, float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for rank, e in events if e.get("ph") == "X"]
+
+
+def analyse(path):
+    spans = complete_spans(path)
+    if spans is None:
+        return None
     backward, reduce_async, reduce_sync = {}, {}, {}
-    for rank, e in events:
-        if e.get("ph") != "X":
-            continue
-        span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+    for rank, e, b, end in spans:
+        span = (b, end)
         if e.get("cat") == "compute" and e.get("name") == "backward":
             backward.setdefault(rank, []).append(span)
         elif e.get("cat") == "comm" and e.get("name") == "all_reduce":
@@ -93,19 +101,16 @@ def analyse(path):
 
 
 def analyse_gathers(path):
-    files, events = load_events(path)
-    if not files:
-        print(f"{path}: no trace.json nor trace/rank*.json (was run.profile.enabled on?)")
+    spans = complete_spans(path)
+    if spans is None:
         return None
     # Only the gathers of forward and backward count: those of a save (every
     # parameter gathered at once, nothing to hide behind) start outside them.
     compute, gathers, waits = {}, {}, {}
-    for rank, e in events:
-        if e.get("ph") != "X":
-            continue
-        span = (float(e["ts"]), float(e.get("dur", 0)))
+    for rank, e, b, end in spans:
+        span = (b, end - b)
         if e.get("cat") == "compute" and e.get("name") in ("forward", "backward"):
-            compute.setdefault(rank, []).append((span[0], span[0] + span[1]))
+            compute.setdefault(rank, []).append((b, end))
         elif e.get("cat") == "comm" and e.get("name") == "all_gather" and is_async(e):
             gathers.setdefault(rank, []).append(span)
         elif e.get("cat") == "comm" and e.get("name") == "zero_gather_wait":
