@@ -502,7 +502,20 @@ std::unique_ptr<Work> Group::all_to_all_async(const at::Tensor& t, const std::ve
   std::vector<std::int64_t> sc = send_counts, rc = recv_counts;
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
-  const std::int64_t row = t.size(0) ? static_cast<std::int64_t>(nbytes(in)) / t.size(0) : 0;
+  std::int64_t row = 1;
+  for (std::int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+  row *= static_cast<std::int64_t>(t.element_size());
+  // Members decide alike: the segment and the device are the group's.
+  if (pg_->shm && in.device().is_cpu()) {
+    std::vector<std::int64_t> sb, rb;
+    for (auto c : sc) sb.push_back(c * row);
+    for (auto c : rc) rb.push_back(c * row);
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
+        [&](c10d::ProcessGroup&) { return shm->all_to_all(in, out, std::move(sb), std::move(rb)); },
+        flight::Kind::kCollective, -1, [in, out]() { return out; });
+  }
   return launch(
       "all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
       [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); }, flight::Kind::kCollective,

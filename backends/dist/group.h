@@ -4,6 +4,8 @@
 //   all_reduce, broadcast, send/recv, barrier, uneven all_to_all  -> native
 //   all_gather (flat, along any dim)  -> list all-gather + concatenation
 //   reduce_scatter (along any dim)    -> all-to-all of the chunks + local sum
+// Members on one host go through a shared-memory segment instead (sums,
+// gathers, all-to-all; detail/shm_collectives.h).
 // Every op waits with the group's timeout; a failure throws CommError naming
 // the group, the op, this rank and the group's ranks.
 #include <ATen/core/Tensor.h>

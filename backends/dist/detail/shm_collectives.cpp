@@ -139,11 +139,12 @@ struct ShmCollectives::Impl {
   std::uint32_t barriers = 0;  ///< passed by this member (its thread only)
   std::uint64_t pieces = 0;    ///< reduced so far: picks the slot set
 
-  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllGatherInto };
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllGatherInto, kAllToAll };
   struct Op {
     Kind kind = Kind::kAllReduce;
     at::Tensor in, out;  ///< all_reduce: in place in `in`
-    std::vector<std::int64_t> offsets;  ///< reduce_scatter: member m's chunk is elements [offsets[m], offsets[m + 1])
+    std::vector<std::int64_t> offsets;  ///< reduce_scatter: member m's chunk is elements [offsets[m], offsets[m + 1]); all_to_all: send bytes
+    std::vector<std::int64_t> more;     ///< all_to_all: receive bytes per member
     std::vector<std::vector<at::Tensor>> pieces;  ///< all_gather_into: member m's destination pieces
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
@@ -331,6 +332,48 @@ struct ShmCollectives::Impl {
     }
   }
 
+  /// Round 0 puts every member's send sizes in its slot (so member m's
+  /// part of member j's stream starts at the sum of j's sizes for members
+  /// below m); then the streams go piece by piece as in all_gather_into,
+  /// each member copying from a slot only the bytes meant for it. Its own
+  /// part it copies directly.
+  void all_to_all(const at::Tensor& in, const at::Tensor& out, const std::vector<std::int64_t>& send,
+                  const std::vector<std::int64_t>& recv) {
+    const auto n = static_cast<std::size_t>(size), me = static_cast<std::size_t>(member);
+    const int head = static_cast<int>(pieces++ & 1);
+    std::memcpy(slot(head, member), send.data(), n * sizeof(std::int64_t));
+    barrier();
+    std::vector<std::size_t> from(n, 0), len(n, 0), at(n, 0);
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto* sizes = reinterpret_cast<const std::int64_t*>(slot(head, static_cast<int>(j)));
+      for (std::size_t d = 0; d < n; ++d) {
+        if (d < me) from[j] += static_cast<std::size_t>(sizes[d]);
+        len[j] += static_cast<std::size_t>(sizes[d]);
+      }
+      if (sizes[me] != recv[j]) {
+        throw std::runtime_error("all_to_all: member " + std::to_string(j) + " sends " + std::to_string(sizes[me]) +
+                                 " bytes to member " + std::to_string(member) + ", which expects " +
+                                 std::to_string(recv[j]));
+      }
+      if (j > 0) at[j] = at[j - 1] + static_cast<std::size_t>(recv[j - 1]);
+    }
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    if (recv[me] > 0) std::memcpy(dst + at[me], src + from[me], static_cast<std::size_t>(recv[me]));
+    const std::size_t longest = *std::max_element(len.begin(), len.end());
+    for (std::size_t off = 0; off < longest; off += ShmCollectives::kSlotBytes) {
+      const std::size_t piece = std::min(ShmCollectives::kSlotBytes, longest - off);
+      const int set = static_cast<int>(pieces++ & 1);
+      if (off < len[me]) std::memcpy(slot(set, member), src + off, std::min(piece, len[me] - off));
+      barrier();
+      for (std::size_t j = 0; j < n; ++j) {
+        // Bytes [from[j], from[j] + recv[j]) of member j's stream are mine.
+        const std::size_t lo = std::max(off, from[j]), hi = std::min(off + piece, from[j] + static_cast<std::size_t>(recv[j]));
+        if (j != me && lo < hi) std::memcpy(dst + at[j] + (lo - from[j]), slot(set, static_cast<int>(j)) + (lo - off), hi - lo);
+      }
+    }
+  }
+
   void run_op(const Op& op) {
     const bool dbl = op.in.scalar_type() == at::kDouble;
     switch (op.kind) {
@@ -340,6 +383,7 @@ struct ShmCollectives::Impl {
         break;
       case Kind::kAllGather: all_gather(op.in, op.out); break;
       case Kind::kAllGatherInto: all_gather_into(op.in, op.pieces); break;
+      case Kind::kAllToAll: all_to_all(op.in, op.out, op.offsets, op.more); break;
     }
   }
 
@@ -390,7 +434,8 @@ bool ShmCollectives::supports_copy(const at::Tensor& t) {
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(int kind, at::Tensor in, at::Tensor out,
                                                      std::vector<std::int64_t> offsets,
-                                                     std::vector<std::vector<at::Tensor>> pieces) {
+                                                     std::vector<std::vector<at::Tensor>> pieces,
+                                                     std::vector<std::int64_t> more) {
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
   Impl::Op op;
   op.kind = static_cast<Impl::Kind>(kind);
@@ -398,6 +443,7 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(int kind, at::Tensor in, 
   op.out = std::move(out);
   op.offsets = std::move(offsets);
   op.pieces = std::move(pieces);
+  op.more = std::move(more);
   op.future = future;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -423,6 +469,12 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather(const at::Tensor& in, 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather_into(const at::Tensor& in,
                                                              std::vector<std::vector<at::Tensor>> out) {
   return enqueue(static_cast<int>(Impl::Kind::kAllGatherInto), in, at::Tensor(), {}, std::move(out));
+}
+
+c10::intrusive_ptr<c10d::Work> ShmCollectives::all_to_all(const at::Tensor& in, const at::Tensor& out,
+                                                         std::vector<std::int64_t> send_bytes,
+                                                         std::vector<std::int64_t> recv_bytes) {
+  return enqueue(static_cast<int>(Impl::Kind::kAllToAll), in, out, std::move(send_bytes), {}, std::move(recv_bytes));
 }
 
 std::shared_ptr<ShmCollectives> ShmCollectives::create(const c10::intrusive_ptr<c10d::Store>& store, int member, int size,

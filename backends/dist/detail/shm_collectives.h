@@ -12,7 +12,9 @@
 //      (((s0 + s1) + s2) + ...), into its slot and its tensor;   barrier
 //   3. every member copies the other members' summed parts into its tensor.
 // A reduce-scatter is steps 1 and 2 with member i's part its chunk; an
-// all-gather is step 1, then every member copies every slot. Two sets of
+// all-gather is step 1, then every member copies every slot; an
+// all-to-all is an all-gather of the send sizes, then of the send buffers,
+// each member copying only its own parts out of the slots. Two sets of
 // slots alternate, so the barrier of piece k + 1 also says that every
 // member has finished reading the slots of piece k - 1. Every member gets
 // the same bits (each part is summed once, in a fixed order: the order of
@@ -76,12 +78,22 @@ class ShmCollectives {
   /// `out[m]`, its pieces in order (contiguous; their bytes add up to member
   /// m's), straight from the slots: no gathered copy in between.
   c10::intrusive_ptr<c10d::Work> all_gather_into(const at::Tensor& in, std::vector<std::vector<at::Tensor>> out);
+  /// Uneven all-to-all of bytes: `in` holds this member's parts for
+  /// members 0, 1, ... (send_bytes[d] for member d), `out` receives member
+  /// j's part for this member at the sum of recv_bytes[< j]. The members'
+  /// send sizes go through the segment first, so a receiver finds its part
+  /// in each sender's stream; a size that disagrees with recv_bytes fails
+  /// the operation naming both members.
+  c10::intrusive_ptr<c10d::Work> all_to_all(const at::Tensor& in, const at::Tensor& out,
+                                            std::vector<std::int64_t> send_bytes,
+                                            std::vector<std::int64_t> recv_bytes);
 
  private:
   struct Impl;
   explicit ShmCollectives(std::unique_ptr<Impl> impl);
   c10::intrusive_ptr<c10d::Work> enqueue(int kind, at::Tensor in, at::Tensor out, std::vector<std::int64_t> offsets,
-                                         std::vector<std::vector<at::Tensor>> pieces = {});
+                                         std::vector<std::vector<at::Tensor>> pieces = {},
+                                         std::vector<std::int64_t> more = {});
   std::unique_ptr<Impl> impl_;
 };
 

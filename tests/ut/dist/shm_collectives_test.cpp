@@ -1,7 +1,8 @@
 // The shared-memory collectives (ContextOptions::shm_collectives): an
 // all-reduce bitwise the sum in member order on every member, equal to
 // Gloo's at two members; reduce-scatters (uneven) and all-gathers bitwise
-// Gloo's path at 2-4 members; tensors of one element to several slots, in
+// Gloo's path at 2-4 members; uneven all-to-alls deliver what the senders
+// sent on both paths; tensors of one element to several slots, in
 // flight beside Gloo's operations, and failures that name the member: a
 // peer process that exited (a real second process), a peer that never
 // comes (the timeout).
@@ -163,6 +164,45 @@ TEST(ShmCollectives, AllGatherIntoPiecesPutsEveryMembersBytesInItsPiecesOnBothPa
               << "n=" << n << " shm=" << shm << " rank " << r << " member " << m;
           EXPECT_TRUE(torch::equal(w.narrow(0, 0, 5), torch::full({5}, -7.0f))) << "wrote before the pieces";
           EXPECT_TRUE(torch::equal(whole2[static_cast<std::size_t>(m)], input_of(m, 8, 3, at::kFloat)));
+        }
+      });
+    }
+  }
+}
+
+TEST(ShmCollectives, AllToAllDeliversEveryMembersRowsInSourceOrderOnBothPaths) {
+  // Rows member j sends member d: none for some pairs, more than a slot for
+  // one (120000 rows of 5 floats: two pieces), none at all from member 2.
+  auto count = [](int j, int d, int n) -> std::int64_t {
+    if (j == 2 || (j == 1 && d == 0)) return 0;
+    if (j == 0 && d == n - 1) return 120000;
+    return ((j + 1) * (d + 2) * 37) % 101;
+  };
+  auto rows = [](int j, int d, std::int64_t c, at::ScalarType type) {
+    return input_of(j, 10 + static_cast<std::size_t>(d), c * 5, type).view({c, 5});
+  };
+  for (int n : {2, 3, 4}) {
+    for (bool shm : {true, false}) {
+      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
+        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
+        auto& g = ctx.group("world");
+        const int r = ctx.rank();
+        for (auto type : {at::kFloat, at::kLong}) {
+          std::vector<std::int64_t> send, recv;
+          std::vector<torch::Tensor> parts, expected;
+          for (int m = 0; m < n; ++m) {
+            send.push_back(count(r, m, n));
+            recv.push_back(count(m, r, n));
+            parts.push_back(rows(r, m, send.back(), type));
+            expected.push_back(rows(m, r, recv.back(), type));
+          }
+          // Twice in flight, the second the first's reverse.
+          auto first = g.all_to_all_async(torch::cat(parts), send, recv);
+          auto second = g.all_to_all_async(torch::cat(expected), recv, send);
+          const auto back = second->wait();
+          const auto got = first->wait();
+          EXPECT_TRUE(torch::equal(got, torch::cat(expected))) << "n=" << n << " shm=" << shm << " rank " << r;
+          EXPECT_TRUE(torch::equal(back, torch::cat(parts))) << "n=" << n << " shm=" << shm << " rank " << r;
         }
       });
     }
