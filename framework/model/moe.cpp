@@ -323,6 +323,7 @@ at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
 }
 
 ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t count) {
+  const std::int64_t N = r.experts.size(0), k = r.experts.size(1);
   at::Tensor flat_e = r.experts.reshape({-1});
   at::Tensor mine = r.kept.reshape({-1});
   if (first > 0 || count < r.probs.size(1)) {
@@ -334,31 +335,81 @@ ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t 
   g.order = slots.index_select(0, std::get<1>(at::sort(local, /*stable=*/true, /*dim=*/0, false)));
   at::Tensor c = at::bincount(local, {}, count).to(at::kLong).contiguous();
   g.counts.assign(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + count);
+  const std::int64_t M = g.order.size(0);
+  g.token_of = at::div(g.order, k, "floor");
+  g.slot_row = at::full({N * k}, M, at::kLong).index_copy_(0, g.order, at::arange(M, at::kLong)).view({N, k});
   return g;
 }
 
-at::Tensor combine_by_token(const at::Tensor& rows, const at::Tensor& order, std::int64_t n_tokens,
-                            std::int64_t k) {
-  const std::int64_t H = rows.size(1);
-  at::Tensor by_slot = at::zeros({n_tokens * k, H}, rows.options())
-                           .index_copy(0, order, rows)
-                           .view({n_tokens, k, H});
-  // Slot 0 plus the others in slot order: the sum from zero without the
-  // zero (0 + x is x), so no [N, H] zero-fill and one add fewer.
-  at::Tensor out = by_slot.select(1, 0);
-  for (std::int64_t j = 1; j < k; ++j) out = out + by_slot.select(1, j);
-  return k == 1 ? out.contiguous() : out;
+namespace {
+
+/// Token t's rows summed in slot order, [N, H]: slot 0's row plus the
+/// others' in order (a sum from zero without the zero: 0 + x is x); a slot
+/// with no row (slot_row = M) reads an appended zero row.
+at::Tensor sum_slots(const at::Tensor& rows, const at::Tensor& slot_row) {
+  const std::int64_t N = slot_row.size(0), k = slot_row.size(1), M = rows.size(0);
+  const at::Tensor src = N * k == M ? rows : at::cat({rows, at::zeros({1, rows.size(1)}, rows.options())});
+  at::Tensor out = src.index_select(0, slot_row.select(1, 0));
+  for (std::int64_t j = 1; j < k; ++j) out = out + src.index_select(0, slot_row.select(1, j));
+  return out;
+}
+
+/// rows_by_expert: gather forward, gather-sum backward.
+struct SpreadRows : torch::autograd::Function<SpreadRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens, const at::Tensor& token_of,
+                            const at::Tensor& slot_row) {
+    ctx->saved_data["slot_row"] = slot_row;
+    return tokens.index_select(0, token_of);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {sum_slots(grads[0].contiguous(), ctx->saved_data["slot_row"].toTensor()), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// combine_by_token: gather-sum forward, gather backward.
+struct SumSlots : torch::autograd::Function<SumSlots> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& slot_row,
+                            const at::Tensor& token_of) {
+    ctx->saved_data["token_of"] = token_of;
+    return sum_slots(rows, slot_row);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0].contiguous().index_select(0, ctx->saved_data["token_of"].toTensor()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct PermuteRows : torch::autograd::Function<PermuteRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& perm,
+                            const at::Tensor& inverse) {
+    ctx->saved_data["inverse"] = inverse;
+    return x.index_select(0, perm);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0].contiguous().index_select(0, ctx->saved_data["inverse"].toTensor()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor rows_by_expert(const at::Tensor& tokens, const ExpertGroups& g) {
+  return SpreadRows::apply(tokens, g.token_of, g.slot_row);
+}
+
+at::Tensor combine_by_token(const at::Tensor& rows, const ExpertGroups& g) {
+  return SumSlots::apply(rows, g.slot_row, g.token_of);
+}
+
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse) {
+  return PermuteRows::apply(x, perm, inverse);
 }
 
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
                             const at::Tensor& tokens, const Routing& r, bool padded) {
-  const std::int64_t k = r.experts.size(1);
   ExpertGroups g = group_by_expert(r, first_expert, w.w1.size(0));
-  at::Tensor y =
-      w.forward_grouped(tokens.index_select(0, at::div(g.order, k, "floor")), g.counts, padded);
+  at::Tensor y = w.forward_grouped(rows_by_expert(tokens, g), g.counts, padded);
   at::Tensor weight =
       r.weights.reshape({-1}).index_select(0, g.order).unsqueeze(1).to(y.scalar_type());
-  return combine_by_token(y * weight, g.order, tokens.size(0), k);
+  return combine_by_token(y * weight, g);
 }
 
 MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)

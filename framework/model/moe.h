@@ -97,15 +97,28 @@ struct ExpertWeights {
 struct ExpertGroups {
   at::Tensor order;                  ///< [M] int64 flat assignment indices, by expert then token
   std::vector<std::int64_t> counts;  ///< assignments per local expert (sum M)
+  at::Tensor token_of;               ///< [M] the token of each row (order / k)
+  at::Tensor slot_row;               ///< [N, k] the row holding each assignment; M where none does
 };
 ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t count);
 
-/// The un-permute and sum: `rows` [M, H] holds weighted expert outputs of the
-/// flat assignments `order` (of N tokens x k); returns [N, H] where token t
-/// gets the sum of its rows in slot order (= ascending expert order),
-/// starting from zero, as adding them one expert at a time would.
-at::Tensor combine_by_token(const at::Tensor& rows, const at::Tensor& order, std::int64_t n_tokens,
-                            std::int64_t k);
+/// The rows the experts see: token_of's rows of `tokens` [N, H] (a token
+/// once per kept assignment), [M, H]. Its backward sums a token's row
+/// gradients in slot order by gathering them (no zero-filled scatter-add):
+/// the same bits as adding them one expert at a time from zero.
+at::Tensor rows_by_expert(const at::Tensor& tokens, const ExpertGroups& g);
+
+/// The un-permute and sum: `rows` [M, H] holds weighted expert outputs in
+/// the groups' order; returns [N, H] where token t gets the sum of its rows
+/// in slot order (= ascending expert order), slots without a row counting
+/// as zero, as adding them one expert at a time would. One gather per slot
+/// forward, one gather backward (no zero-filled scatter of the rows).
+at::Tensor combine_by_token(const at::Tensor& rows, const ExpertGroups& g);
+
+/// x.index_select(0, perm) for a permutation `perm` whose inverse is
+/// `inverse`; its backward is the gradient's index_select by `inverse`
+/// (no zero-filled scatter-add).
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse);
 
 /// Per-layer counts of one step (for metrics and the aux-free bias).
 struct MoeStats {

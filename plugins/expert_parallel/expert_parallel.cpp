@@ -94,12 +94,11 @@ class ExpertParallelMoe : public MoeLayer {
   }
 
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
-    const std::int64_t P = g_.size(), E = options().num_experts, k = r.experts.size(1);
+    const std::int64_t P = g_.size(), E = options().num_experts;
     if (P == 1 && !tp_) return dispatch_locally(experts_, 0, tokens, r, options().padded);
     // This rank's kept assignments, by expert, then token (one stable sort).
     ExpertGroups groups = group_by_expert(r, 0, E);
     const auto& per_expert = groups.counts;
-    at::Tensor token_of = at::div(groups.order, k, "floor");
     // Counts first: how many rows each rank sends to each of my experts.
     at::Tensor counts = at::tensor(per_expert, at::kLong);
     std::vector<std::int64_t> even(static_cast<std::size_t>(P), per_rank_);
@@ -112,7 +111,7 @@ class ExpertParallelMoe : public MoeLayer {
             per_expert[static_cast<std::size_t>(d * per_rank_ + j)];
       recv[static_cast<std::size_t>(d)] = got[d].sum().item<std::int64_t>();
     }
-    at::Tensor rows = dist::all_to_all(tokens.index_select(0, token_of), g_, send, recv);
+    at::Tensor rows = dist::all_to_all(rows_by_expert(tokens, groups), g_, send, recv);
     // What arrived is by source rank, then by my expert: one stable sort by
     // my expert makes each expert's rows contiguous (sources ascending), the
     // experts run on their slices, and the outputs go back to arrival order.
@@ -126,12 +125,13 @@ class ExpertParallelMoe : public MoeLayer {
     at::Tensor mine = got.sum(0).contiguous();
     std::vector<std::int64_t> mine_counts(mine.data_ptr<std::int64_t>(),
                                           mine.data_ptr<std::int64_t>() + per_rank_);
-    at::Tensor y = run_experts(rows.index_select(0, by_expert), mine_counts);
-    if (rows.size(0) > 0) y = at::zeros_like(y).index_copy(0, by_expert, y);
+    at::Tensor inverse = at::empty_like(by_expert).index_copy_(0, by_expert, at::arange(by_expert.size(0), at::kLong));
+    at::Tensor y = run_experts(permute_rows(rows, by_expert, inverse), mine_counts);
+    if (rows.size(0) > 0) y = permute_rows(y, inverse, by_expert);
     at::Tensor back = dist::all_to_all(y, g_, recv, send);
     at::Tensor w =
         r.weights.reshape({-1}).index_select(0, groups.order).unsqueeze(1).to(back.scalar_type());
-    return combine_by_token(back * w, groups.order, tokens.size(0), k);
+    return combine_by_token(back * w, groups);
   }
 
  private:
