@@ -112,10 +112,10 @@ void declare_core_options(Schema& s) {
                 "backward. Bitwise the same numbers either way.")
       .note("false keeps the blocking path, for comparison");
   s.add_bool("distributed.shm_collectives", true)
-      .describe("Sums (all-reduce, reduce-scatter) of float tensors and all-gathers inside a group whose ranks share a "
-                "host go through one shared-memory segment per group (gradient buckets, zero's shards, "
-                "tensor-parallel sums, losses), summed in rank order, instead of Gloo's TCP loopback; groups spanning "
-                "hosts stay on Gloo. With two ranks the sums are bitwise Gloo's.")
+      .describe("Sums (all-reduce, reduce-scatter) of float tensors, all-gathers and all-to-alls inside a group whose "
+                "ranks share a host go through one shared-memory segment per group (gradient buckets, zero's shards, "
+                "tensor-parallel sums, expert-parallel exchanges, losses), summed in rank order, instead of Gloo's TCP "
+                "loopback; groups spanning hosts stay on Gloo. With two ranks the sums are bitwise Gloo's.")
       .note("false keeps every collective on Gloo");
   s.add_bool("distributed.flight_recorder", true)
       .describe("Record every collective and stage message (a ring per rank), publish heartbeats to "

@@ -239,9 +239,10 @@ void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
 /// written into one [M, H] tensor each and the weight gradients straight
 /// into [E, F, H]-shaped tensors: no cat of the outputs, no cat of the row
 /// gradients, no stack of per-expert weight gradients (the stacks were half
-/// of an MoE layer's time at 8 experts x 1024 x 256). Saves the rows and the
-/// pre-activation; gelu is recomputed in backward instead of keeping its
-/// output ([M, F] less per layer).
+/// of an MoE layer's time at 8 experts x 1024 x 256). Saves the rows, the
+/// pre-activation and gelu's output, as autograd does for a dense FFN
+/// (recomputing gelu in backward instead saved [M, F] per layer and cost a
+/// gelu per expert in every backward).
 struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& w1,
                             const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
@@ -249,21 +250,23 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     const std::int64_t M = rows.size(0), H = rows.size(1), F = w1.size(1);
     at::Tensor x = rows.contiguous();
     at::Tensor pre = at::empty({M, F}, x.options());
+    at::Tensor act = at::empty({M, F}, x.options());
     at::Tensor out = at::empty({M, H}, x.options());
     for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
       if (m == 0) return;
-      at::Tensor p = pre.narrow(0, off, m), o = out.narrow(0, off, m);
+      at::Tensor p = pre.narrow(0, off, m), h = act.narrow(0, off, m), o = out.narrow(0, off, m);
       at::addmm_out(p, b1[e], x.narrow(0, off, m), w1[e].t());
-      at::addmm_out(o, b2[e], at::gelu(p), w2[e].t());
+      at::gelu_out(h, p);
+      at::addmm_out(o, b2[e], h, w2[e].t());
     });
-    ctx->save_for_backward({x, w1, w2, pre});
+    ctx->save_for_backward({x, w1, w2, pre, act});
     ctx->saved_data["counts"] = c10::IValue(counts);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3];
+    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3], &act = saved[4];
     const auto counts = ctx->saved_data["counts"].toIntVector();
     at::Tensor gy = grads[0].contiguous();
     at::Tensor gx = at::empty_like(x), gw1 = at::empty_like(w1), gw2 = at::empty_like(w2);
@@ -281,7 +284,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), xi = x.narrow(0, off, m);
       at::Tensor dx = gx.narrow(0, off, m);
       // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
-      at::mm_out(dw2, g.t(), at::gelu(p));
+      at::mm_out(dw2, g.t(), act.narrow(0, off, m));
       at::sum_out(db2, g, 0);
       at::Tensor gp = at::gelu_backward(g.mm(w2[e]), p);
       // p = x w1^T + b1: dW1 = gp^T x, db1 = sum of gp's rows, dx = gp w1.
