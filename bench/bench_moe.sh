@@ -9,12 +9,24 @@
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
 # capacity factor), BENCH_REPS times interleaved, and prints each MoE run
-# over the dense run of the same layout, with the load imbalance.
+# over the dense run of the same layout, with the load imbalance. Those
+# runs measure a trained router, not one at initialisation: the MoE and
+# the dense GPT are each trained BENCH_WARM_STEPS (120) steps once (1
+# process x 2 threads, the learning rate warmed up over the first
+# quarter), and every measured run resumes its model's checkpoint (at its
+# own layout: the checkpoints re-shard) for BENCH_MEASURE_STEPS (30) more,
+# timed from the third. From initialisation the router needs about 100
+# steps for the load imbalance to fall from 3-4 to about 1.6 (byte-level
+# text: a few bytes are most of the tokens), and an 80-step run measures
+# mostly that descent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
 STEPS=${1:-80}
 ONLY=${2:-all}
+WARM_STEPS=${BENCH_WARM_STEPS:-120}
+MEASURE_STEPS=${BENCH_MEASURE_STEPS:-30}
+if [ "$ONLY" = speed ]; then STEPS=$WARM_STEPS; fi
 H=256; L=4; T=128; B=8; M=2; E=8; K=2
 # The learning rate rises over the first quarter of the run (linear
 # warm-up, as MoE recipes do): at 0.002 from the first step Adam's first
@@ -41,33 +53,44 @@ run() {  # NAME ENV ARGS...
 # The throughput runs; `speed` repeats them BENCH_REPS times (default 3),
 # interleaved, since single runs on this machine scatter by 10-20 %.
 cap=(--set model.moe.capacity_factor=1.25)
+dense=(--set model.ffn_hidden=$((2 * 4 * H)))
+from_moe=() from_dense=()
 throughput() {  # SUFFIX
-  run moe_1p2t$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}"
-  run dense_1p2t$1 "HP_INTRA_OP_THREADS=2" --set model.ffn_hidden=$((2 * 4 * H))
-  run moe_ep2$1 "" --nproc 2 "${moe[@]}" "${ep[@]}"
-  run dense_dp2$1 "" --nproc 2 --set model.ffn_hidden=$((2 * 4 * H))
+  run moe_1p2t$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${from_moe[@]}"
+  run dense_1p2t$1 "HP_INTRA_OP_THREADS=2" "${dense[@]}" "${from_dense[@]}"
+  run moe_ep2$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${from_moe[@]}"
+  run dense_dp2$1 "" --nproc 2 "${dense[@]}" "${from_dense[@]}"
   # The same MoE with a capacity of 1.25 x the balanced share per expert
   # (tokens over it dropped, as Switch, GShard and DeepSpeed's MoE do): the
   # busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
-  run moe_1p2t_cap$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}"
-  run moe_ep2_cap$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}"
+  run moe_1p2t_cap$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}" "${from_moe[@]}"
+  run moe_ep2_cap$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}" "${from_moe[@]}"
 }
 if [ "$ONLY" != speed ]; then
   throughput ""
 else
+  # Train each model once, then measure from its checkpoint.
+  run warm_moe "HP_INTRA_OP_THREADS=2" "${moe[@]}"
+  run warm_dense "HP_INTRA_OP_THREADS=2" "${dense[@]}"
+  last=$(printf 'step_%08d' "$WARM_STEPS")
+  more=(--set training.max_steps=$((WARM_STEPS + MEASURE_STEPS)))
+  from_moe=("${more[@]}" --set checkpoint.resume="$W/warm_moe/checkpoints/$last")
+  from_dense=("${more[@]}" --set checkpoint.resume="$W/warm_dense/checkpoints/$last")
   for r in $(seq "${BENCH_REPS:-3}"); do throughput "_r$r"; done
 fi
 if [ "$ONLY" = speed ]; then
-  python3 - "$W" "$WARMUP" "${BENCH_REPS:-3}" <<'PY'
+  python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-3}" <<'PY'
 import json, statistics, sys
 w, warm, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def rows(name):  # the steps after the learning-rate warm-up
-    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][max(1, warm):]
+def rows(name):  # the resumed run's steps from its third on
+    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][2:]
 def mean(name, key):
     r = rows(name)
     return sum(x.get(key, 0) for x in r) / len(r)
-print(f"steps {warm + 1} on (after the learning-rate warm-up): mean tokens/s per run, median of {reps} "
-      f"interleaved repetitions; x dense: the median of each repetition's ratio (and their range)")
+first = rows("moe_1p2t_r1")[0]["step"]
+print(f"each model trained {warm} steps, then resumed: steps {first}-{rows('moe_1p2t_r1')[-1]['step']}: mean tokens/s "
+      f"per run, median of {reps} interleaved repetitions; x dense: the median of each repetition's ratio (and "
+      f"their range)")
 print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")
 for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
                            ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),

@@ -481,6 +481,11 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKi
 
 std::unique_ptr<Work> Group::all_to_all_async(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
                                               const std::vector<std::int64_t>& recv_counts) {
+  return start_all_to_all(t, send_counts, recv_counts, false);
+}
+
+std::unique_ptr<Work> Group::start_all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                                              const std::vector<std::int64_t>& recv_counts, bool now) {
   const auto n = static_cast<std::size_t>(size());
   if (send_counts.size() != n || recv_counts.size() != n) {
     fail("all_to_all", "expected " + std::to_string(n) + " send and receive counts, got " +
@@ -513,7 +518,7 @@ std::unique_ptr<Work> Group::all_to_all_async(const at::Tensor& t, const std::ve
     ShmCollectives* shm = pg_->shm.get();
     return launch(
         "all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
-        [&](c10d::ProcessGroup&) { return shm->all_to_all(in, out, std::move(sb), std::move(rb)); },
+        [&](c10d::ProcessGroup&) { return shm->all_to_all(in, out, std::move(sb), std::move(rb), now); },
         flight::Kind::kCollective, -1, [in, out]() { return out; });
   }
   return launch(
@@ -524,7 +529,7 @@ std::unique_ptr<Work> Group::all_to_all_async(const at::Tensor& t, const std::ve
 
 at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
                              const std::vector<std::int64_t>& recv_counts) {
-  return wait_here(all_to_all_async(t, send_counts, recv_counts));
+  return wait_here(start_all_to_all(t, send_counts, recv_counts, true));
 }
 
 std::unique_ptr<Work> Group::isend(const at::Tensor& t, int dst, int tag) {

@@ -158,6 +158,11 @@ class Group {
 
  private:
   friend class Work;
+  /// `now`: the caller waits at once, so on shared memory the exchange
+  /// runs on the calling thread when the group's thread is idle (no hand-
+  /// off to that thread and back, two wake-ups per exchange).
+  std::unique_ptr<Work> start_all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
+                                         const std::vector<std::int64_t>& recv_counts, bool now);
   [[noreturn]] void fail(const std::string& op, const std::string& cause) const;
   /// Issues an op with `start()` (returning c10d work) and returns its Work;
   /// `finish` turns the completed op's buffers into its result. Any failure

@@ -152,6 +152,7 @@ struct ShmCollectives::Impl {
   std::condition_variable cv;
   std::deque<Op> queue;
   bool stopping = false;
+  bool running = false;  ///< an operation is running (on the thread or a caller's)
   std::atomic<bool> stop_waiting{false};
   std::string broken;  ///< why this member's segment can no longer be used
   std::thread thread;
@@ -387,33 +388,59 @@ struct ShmCollectives::Impl {
     }
   }
 
+  /// Runs one operation and completes its future (`running` is set: only
+  /// one operation at a time touches the segment and `broken`).
+  void execute(Op& op) {
+    if (!broken.empty()) {
+      op.future->setError(std::make_exception_ptr(std::runtime_error(broken)));
+      return;
+    }
+    try {
+      run_op(op);
+    } catch (const std::exception& e) {
+      // The members' barrier counts no longer agree: every later operation
+      // of this group fails too, and the peers stop waiting for this one.
+      broken = std::string("shared memory: ") + e.what();
+      control[member].failed.store(1, std::memory_order_relaxed);
+      futex_wake(&control[member].barriers);
+      op.future->setError(std::make_exception_ptr(std::runtime_error(broken)));
+      return;
+    }
+    op.future->markCompleted(c10::IValue());
+  }
+
   void run() {
     for (;;) {
       Op op;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        cv.wait(lock, [&] { return stopping || (!queue.empty() && !running); });
         if (queue.empty()) return;
         op = std::move(queue.front());
         queue.pop_front();
+        running = true;
       }
-      if (!broken.empty()) {
-        op.future->setError(std::make_exception_ptr(std::runtime_error(broken)));
-        continue;
-      }
-      try {
-        run_op(op);
-      } catch (const std::exception& e) {
-        // The members' barrier counts no longer agree: every later operation
-        // of this group fails too, and the peers stop waiting for this one.
-        broken = std::string("shared memory: ") + e.what();
-        control[member].failed.store(1, std::memory_order_relaxed);
-        futex_wake(&control[member].barriers);
-        op.future->setError(std::make_exception_ptr(std::runtime_error(broken)));
-        continue;
-      }
-      op.future->markCompleted(c10::IValue());
+      execute(op);
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
     }
+  }
+
+  /// Runs `op` on the calling thread if nothing is queued or running (so
+  /// issue order holds); false leaves it to the thread.
+  bool run_here(Op& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (running || !queue.empty() || stopping) return false;
+      running = true;
+    }
+    execute(op);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
+    }
+    cv.notify_one();  // an operation queued meanwhile
+    return true;
   }
 };
 
@@ -435,7 +462,7 @@ bool ShmCollectives::supports_copy(const at::Tensor& t) {
 c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(int kind, at::Tensor in, at::Tensor out,
                                                      std::vector<std::int64_t> offsets,
                                                      std::vector<std::vector<at::Tensor>> pieces,
-                                                     std::vector<std::int64_t> more) {
+                                                     std::vector<std::int64_t> more, bool now) {
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
   Impl::Op op;
   op.kind = static_cast<Impl::Kind>(kind);
@@ -445,6 +472,7 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(int kind, at::Tensor in, 
   op.pieces = std::move(pieces);
   op.more = std::move(more);
   op.future = future;
+  if (now && impl_->run_here(op)) return c10::make_intrusive<ShmWork>(future);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->queue.push_back(std::move(op));
@@ -473,8 +501,9 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather_into(const at::Tensor&
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::all_to_all(const at::Tensor& in, const at::Tensor& out,
                                                          std::vector<std::int64_t> send_bytes,
-                                                         std::vector<std::int64_t> recv_bytes) {
-  return enqueue(static_cast<int>(Impl::Kind::kAllToAll), in, out, std::move(send_bytes), {}, std::move(recv_bytes));
+                                                         std::vector<std::int64_t> recv_bytes, bool now) {
+  return enqueue(static_cast<int>(Impl::Kind::kAllToAll), in, out, std::move(send_bytes), {}, std::move(recv_bytes),
+                 now);
 }
 
 std::shared_ptr<ShmCollectives> ShmCollectives::create(const c10::intrusive_ptr<c10d::Store>& store, int member, int size,

@@ -4,8 +4,9 @@
 // NCCL does between GPUs of a node, and DeepSpeed's CPU backend between
 // processes).
 //
-// Each operation runs on the group's shared-memory thread, in issue order,
-// piece by piece (a piece: at most kSlotBytes of the tensor). An
+// Each operation runs on the group's shared-memory thread, in issue order
+// (or on the caller's thread, when it waits at once and that thread is
+// idle with nothing queued), piece by piece (a piece: at most kSlotBytes of the tensor). An
 // all-reduce:
 //   1. every member copies its piece into its own slot;   barrier
 //   2. member i sums part i of the piece over all slots, in member order
@@ -84,16 +85,19 @@ class ShmCollectives {
   /// send sizes go through the segment first, so a receiver finds its part
   /// in each sender's stream; a size that disagrees with recv_bytes fails
   /// the operation naming both members.
+  /// `now`: run it on the calling thread if the shared-memory thread is
+  /// idle with nothing queued (the returned work is then complete), for a
+  /// caller that waits at once.
   c10::intrusive_ptr<c10d::Work> all_to_all(const at::Tensor& in, const at::Tensor& out,
                                             std::vector<std::int64_t> send_bytes,
-                                            std::vector<std::int64_t> recv_bytes);
+                                            std::vector<std::int64_t> recv_bytes, bool now = false);
 
  private:
   struct Impl;
   explicit ShmCollectives(std::unique_ptr<Impl> impl);
   c10::intrusive_ptr<c10d::Work> enqueue(int kind, at::Tensor in, at::Tensor out, std::vector<std::int64_t> offsets,
                                          std::vector<std::vector<at::Tensor>> pieces = {},
-                                         std::vector<std::int64_t> more = {});
+                                         std::vector<std::int64_t> more = {}, bool now = false);
   std::unique_ptr<Impl> impl_;
 };
 

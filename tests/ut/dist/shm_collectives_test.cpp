@@ -173,6 +173,7 @@ TEST(ShmCollectives, AllGatherIntoPiecesPutsEveryMembersBytesInItsPiecesOnBothPa
 TEST(ShmCollectives, AllToAllDeliversEveryMembersRowsInSourceOrderOnBothPaths) {
   // Rows member j sends member d: none for some pairs, more than a slot for
   // one (120000 rows of 5 floats: two pieces), none at all from member 2.
+  // Asynchronous and blocking exchanges, some in flight together.
   auto count = [](int j, int d, int n) -> std::int64_t {
     if (j == 2 || (j == 1 && d == 0)) return 0;
     if (j == 0 && d == n - 1) return 120000;
@@ -203,6 +204,13 @@ TEST(ShmCollectives, AllToAllDeliversEveryMembersRowsInSourceOrderOnBothPaths) {
           const auto got = first->wait();
           EXPECT_TRUE(torch::equal(got, torch::cat(expected))) << "n=" << n << " shm=" << shm << " rank " << r;
           EXPECT_TRUE(torch::equal(back, torch::cat(parts))) << "n=" << n << " shm=" << shm << " rank " << r;
+          // Blocking (on shared memory run by the caller when the group's
+          // thread is idle), alone and behind an exchange still in flight
+          // (then queued after it).
+          EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
+          auto ahead = g.all_to_all_async(torch::cat(expected), recv, send);
+          EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
+          EXPECT_TRUE(torch::equal(ahead->wait(), torch::cat(parts)));
         }
       });
     }
