@@ -84,11 +84,10 @@ import json, statistics, sys
 w, warm, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def rows(name):  # the resumed run's steps from its third on
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][2:]
-def mean(name, key):
-    r = rows(name)
-    return sum(x.get(key, 0) for x in r) / len(r)
+def mean(name, key):  # the median step's figure: a stall of the machine moves it little
+    return statistics.median(x.get(key, 0) for x in rows(name))
 first = rows("moe_1p2t_r1")[0]["step"]
-print(f"each model trained {warm} steps, then resumed: steps {first}-{rows('moe_1p2t_r1')[-1]['step']}: mean tokens/s "
+print(f"each model trained {warm} steps, then resumed: steps {first}-{rows('moe_1p2t_r1')[-1]['step']}: median step's tokens/s "
       f"per run, median of {reps} interleaved repetitions; x dense: the median of each repetition's ratio (and "
       f"their range)")
 print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")

@@ -167,7 +167,8 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
     at::Tensor start = counts.cumsum(0) - counts;
     at::Tensor rank = at::arange(M, at::kLong) - start.index_select(0, g_sorted);
     r.kept = at::empty({M}, at::kBool).index_copy_(0, order, rank.lt(C)).view({n_full, k});
-    if (layout) r.kept = take_pieces(r.kept.view({S, full, k}), 1, layout->pieces(full)).reshape({N, k});
+    if (layout)
+      r.kept = take_pieces(r.kept.view({S, full, k}), 1, layout->pieces(full)).reshape({N, k});
     w = w * r.kept.to(w.scalar_type());
   }
   r.weights = w;
@@ -208,18 +209,24 @@ using torch::autograd::variable_list;
 template <class F>
 void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
   const auto n = static_cast<std::int64_t>(counts.size());
-  const std::int64_t bins = std::max<std::int64_t>(1, std::min<std::int64_t>(at::get_num_threads(), n));
-  std::vector<std::int64_t> by_rows(static_cast<std::size_t>(n)), load(static_cast<std::size_t>(bins), 0);
+  const std::int64_t bins =
+      std::max<std::int64_t>(1, std::min<std::int64_t>(at::get_num_threads(), n));
+  std::vector<std::int64_t> by_rows(static_cast<std::size_t>(n)),
+      load(static_cast<std::size_t>(bins), 0);
   std::vector<std::int64_t> offset(static_cast<std::size_t>(n), 0);
   for (std::int64_t j = 0; j < n; ++j) {
     by_rows[static_cast<std::size_t>(j)] = j;
-    if (j > 0) offset[static_cast<std::size_t>(j)] = offset[static_cast<std::size_t>(j - 1)] + counts[static_cast<std::size_t>(j - 1)];
+    if (j > 0)
+      offset[static_cast<std::size_t>(j)] =
+          offset[static_cast<std::size_t>(j - 1)] + counts[static_cast<std::size_t>(j - 1)];
   }
-  std::stable_sort(by_rows.begin(), by_rows.end(),
-                   [&](std::int64_t a, std::int64_t b) { return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)]; });
+  std::stable_sort(by_rows.begin(), by_rows.end(), [&](std::int64_t a, std::int64_t b) {
+    return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)];
+  });
   std::vector<std::vector<std::int64_t>> bin(static_cast<std::size_t>(bins));
   for (std::int64_t j : by_rows) {
-    const auto least = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const auto least =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     bin[least].push_back(j);
     load[least] += counts[static_cast<std::size_t>(j)];
   }
@@ -266,7 +273,8 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3], &act = saved[4];
+    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3],
+                     &act = saved[4];
     const auto counts = ctx->saved_data["counts"].toIntVector();
     at::Tensor gy = grads[0].contiguous();
     at::Tensor gx = at::empty_like(x), gw1 = at::empty_like(w1), gw2 = at::empty_like(w2);
@@ -340,7 +348,9 @@ ExpertGroups group_by_expert(const Routing& r, std::int64_t first, std::int64_t 
   g.counts.assign(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + count);
   const std::int64_t M = g.order.size(0);
   g.token_of = at::div(g.order, k, "floor");
-  g.slot_row = at::full({N * k}, M, at::kLong).index_copy_(0, g.order, at::arange(M, at::kLong)).view({N, k});
+  g.slot_row = at::full({N * k}, M, at::kLong)
+                   .index_copy_(0, g.order, at::arange(M, at::kLong))
+                   .view({N, k});
   return g;
 }
 
@@ -351,59 +361,43 @@ namespace {
 /// with no row (slot_row = M) reads an appended zero row.
 at::Tensor sum_slots(const at::Tensor& rows, const at::Tensor& slot_row) {
   const std::int64_t N = slot_row.size(0), k = slot_row.size(1), M = rows.size(0);
-  const at::Tensor src = N * k == M ? rows : at::cat({rows, at::zeros({1, rows.size(1)}, rows.options())});
+  const at::Tensor src =
+      N * k == M ? rows : at::cat({rows, at::zeros({1, rows.size(1)}, rows.options())});
   at::Tensor out = src.index_select(0, slot_row.select(1, 0));
   for (std::int64_t j = 1; j < k; ++j) out = out + src.index_select(0, slot_row.select(1, j));
   return out;
 }
 
-/// rows_by_expert: gather forward, gather-sum backward.
-struct SpreadRows : torch::autograd::Function<SpreadRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens, const at::Tensor& token_of,
-                            const at::Tensor& slot_row) {
-    ctx->saved_data["slot_row"] = slot_row;
-    return tokens.index_select(0, token_of);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {sum_slots(grads[0].contiguous(), ctx->saved_data["slot_row"].toTensor()), at::Tensor(), at::Tensor()};
-  }
-};
+/// A row map whose backward is another: each is a gather by a 1-D index,
+/// or by a 2-D [N, k] slot index a gather and sum over the slots.
+at::Tensor map_rows(const at::Tensor& x, const at::Tensor& index) {
+  return index.dim() == 2 ? sum_slots(x, index) : x.index_select(0, index);
+}
 
-/// combine_by_token: gather-sum forward, gather backward.
-struct SumSlots : torch::autograd::Function<SumSlots> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& slot_row,
-                            const at::Tensor& token_of) {
-    ctx->saved_data["token_of"] = token_of;
-    return sum_slots(rows, slot_row);
+struct RowMap : torch::autograd::Function<RowMap> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& index,
+                            const at::Tensor& backward_index) {
+    ctx->saved_data["backward_index"] = backward_index;
+    return map_rows(x, index);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grads[0].contiguous().index_select(0, ctx->saved_data["token_of"].toTensor()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct PermuteRows : torch::autograd::Function<PermuteRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& perm,
-                            const at::Tensor& inverse) {
-    ctx->saved_data["inverse"] = inverse;
-    return x.index_select(0, perm);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grads[0].contiguous().index_select(0, ctx->saved_data["inverse"].toTensor()), at::Tensor(), at::Tensor()};
+    return {map_rows(grads[0].contiguous(), ctx->saved_data["backward_index"].toTensor()),
+            at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor rows_by_expert(const at::Tensor& tokens, const ExpertGroups& g) {
-  return SpreadRows::apply(tokens, g.token_of, g.slot_row);
+  return RowMap::apply(tokens, g.token_of, g.slot_row);
 }
 
 at::Tensor combine_by_token(const at::Tensor& rows, const ExpertGroups& g) {
-  return SumSlots::apply(rows, g.slot_row, g.token_of);
+  return RowMap::apply(rows, g.slot_row, g.token_of);
 }
 
 at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::Tensor& inverse) {
-  return PermuteRows::apply(x, perm, inverse);
+  return RowMap::apply(x, perm, inverse);
 }
 
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
@@ -507,7 +501,8 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   at::Tensor tokens = x.reshape({-1, hidden_});
   Routing r = route(at::linear(tokens, router_), bias_, o_, seq, layout_.get());
   if (aux_loss_collecting()) {
-    if (o_.aux_loss_coef > 0) add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq, layout_.get()));
+    if (o_.aux_loss_coef > 0)
+      add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq, layout_.get()));
     if (o_.z_loss_coef > 0) add_aux_loss("router_z", z_loss_sum(r, o_));
   }
   if (aux_loss_collecting() && !aux_loss_replaying()) {

@@ -8,10 +8,9 @@
 // comes (the timeout).
 // Ranks as threads share the segment as processes do (each maps it).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -38,7 +37,8 @@ namespace {
 // it take one, two and four pieces.
 constexpr std::int64_t kSlotFloats = (2 << 20) / 4;
 
-const std::vector<std::int64_t> kSizes{1, 3, 17, 1000, kSlotFloats - 1, kSlotFloats + 5, 3 * kSlotFloats + 123};
+const std::vector<std::int64_t> kSizes{
+    1, 3, 17, 1000, kSlotFloats - 1, kSlotFloats + 5, 3 * kSlotFloats + 123};
 
 torch::Tensor input_of(int r, std::size_t i, std::int64_t n, at::ScalarType type) {
   auto g = torch::make_generator<at::CPUGeneratorImpl>(4200 + 100 * r + static_cast<int>(i));
@@ -58,6 +58,20 @@ ContextOptions with_shm(bool on) {
   return o;
 }
 
+/// `body(ctx, group size)` on every rank of groups of 2, 3 and 4, on shared
+/// memory and on Gloo (checking that the groups use the one asked for).
+template <class F>
+void at_2_to_4_members_on_both_paths(const F& body) {
+  for (int n : {2, 3, 4}) {
+    for (bool shm : {true, false}) {
+      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
+        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
+        body(ctx, n, shm);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 TEST(ShmCollectives, EveryMemberGetsTheMemberOrderSumBitwiseAndTwoMembersGetGloosSum) {
@@ -67,7 +81,8 @@ TEST(ShmCollectives, EveryMemberGetsTheMemberOrderSumBitwiseAndTwoMembersGetGloo
       hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
         const bool expect_shm = shm;
         EXPECT_EQ(!ctx.shm_groups().empty(), expect_shm) << "groups on shared memory";
-        EXPECT_TRUE(ctx.shm_fallbacks().empty()) << (ctx.shm_fallbacks().empty() ? "" : ctx.shm_fallbacks()[0]);
+        EXPECT_TRUE(ctx.shm_fallbacks().empty())
+            << (ctx.shm_fallbacks().empty() ? "" : ctx.shm_fallbacks()[0]);
         auto& g = ctx.group("world");
         for (auto type : {at::kFloat, at::kDouble}) {
           for (std::size_t i = 0; i < kSizes.size(); ++i) {
@@ -85,7 +100,8 @@ TEST(ShmCollectives, EveryMemberGetsTheMemberOrderSumBitwiseAndTwoMembersGetGloo
 TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
   for (int n : {2, 3, 4}) {
     // [shm][rank]: every result of the script below.
-    std::vector<std::vector<std::vector<torch::Tensor>>> results(2, std::vector<std::vector<torch::Tensor>>(n));
+    std::vector<std::vector<std::vector<torch::Tensor>>> results(
+        2, std::vector<std::vector<torch::Tensor>>(n));
     for (bool shm : {true, false}) {
       hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
         EXPECT_EQ(!ctx.shm_groups().empty(), shm);
@@ -99,10 +115,12 @@ TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
         counts[1] = 0;
         auto t = input_of(r, 0, rows * 3, at::kFloat).view({rows, 3});
         out.push_back(g.reduce_scatter(t, counts));
-        out.push_back(g.reduce_scatter(input_of(r, 1, 12 * n, at::kDouble).view({2, 6 * n}), 1, hp::dist::ReduceKind::kAvg));
+        out.push_back(g.reduce_scatter(input_of(r, 1, 12 * n, at::kDouble).view({2, 6 * n}), 1,
+                                       hp::dist::ReduceKind::kAvg));
         out.push_back(g.all_gather(input_of(r, 2, kSlotFloats + 7, at::kFloat)));
         out.push_back(g.all_gather(input_of(r, 3, 15, at::kFloat).view({3, 5}), 1));
-        for (auto& p : g.all_gather_list(torch::arange(4, torch::kLong) + r)) out.push_back(p.clone());
+        for (auto& p : g.all_gather_list(torch::arange(4, torch::kLong) + r))
+          out.push_back(p.clone());
       });
     }
     for (int r = 0; r < n; ++r) {
@@ -111,7 +129,8 @@ TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
       ASSERT_EQ(a.size(), b.size());
       for (std::size_t i = 0; i < a.size(); ++i) {
         EXPECT_EQ(a[i].sizes(), b[i].sizes()) << "n=" << n << " rank " << r << " result " << i;
-        EXPECT_TRUE(a[i].sizes() == b[i].sizes() && torch::equal(a[i], b[i])) << "n=" << n << " rank " << r << " result " << i;
+        EXPECT_TRUE(a[i].sizes() == b[i].sizes() && torch::equal(a[i], b[i]))
+            << "n=" << n << " rank " << r << " result " << i;
       }
     }
   }
@@ -119,7 +138,9 @@ TEST(ShmCollectives, ReduceScatterAndAllGatherAreBitwiseGloosPath) {
 
 TEST(ShmCollectives, AllGatherIntoPiecesPutsEveryMembersBytesInItsPiecesOnBothPaths) {
   // Member m's length: several slots for some, one element, none (member 1).
-  auto length = [](int m) -> std::int64_t { return m == 1 ? 0 : m == 2 ? 1 : 2 * kSlotFloats + 333 * (m + 1); };
+  auto length = [](int m) -> std::int64_t {
+    return m == 1 ? 0 : m == 2 ? 1 : 2 * kSlotFloats + 333 * (m + 1);
+  };
   // Member m's pieces: cut at a third and at one element past the half (a
   // piece of zero elements included when the length is small).
   auto cuts = [&](int m) {
@@ -127,47 +148,43 @@ TEST(ShmCollectives, AllGatherIntoPiecesPutsEveryMembersBytesInItsPiecesOnBothPa
     const std::int64_t a = n / 3, b = std::min(n, n / 2 + 1);
     return std::vector<std::int64_t>{a, b - a, n - b};
   };
-  for (int n : {2, 3, 4}) {
-    for (bool shm : {true, false}) {
-      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
-        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
-        auto& g = ctx.group("world");
-        const int r = ctx.rank();
-        std::vector<std::vector<torch::Tensor>> out(static_cast<std::size_t>(n));
-        std::vector<torch::Tensor> whole;
-        for (int m = 0; m < n; ++m) {
-          // Each member's destination: pieces of one buffer after five guard
-          // elements that must stay untouched.
-          whole.push_back(torch::full({length(m) + 5}, -7.0f));
-          std::int64_t off = 5;
-          for (std::int64_t k : cuts(m)) {
-            out[static_cast<std::size_t>(m)].push_back(whole.back().narrow(0, off, k));
-            off += k;
-          }
-        }
-        // Twice in flight, the second on a stream of another size (the pieces
-        // of round one are filled when round two is issued).
-        auto first = g.all_gather_into_async(input_of(r, 7, length(r), at::kFloat), out);
-        auto second_in = input_of(r, 8, 3, at::kFloat);
-        std::vector<std::vector<torch::Tensor>> out2(static_cast<std::size_t>(n));
-        std::vector<torch::Tensor> whole2;
-        for (int m = 0; m < n; ++m) {
-          whole2.push_back(torch::empty({3}));
-          out2[static_cast<std::size_t>(m)].push_back(whole2.back());
-        }
-        auto second = g.all_gather_into_async(second_in, out2);
-        second->wait();
-        first->wait();
-        for (int m = 0; m < n; ++m) {
-          const auto& w = whole[static_cast<std::size_t>(m)];
-          EXPECT_TRUE(torch::equal(w.narrow(0, 5, length(m)), input_of(m, 7, length(m), at::kFloat)))
-              << "n=" << n << " shm=" << shm << " rank " << r << " member " << m;
-          EXPECT_TRUE(torch::equal(w.narrow(0, 0, 5), torch::full({5}, -7.0f))) << "wrote before the pieces";
-          EXPECT_TRUE(torch::equal(whole2[static_cast<std::size_t>(m)], input_of(m, 8, 3, at::kFloat)));
-        }
-      });
+  at_2_to_4_members_on_both_paths([&](DistributedContext& ctx, int n, bool shm) {
+    auto& g = ctx.group("world");
+    const int r = ctx.rank();
+    std::vector<std::vector<torch::Tensor>> out(static_cast<std::size_t>(n));
+    std::vector<torch::Tensor> whole;
+    for (int m = 0; m < n; ++m) {
+      // Each member's destination: pieces of one buffer after five guard
+      // elements that must stay untouched.
+      whole.push_back(torch::full({length(m) + 5}, -7.0f));
+      std::int64_t off = 5;
+      for (std::int64_t k : cuts(m)) {
+        out[static_cast<std::size_t>(m)].push_back(whole.back().narrow(0, off, k));
+        off += k;
+      }
     }
-  }
+    // Twice in flight, the second on a stream of another size (the pieces
+    // of round one are filled when round two is issued).
+    auto first = g.all_gather_into_async(input_of(r, 7, length(r), at::kFloat), out);
+    auto second_in = input_of(r, 8, 3, at::kFloat);
+    std::vector<std::vector<torch::Tensor>> out2(static_cast<std::size_t>(n));
+    std::vector<torch::Tensor> whole2;
+    for (int m = 0; m < n; ++m) {
+      whole2.push_back(torch::empty({3}));
+      out2[static_cast<std::size_t>(m)].push_back(whole2.back());
+    }
+    auto second = g.all_gather_into_async(second_in, out2);
+    second->wait();
+    first->wait();
+    for (int m = 0; m < n; ++m) {
+      const auto& w = whole[static_cast<std::size_t>(m)];
+      EXPECT_TRUE(torch::equal(w.narrow(0, 5, length(m)), input_of(m, 7, length(m), at::kFloat)))
+          << "n=" << n << " shm=" << shm << " rank " << r << " member " << m;
+      EXPECT_TRUE(torch::equal(w.narrow(0, 0, 5), torch::full({5}, -7.0f)))
+          << "wrote before the pieces";
+      EXPECT_TRUE(torch::equal(whole2[static_cast<std::size_t>(m)], input_of(m, 8, 3, at::kFloat)));
+    }
+  });
 }
 
 TEST(ShmCollectives, AllToAllDeliversEveryMembersRowsInSourceOrderOnBothPaths) {
@@ -182,39 +199,36 @@ TEST(ShmCollectives, AllToAllDeliversEveryMembersRowsInSourceOrderOnBothPaths) {
   auto rows = [](int j, int d, std::int64_t c, at::ScalarType type) {
     return input_of(j, 10 + static_cast<std::size_t>(d), c * 5, type).view({c, 5});
   };
-  for (int n : {2, 3, 4}) {
-    for (bool shm : {true, false}) {
-      hp::test::run_ranks(hp::test::grid(1, n, 1), with_shm(shm), [&](DistributedContext& ctx) {
-        EXPECT_EQ(!ctx.shm_groups().empty(), shm);
-        auto& g = ctx.group("world");
-        const int r = ctx.rank();
-        for (auto type : {at::kFloat, at::kLong}) {
-          std::vector<std::int64_t> send, recv;
-          std::vector<torch::Tensor> parts, expected;
-          for (int m = 0; m < n; ++m) {
-            send.push_back(count(r, m, n));
-            recv.push_back(count(m, r, n));
-            parts.push_back(rows(r, m, send.back(), type));
-            expected.push_back(rows(m, r, recv.back(), type));
-          }
-          // Twice in flight, the second the first's reverse.
-          auto first = g.all_to_all_async(torch::cat(parts), send, recv);
-          auto second = g.all_to_all_async(torch::cat(expected), recv, send);
-          const auto back = second->wait();
-          const auto got = first->wait();
-          EXPECT_TRUE(torch::equal(got, torch::cat(expected))) << "n=" << n << " shm=" << shm << " rank " << r;
-          EXPECT_TRUE(torch::equal(back, torch::cat(parts))) << "n=" << n << " shm=" << shm << " rank " << r;
-          // Blocking (on shared memory run by the caller when the group's
-          // thread is idle), alone and behind an exchange still in flight
-          // (then queued after it).
-          EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
-          auto ahead = g.all_to_all_async(torch::cat(expected), recv, send);
-          EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
-          EXPECT_TRUE(torch::equal(ahead->wait(), torch::cat(parts)));
-        }
-      });
+  at_2_to_4_members_on_both_paths([&](DistributedContext& ctx, int n, bool shm) {
+    auto& g = ctx.group("world");
+    const int r = ctx.rank();
+    for (auto type : {at::kFloat, at::kLong}) {
+      std::vector<std::int64_t> send, recv;
+      std::vector<torch::Tensor> parts, expected;
+      for (int m = 0; m < n; ++m) {
+        send.push_back(count(r, m, n));
+        recv.push_back(count(m, r, n));
+        parts.push_back(rows(r, m, send.back(), type));
+        expected.push_back(rows(m, r, recv.back(), type));
+      }
+      // Twice in flight, the second the first's reverse.
+      auto first = g.all_to_all_async(torch::cat(parts), send, recv);
+      auto second = g.all_to_all_async(torch::cat(expected), recv, send);
+      const auto back = second->wait();
+      const auto got = first->wait();
+      EXPECT_TRUE(torch::equal(got, torch::cat(expected)))
+          << "n=" << n << " shm=" << shm << " rank " << r;
+      EXPECT_TRUE(torch::equal(back, torch::cat(parts)))
+          << "n=" << n << " shm=" << shm << " rank " << r;
+      // Blocking (on shared memory run by the caller when the group's
+      // thread is idle), alone and behind an exchange still in flight
+      // (then queued after it).
+      EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
+      auto ahead = g.all_to_all_async(torch::cat(expected), recv, send);
+      EXPECT_TRUE(torch::equal(g.all_to_all(torch::cat(parts), send, recv), torch::cat(expected)));
+      EXPECT_TRUE(torch::equal(ahead->wait(), torch::cat(parts)));
     }
-  }
+  });
 }
 
 TEST(ShmCollectives, ManyInFlightBesideGlooOperationsInIssueOrder) {
@@ -241,8 +255,10 @@ TEST(ShmCollectives, ManyInFlightBesideGlooOperationsInIssueOrder) {
     max_work->wait();
     for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
     for (std::size_t i = 0; i < 6; ++i) {
-      EXPECT_TRUE(torch::equal(sums[i], member_order_sum(3, i, kSizes[i], at::kFloat))) << "sum " << i;
-      EXPECT_TRUE(torch::equal(avgs[i], member_order_sum(3, 20 + i, 33, at::kDouble).div_(3))) << "average " << i;
+      EXPECT_TRUE(torch::equal(sums[i], member_order_sum(3, i, kSizes[i], at::kFloat)))
+          << "sum " << i;
+      EXPECT_TRUE(torch::equal(avgs[i], member_order_sum(3, 20 + i, 33, at::kDouble).div_(3)))
+          << "average " << i;
     }
     EXPECT_TRUE(torch::equal(maxed, torch::full({5}, 2.0f)));
     EXPECT_TRUE(torch::equal(ints, torch::full({7}, static_cast<std::int64_t>(6))));
@@ -263,7 +279,9 @@ TEST(ShmCollectives, APeerThatNeverComesFailsAtTheTimeoutNamingOpGroupAndMember)
         } catch (const CommError& e) {
           const std::string what = e.what();
           EXPECT_NE(what.find("rank 0: all_reduce on group 'world'"), std::string::npos) << what;
-          EXPECT_NE(what.find("member 1 did not reach the shared-memory operation within 3"), std::string::npos) << what;
+          EXPECT_NE(what.find("member 1 did not reach the shared-memory operation within 3"),
+                    std::string::npos)
+              << what;
         }
         EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
       },
@@ -278,8 +296,9 @@ std::shared_ptr<DistributedContext> join_pair(int rank, const std::string& file)
   env.rank = rank;
   env.world_size = 2;
   env.source = "test";
-  return DistributedContext::create(env, hp::test::grid(1, 2, 1),
-                                    ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+  return DistributedContext::create(
+      env, hp::test::grid(1, 2, 1),
+      ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
 }
 
 }  // namespace
@@ -292,7 +311,9 @@ TEST(ShmCollectivesChild, JoinsThenExits) {
 }
 
 TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
-  const std::string file = (std::filesystem::temp_directory_path() / ("hp_shm_exit_" + std::to_string(::getpid()))).string();
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("hp_shm_exit_" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove(file);
   const std::string store = "HP_SHM_TEST_STORE=" + file;
   std::vector<std::string> env_text{store};
@@ -317,12 +338,16 @@ TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
     } catch (const CommError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("rank 0: all_reduce on group 'world'"), std::string::npos) << what;
-      EXPECT_NE(what.find("member 1 (pid " + std::to_string(child) + ") has exited"), std::string::npos) << what;
+      EXPECT_NE(what.find("member 1 (pid " + std::to_string(child) + ") has exited"),
+                std::string::npos)
+          << what;
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "found by the timeout (60 s), not the exit";
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10))
+        << "found by the timeout (60 s), not the exit";
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child joined with shared memory";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child joined with shared memory";
   std::filesystem::remove(file);
 }
