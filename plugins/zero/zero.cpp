@@ -947,10 +947,10 @@ class ZeroFeature : public Feature {
     const int prefetch = static_cast<int>(rt.config().get_int("features.zero.prefetch"));
     const bool reshard = rt.config().get_bool("features.zero.reshard_after_forward");
     const bool per_micro_batch = rt.config().get_bool(kPerMicroBatch);
-    const std::size_t cache_bytes = stage >= 3 && rt.config().get_bool("features.zero.block_cache")
-        ? static_cast<std::size_t>(rt.config().get_int("features.zero.block_cache_mb")) << 20
-        : 0;
-    if (stage >= 3 && rt.config().get_bool("features.zero.block_cache")) memory::use_block_cache(kBlockCacheMin, cache_bytes);
+    const bool block_cache = stage >= 3 && rt.config().get_bool("features.zero.block_cache");
+    const std::size_t cache_bytes =
+        block_cache ? static_cast<std::size_t>(rt.config().get_int("features.zero.block_cache_mb")) << 20 : 0;
+    if (block_cache) memory::use_block_cache(kBlockCacheMin, cache_bytes);
     metrics::Gauge* gauge = rt.has_metrics()
         ? &rt.metrics().gauge("hp_zero_optimizer_state_bytes", "Optimizer state bytes this rank holds under zero.")
         : nullptr;

@@ -266,6 +266,32 @@ TEST(ShmCollectives, ManyInFlightBesideGlooOperationsInIssueOrder) {
   });
 }
 
+TEST(ShmCollectives, AnAllToAllWhoseSizesDisagreeFailsOnEveryMemberNamingTheSender) {
+  // Member 0 sends 3 rows to member 1, which expects 2: member 1 names the
+  // sender and both sizes; member 0 learns that its peer failed (nobody
+  // reads past the stream's end or waits for the timeout).
+  hp::test::run_ranks(
+      hp::test::grid(1, 2, 1), with_shm(true),
+      [&](DistributedContext& ctx) {
+        const int r = ctx.rank();
+        const std::vector<std::int64_t> send = r == 0 ? std::vector<std::int64_t>{1, 3} : std::vector<std::int64_t>{2, 1};
+        const std::vector<std::int64_t> recv = r == 0 ? std::vector<std::int64_t>{1, 2} : std::vector<std::int64_t>{2, 1};
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          ctx.group("world").all_to_all(torch::ones({send[0] + send[1], 1}), send, recv);
+          ADD_FAILURE() << "rank " << r << ": an all_to_all with disagreeing sizes completed";
+        } catch (const CommError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("all_to_all on group 'world'"), std::string::npos) << what;
+          const std::string cause = r == 1 ? "member 0 sends 12 bytes to member 1, which expects 8"
+                                           : "member 1 failed an earlier shared-memory operation";
+          EXPECT_NE(what.find(cause), std::string::npos) << what;
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+      },
+      std::chrono::seconds(30));
+}
+
 TEST(ShmCollectives, APeerThatNeverComesFailsAtTheTimeoutNamingOpGroupAndMember) {
   hp::test::run_ranks(
       hp::test::grid(1, 2, 1), with_shm(true),
