@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/config/schema.h"
 #include "framework/model/block_attention.h"
@@ -98,7 +99,12 @@ class ResidualBlock : public Block {
   Activations forward(const Activations& in) override {
     auto h = in["h"];
     if (attn_) h = h + drop1_->forward(attn_->forward(ln1_->forward(h)));
-    h = h + drop2_->forward(mlp_->forward(ln2_->forward(h)));
+    at::Tensor f;
+    {
+      profile::Span span("compute", "ffn");  // the FFN's forward, for traces beside an MoE layer's spans
+      f = mlp_->forward(ln2_->forward(h));
+    }
+    h = h + drop2_->forward(f);
     return make_activations({{"h", h}});
   }
 

@@ -6,6 +6,7 @@
 #include "framework/model/moe.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "backends/dist/context.h"
@@ -257,8 +258,21 @@ TEST(GroupedExperts, ASliceOfTheExpertsAsOnAnExpertParallelRank) {
 // place; each product must be the one autograd computes for a linear chain on
 // the expert's slice, so outputs and every gradient (rows, w1, b1, w2, b2)
 // are bitwise equal, with empty experts, one-row experts and one expert
-// holding every row.
+// holding every row. Two passes, as two micro-batches: the node adds its
+// expert weight gradients into .grad itself (inside the products) and the
+// chain's go through AccumulateGrad; the sums must be bitwise equal too, and
+// the weights' AccumulateGrad post-hooks (which count gradients for the
+// reductions) must still fire once per pass.
 TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
+  struct CountFires : torch::autograd::FunctionPostHook {
+    explicit CountFires(int* n) : n_(n) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      ++*n_;
+      return outputs;
+    }
+    int* n_;
+  };
   const std::int64_t H = 32, F = 48, n = 5;
   const std::vector<std::vector<std::int64_t>> layouts = {
       {7, 0, 13, 1, 9}, {0, 0, 30, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
@@ -268,48 +282,84 @@ TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
     for (auto c : counts) M += c;
     auto gen = torch::make_generator<at::CPUGeneratorImpl>(40 + li);
     auto rows0 = torch::randn({M, H}, gen);
-    auto gy = torch::randn({M, H}, gen);
     hp::ExpertWeights a = random_experts(n, H, F, 50 + li), b;
     b.w1 = a.w1.detach().clone().requires_grad_(true);
     b.b1 = a.b1.detach().clone().requires_grad_(true);
     b.w2 = a.w2.detach().clone().requires_grad_(true);
     b.b2 = a.b2.detach().clone().requires_grad_(true);
+    int fires_w1 = 0, fires_w2 = 0;
+    auto acc_w1 = torch::autograd::impl::grad_accumulator(a.w1);
+    auto acc_w2 = torch::autograd::impl::grad_accumulator(a.w2);
+    acc_w1->add_post_hook(std::make_unique<CountFires>(&fires_w1));
+    acc_w2->add_post_hook(std::make_unique<CountFires>(&fires_w2));
     auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
-    // The experts run on the intra-op threads: one thread gives the same bits.
-    const int threads = at::get_num_threads();
-    at::set_num_threads(1);
-    torch::Tensor y1 = a.forward_grouped(rows0, counts, /*padded=*/false);
-    at::set_num_threads(std::max(2, threads));
-    torch::Tensor ya = a.forward_grouped(ra, counts, /*padded=*/false);
-    at::set_num_threads(threads);
-    EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, layout " << li;
-    // The reference: autograd over a linear chain per slice.
-    const auto xs = rb.split_with_sizes(counts);
-    const auto w1s = b.w1.unbind(0), b1s = b.b1.unbind(0), w2s = b.w2.unbind(0),
-               b2s = b.b2.unbind(0);
-    std::vector<torch::Tensor> outs;
-    for (std::size_t j = 0; j < counts.size(); ++j) {
-      if (counts[j] == 0) continue;
-      outs.push_back(at::linear(at::gelu(at::linear(xs[j], w1s[j], b1s[j])), w2s[j], b2s[j]));
-    }
-    torch::Tensor yb = torch::cat(outs);
     const std::string what = "layout " + std::to_string(li);
-    ASSERT_TRUE(torch::equal(ya, yb)) << "forward, " << what << ": rel " << rel(ya, yb);
-    (ya * gy).sum().backward();
-    (yb * gy).sum().backward();
-    const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
-                                                             {a.w1.grad(), b.w1.grad()},
-                                                             {a.b1.grad(), b.b1.grad()},
-                                                             {a.w2.grad(), b.w2.grad()},
-                                                             {a.b2.grad(), b.b2.grad()}};
-    const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
-    for (int i = 0; i < 5; ++i) {
-      ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
-      EXPECT_TRUE(torch::equal(pairs[i].first, pairs[i].second))
-          << "gradient of " << names[i] << ", " << what << ": rel "
-          << rel(pairs[i].first, pairs[i].second);
+    for (int pass = 1; pass <= 2; ++pass) {
+      auto gy = torch::randn({M, H}, gen);
+      torch::Tensor ya;
+      if (pass == 1) {
+        // The experts run on the intra-op threads: one thread gives the same bits.
+        const int threads = at::get_num_threads();
+        at::set_num_threads(1);
+        torch::Tensor y1 = a.forward_grouped(rows0, counts, /*padded=*/false);
+        at::set_num_threads(std::max(2, threads));
+        ya = a.forward_grouped(ra, counts, /*padded=*/false);
+        at::set_num_threads(threads);
+        EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, " << what;
+      } else {
+        ya = a.forward_grouped(ra, counts, /*padded=*/false);
+      }
+      // The reference: autograd over a linear chain per slice.
+      const auto xs = rb.split_with_sizes(counts);
+      const auto w1s = b.w1.unbind(0), b1s = b.b1.unbind(0), w2s = b.w2.unbind(0),
+                 b2s = b.b2.unbind(0);
+      std::vector<torch::Tensor> outs;
+      for (std::size_t j = 0; j < counts.size(); ++j) {
+        if (counts[j] == 0) continue;
+        outs.push_back(at::linear(at::gelu(at::linear(xs[j], w1s[j], b1s[j])), w2s[j], b2s[j]));
+      }
+      torch::Tensor yb = torch::cat(outs);
+      ASSERT_TRUE(torch::equal(ya, yb)) << "forward, " << what << ": rel " << rel(ya, yb);
+      (ya * gy).sum().backward();
+      (yb * gy).sum().backward();
+      EXPECT_EQ(fires_w1, pass) << "w1's AccumulateGrad post-hook, pass " << pass << ", " << what;
+      EXPECT_EQ(fires_w2, pass) << "w2's AccumulateGrad post-hook, pass " << pass << ", " << what;
+      const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
+                                                               {a.w1.grad(), b.w1.grad()},
+                                                               {a.b1.grad(), b.b1.grad()},
+                                                               {a.w2.grad(), b.w2.grad()},
+                                                               {a.b2.grad(), b.b2.grad()}};
+      const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
+      for (int i = 0; i < 5; ++i) {
+        ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
+        EXPECT_TRUE(torch::equal(pairs[i].first, pairs[i].second))
+            << "gradient of " << names[i] << " after pass " << pass << ", " << what << ": rel "
+            << rel(pairs[i].first, pairs[i].second);
+      }
     }
   }
+}
+
+// Under autograd::grad nothing accumulates into .grad: the node returns its
+// weight gradients like any other node (and leaves .grad alone), equal to
+// what backward accumulates.
+TEST(GroupedExperts, AutogradGradReturnsTheWeightGradientsAndLeavesGradAlone) {
+  const std::int64_t H = 16, F = 24;
+  const std::vector<std::int64_t> counts = {5, 0, 9};
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(71);
+  auto rows = torch::randn({14, H}, gen).requires_grad_(true);
+  auto gy = torch::randn({14, H}, gen);
+  hp::ExpertWeights w = random_experts(3, H, F, 72);
+  auto grads = torch::autograd::grad({(w.forward_grouped(rows, counts, false) * gy).sum()},
+                                     {w.w1, w.w2, rows});
+  EXPECT_FALSE(w.w1.grad().defined()) << "autograd::grad wrote into w1.grad";
+  EXPECT_FALSE(w.w2.grad().defined()) << "autograd::grad wrote into w2.grad";
+  ASSERT_TRUE(grads[0].defined() && grads[1].defined()) << "weight gradients returned";
+  (w.forward_grouped(rows, counts, false) * gy).sum().backward();
+  EXPECT_TRUE(torch::equal(grads[0], w.w1.grad()));
+  EXPECT_TRUE(torch::equal(grads[1], w.w2.grad()));
+  EXPECT_TRUE(grads[1].select(0, 1).eq(0).all().item<bool>())
+      << "the empty expert's gradient is zero";
 }
 
 TEST(GroupedExperts, GroupsAreByExpertThenToken) {
@@ -422,8 +472,7 @@ void ep_against_dense(int ep, std::int64_t k, Steer how) {
     for (std::size_t i = 0; i < ctx.params().size(); ++i) {
       const auto& p = ctx.params()[i];
       auto full = dctx.params()[i].tensor.grad();
-      auto expect =
-          p.spec.sharded() ? hp::dist::slice_of(full, p.spec.box) : full;
+      auto expect = p.spec.sharded() ? hp::dist::slice_of(full, p.spec.box) : full;
       EXPECT_TRUE(torch::allclose(p.tensor.grad(), expect, 1e-5, 1e-6))
           << p.spec.name << " on rank " << r;
     }
