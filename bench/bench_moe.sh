@@ -8,7 +8,8 @@
 #   bash bench/bench_moe.sh [steps=80] [speed]
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
-# capacity factor), BENCH_REPS times interleaved, and prints each MoE run
+# capacity factor; then the same pairs with one micro-batch per step
+# instead of micro-batch 2), BENCH_REPS times interleaved, and prints each MoE run
 # over the dense run of the same layout, with the load imbalance. Those
 # runs measure a trained router, not one at initialisation: the MoE and
 # the dense GPT are each trained BENCH_WARM_STEPS (120) steps once (1
@@ -65,7 +66,19 @@ throughput() {  # SUFFIX
   # busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
   run moe_1p2t_cap$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${cap[@]}" "${from_moe[@]}"
   run moe_ep2_cap$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${cap[@]}" "${from_moe[@]}"
+  # One micro-batch per step (a rank's whole share of the batch), MoE and
+  # dense alike: four times the rows per expert product of micro-batch 2
+  # (about 256 at one process, 2 x 128 at ep=2, against 64), so each expert
+  # weight read from memory serves four times the arithmetic.
+  if [ "$ONLY" = speed ]; then
+    run moe_1p2t_mb$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${whole_mb[@]}" "${from_moe[@]}"
+    run dense_1p2t_mb$1 "HP_INTRA_OP_THREADS=2" "${dense[@]}" "${whole_mb[@]}" "${from_dense[@]}"
+    run moe_ep2_mb$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${half_mb[@]}" "${from_moe[@]}"
+    run dense_dp2_mb$1 "" --nproc 2 "${dense[@]}" "${half_mb[@]}" "${from_dense[@]}"
+  fi
 }
+whole_mb=(--set training.micro_batch_size=$B)
+half_mb=(--set training.micro_batch_size=$((B / 2)))
 if [ "$ONLY" != speed ]; then
   throughput ""
 else
@@ -96,7 +109,11 @@ for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
                            ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
                            ("moe_ep2_cap", "MoE, ep=2, capacity factor 1.25", "dense_dp2"),
-                           ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2")]:
+                           ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2"),
+                           ("moe_1p2t_mb", "MoE, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),
+                           ("dense_1p2t_mb", "dense GPT, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),
+                           ("moe_ep2_mb", "MoE, ep=2, one micro-batch of 4 per rank", "dense_dp2_mb"),
+                           ("dense_dp2_mb", "dense GPT, dp=2, one micro-batch of 4 per rank", "dense_dp2_mb")]:
     runs = [f"{name}_r{r}" for r in range(1, reps + 1)]
     tps = [mean(n, "tokens_per_second") for n in runs]
     ratio = [mean(n, "tokens_per_second") / mean(f"{dense}_r{r}", "tokens_per_second") for r, n in enumerate(runs, 1)]
