@@ -97,7 +97,7 @@ import json, statistics, sys
 w, warm, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def rows(name):  # the resumed run's steps from its third on
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][2:]
-def mean(name, key):  # the median step's figure: a stall of the machine moves it little
+def median_step(name, key):  # the median step's figure: a stall of the machine moves it little
     return statistics.median(x.get(key, 0) for x in rows(name))
 def fast(name):  # a fast step's tokens/s (the 90th percentile): this machine's noise only slows steps
     v = sorted(x["tokens_per_second"] for x in rows(name))
@@ -119,11 +119,11 @@ for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2
                            ("moe_ep2_mb", "MoE, ep=2, one micro-batch of 4 per rank", "dense_dp2_mb"),
                            ("dense_dp2_mb", "dense GPT, dp=2, one micro-batch of 4 per rank", "dense_dp2_mb")]:
     runs = [f"{name}_r{r}" for r in range(1, reps + 1)]
-    tps = [mean(n, "tokens_per_second") for n in runs]
-    ratio = [mean(n, "tokens_per_second") / mean(f"{dense}_r{r}", "tokens_per_second") for r, n in enumerate(runs, 1)]
+    tps = [median_step(n, "tokens_per_second") for n in runs]
+    ratio = [median_step(n, "tokens_per_second") / median_step(f"{dense}_r{r}", "tokens_per_second") for r, n in enumerate(runs, 1)]
     fratio = [fast(n) / fast(f"{dense}_r{r}") for r, n in enumerate(runs, 1)]
-    imb = statistics.median(mean(n, "moe_load_imbalance_max") for n in runs)
-    drop = statistics.median(mean(n, "moe_dropped_fraction_max") for n in runs)
+    imb = statistics.median(median_step(n, "moe_load_imbalance_max") for n in runs)
+    drop = statistics.median(median_step(n, "moe_dropped_fraction_max") for n in runs)
     print(f"{label:44s} {statistics.median(tps):9.0f} {statistics.median(ratio):8.2f} "
           f"{min(ratio):5.2f}-{max(ratio):<5.2f} {statistics.median(fratio):11.2f} "
           f"{min(fratio):5.2f}-{max(fratio):<5.2f} {imb:10.3f} {drop:8.3f}")
