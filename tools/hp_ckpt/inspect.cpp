@@ -16,14 +16,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 std::string split_text(const ckpt::TensorRecord& t) {
   return t.placements.empty() ? "-" : dist::describe(t.placements);
 }

@@ -32,12 +32,6 @@ class Bad : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 /// XXH64 of [begin, end) of the open file `fd`, read in bounded chunks.
 std::string checksum_range(int fd, std::uint64_t begin, std::uint64_t end, const std::string& path,
                            const std::string& tensor) {
