@@ -36,9 +36,6 @@ std::string one_line(std::string text);
 /// "tp+dp"
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
 
-/// "[4, 256]"
-std::string shape_text(const std::vector<std::int64_t>& shape);
-
 /// "dp=2 ep=1 pp=1 tp=2"
 std::string format_layout(const ckpt::Layout& layout);
 

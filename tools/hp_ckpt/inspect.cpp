@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/detail/fs.h"
 #include "checkpoint/file_names.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -90,7 +91,7 @@ int run_inspect(const std::string& dir, bool as_json) {
   for (const auto& t : tensors) {
     const auto& rec = m.tensors.at(t["name"].get<std::string>());
     rows.push_back({t["name"].get<std::string>(), t["kind"].get<std::string>(),
-                    shape_text(rec.global_shape), t["dtype"].get<std::string>(),
+                    ckpt::detail::format_shape(rec.global_shape), t["dtype"].get<std::string>(),
                     std::to_string(t["bytes"].get<std::uint64_t>()), split_text(rec),
                     std::to_string(rec.shards.size())});
   }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
 #include "checkpoint/file_names.h"
 #include "checkpoint/manifest.h"
@@ -109,10 +110,10 @@ void verify_file(const fs::path& step_dir, const std::string& file,
         const auto n = ckpt::safetensors_dtype_name(t);
         return n ? *n : std::string(c10::toString(t));
       };
-      throw Bad(where + "the file's header says " + dtype(e.dtype) + " " + shape_text(e.shape) +
+      throw Bad(where + "the file's header says " + dtype(e.dtype) + " " + ckpt::detail::format_shape(e.shape) +
                 " at bytes [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
                 ") but the manifest says " + dtype(ref.record->dtype) + " " +
-                shape_text(s.lengths) + " at bytes [" + std::to_string(s.byte_begin) + ", " +
+                ckpt::detail::format_shape(s.lengths) + " at bytes [" + std::to_string(s.byte_begin) + ", " +
                 std::to_string(s.byte_end) + ")");
     }
     const auto got = checksum_range(fd, s.byte_begin, s.byte_end, path, ref.tensor);
@@ -191,7 +192,7 @@ int run_verify(const std::string& dir) {
       const auto problem = ckpt::tiling_problem(t);
       if (!problem.empty()) {
         throw Bad(manifest_path + ": tensor '" + name +
-                  "': its shards do not tile its global shape " + shape_text(t.global_shape) +
+                  "': its shards do not tile its global shape " + ckpt::detail::format_shape(t.global_shape) +
                   ": " + problem);
       }
       for (const auto& s : t.shards) by_file[s.file].push_back({name, &t, &s});
