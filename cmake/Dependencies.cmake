@@ -12,9 +12,17 @@ endfunction()
 find_program(HP_CCACHE ccache)
 if(HP_USE_CCACHE AND HP_CCACHE)
   # PCH + ccache needs these sloppiness settings or every PCH user misses.
+  # CCACHE_BASEDIR makes the paths under the source root relative in what
+  # ccache hashes, and the debug-prefix map takes the checkout's directory
+  # out of the debug info (ccache hashes the working directory of a -g
+  # compile unless it is mapped): a clone in another directory, as CI makes,
+  # reuses the objects of this one. Debug info names sources relative to the
+  # source root (gdb: `directory <checkout>`).
   set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env
       CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+      CCACHE_BASEDIR=${CMAKE_SOURCE_DIR}
       ${HP_CCACHE})
+  add_compile_options(-fdebug-prefix-map=${CMAKE_SOURCE_DIR}=.)
 endif()
 
 find_package(Torch QUIET PATHS /usr/lib/x86_64-linux-gnu/cmake/Torch)
