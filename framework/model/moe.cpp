@@ -207,14 +207,13 @@ using torch::autograd::variable_list;
 /// single-threaded ops: a 64-row expert matmul is too small to split well
 /// (two threads on it mostly wait for each other), two experts at once are
 /// not. The experts are handed out one at a time, largest (most rows) first,
-/// ties to the lower expert, to whichever thread is free: an expert's cost
-/// is not its rows alone (each product packs the whole weight, whatever the
-/// rows), and a thread the machine stalls for a moment no longer holds up a
-/// fixed share (fixed bins, balanced by rows, left one thread waiting for
-/// the other about 15 % of an MoE step, measured with perf). Which thread
-/// runs an expert does not change its bits: an expert writes only its own
-/// rows and its own weight gradients. Autograd is off in the workers
-/// (per-thread mode).
+/// ties to the lower expert, to whichever thread is free (until session 21
+/// fixed bins balanced by rows): an expert's cost is not its rows alone
+/// (each product packs the whole weight, whatever the rows), and a thread
+/// the machine stalls for a moment no longer holds up a fixed share. Which
+/// thread runs an expert does not change its bits: an expert writes only
+/// its own rows and its own weight gradients. Autograd is off in the
+/// workers (per-thread mode).
 template <class F>
 void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
   const auto n = static_cast<std::int64_t>(counts.size());
