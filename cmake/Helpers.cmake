@@ -43,9 +43,49 @@ endfunction()
 # -ffp-contract=off, which a unity file would drop). Helpers in different
 # files of one such target must not share a name: an anonymous namespace is
 # one per translation unit.
+#
+# The unity files are written here rather than by CMake's UNITY_BUILD, whose
+# files (before CMake 3.32) include each source by its absolute path: a
+# checkout in another directory then hashes differently and misses ccache
+# on every unit. Ours include each source by its path under the source root
+# (found through -I <root>, which ccache's CCACHE_BASEDIR makes relative),
+# so every checkout writes the same bytes. A unity file is rewritten only
+# when its list changes (file(CONFIGURE)), so a reconfigure rebuilds nothing.
 set(HP_UNITY_BATCH 4 CACHE STRING "Sources per unity translation unit of the tests and tools (0 or 1: off)")
 function(hp_unity_build target)
-  if(HP_UNITY_BATCH GREATER 1)
-    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${HP_UNITY_BATCH})
+  if(NOT HP_UNITY_BATCH GREATER 1)
+    return()
   endif()
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(source_dir ${target} SOURCE_DIR)
+  set(kept "")
+  set(units "")
+  set(body "")
+  set(count 0)
+  set(index 0)
+  foreach(src IN LISTS sources)
+    if(NOT src MATCHES "\\.(cpp|cc|cxx)$")
+      list(APPEND kept ${src})
+      continue()
+    endif()
+    get_filename_component(abs ${src} ABSOLUTE BASE_DIR ${source_dir})
+    file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${abs})
+    string(APPEND body "#include \"${rel}\"\n")
+    math(EXPR count "${count} + 1")
+    if(count EQUAL HP_UNITY_BATCH)
+      set(unit ${CMAKE_CURRENT_BINARY_DIR}/unity/${target}_${index}.cpp)
+      file(CONFIGURE OUTPUT ${unit} CONTENT "${body}" @ONLY)
+      list(APPEND units ${unit})
+      math(EXPR index "${index} + 1")
+      set(body "")
+      set(count 0)
+    endif()
+  endforeach()
+  if(count GREATER 0)
+    set(unit ${CMAKE_CURRENT_BINARY_DIR}/unity/${target}_${index}.cpp)
+    file(CONFIGURE OUTPUT ${unit} CONTENT "${body}" @ONLY)
+    list(APPEND units ${unit})
+  endif()
+  set_property(TARGET ${target} PROPERTY SOURCES ${units} ${kept})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
 endfunction()

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "checkpoint/checkpoint.h"
+#include "tests/support/beside_executable.h"
 #include "tests/ut/checkpoint/test_util.h"
 
 namespace hp::ckpt::test {
@@ -38,7 +39,7 @@ std::string quote(const std::string& s) {
 
 ToolRun hp_ckpt(const std::vector<std::string>& args) {
   TempDir io;
-  std::string cmd = quote(HP_CKPT_BIN);
+  std::string cmd = quote(hp::test::beside_executable(HP_CKPT_BIN_REL));
   for (const auto& a : args) cmd += " " + quote(a);
   cmd += " >" + quote(io / "out") + " 2>" + quote(io / "err");
   const int status = std::system(cmd.c_str());

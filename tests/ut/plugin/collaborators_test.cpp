@@ -11,9 +11,10 @@
 #include "framework/config/config.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
+#include "tests/support/beside_executable.h"
 
 namespace {
-const std::string kDir = HP_TEST_PLUGIN_DIR;
+const std::string kDir = hp::test::beside_executable(HP_TEST_PLUGIN_DIR_REL);
 }
 
 TEST(Collaborators, EveryReplacedCollaboratorIsCalled) {

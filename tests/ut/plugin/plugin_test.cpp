@@ -12,6 +12,7 @@
 #include "framework/plugin/api_hash.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
+#include "tests/support/beside_executable.h"
 #include "framework/util/build_info.h"
 #include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
@@ -19,7 +20,7 @@
 
 namespace {
 
-const std::string kDir = HP_TEST_PLUGIN_DIR;
+const std::string kDir = hp::test::beside_executable(HP_TEST_PLUGIN_DIR_REL);
 
 std::string load_error(const std::string& name) {
   hp::PluginLoader loader({kDir});
