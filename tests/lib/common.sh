@@ -6,7 +6,11 @@ trap 'rm -rf "$WORK"' EXIT
 
 # A small config every training test starts from: 2-layer GPT, synthetic task,
 # dropout on (masks do not depend on the layout, so parity holds with it) and
-# an evaluation every 10 steps (compared by hp-compare like the loss).
+# an evaluation every 10 steps (compared by hp-compare like the loss). Both
+# configs here give metrics.peak_flops: the start-up FLOP probe (0.2 s alone,
+# up to 0.8 s with another test beside it) would run in every process of
+# every run, and no test here reads MFU (the probe has its unit test in
+# tests/ut/metrics/trainer_series_test.cpp, and the main job runs it).
 small_config() {
   cat > "$1" <<'YAML'
 run: {seed: 7}
@@ -15,6 +19,7 @@ data: {type: synthetic}
 training: {max_steps: 20, global_batch_size: 8, micro_batch_size: 2, log_interval: 1, eval_interval: 10}
 optimizer: {type: adamw, lr: 0.002, warmup_steps: 2, grad_clip: 1.0}
 checkpoint: {interval: 0}
+metrics: {peak_flops: 1.0e+10}
 YAML
 }
 
@@ -28,6 +33,7 @@ data: {type: field}
 training: {max_steps: ${2:-20}, global_batch_size: 8, micro_batch_size: 2, log_interval: 1}
 optimizer: {type: adamw, lr: 0.003, warmup_steps: 2, grad_clip: 1.0}
 checkpoint: {interval: 0}
+metrics: {peak_flops: 1.0e+10}
 YAML
 }
 
