@@ -11,6 +11,7 @@
 
 #include "backends/dist/mesh.h"
 #include "checkpoint/error.h"
+#include "tools/exit_now.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"
 
@@ -52,9 +53,7 @@ a run resuming from it starts a fresh optimizer and seeds its RNG from the
 config. Layout recorded: pp=1 dp=1 tp=1 ep=1; config hash empty. ROOT must
 not already hold checkpoints.)";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   namespace tool = hp::ckpt_tool;
   CLI::App app{
       "hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.\n"
@@ -168,3 +167,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { hp::tools::exit_now(run(argc, argv)); }

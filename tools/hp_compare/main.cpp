@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "tools/exit_now.h"
 #include "tools/hp_compare/grad_parity.h"
 #include "tools/hp_compare/metrics_parity.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"hp-compare: parity of a run against a reference run (docs/PARITY.md)"};
   std::string ref, run;
   hp::compare::MetricsOptions m;
@@ -54,3 +57,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { hp::tools::exit_now(run(argc, argv)); }

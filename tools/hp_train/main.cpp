@@ -1,5 +1,7 @@
 // hp-train: validates a config, then trains on this process (under a
 // launcher) or launches N processes of itself (--nproc N).
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include "framework/config/config.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
+#include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
 namespace {
@@ -28,9 +31,7 @@ void print_features(const hp::Setup& s) {
   for (const auto& f : s.features) std::cout << "  " << f.name << " <- " << f.path << "\n";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"hp-train: train a model with hyperparallel"};
   std::string config_file;
   int nproc = 0;
@@ -129,4 +130,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hp-train: rank %d failed: %s\n", env.rank, e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+// Every object of the run is gone when run() returns (its files closed, its
+// threads joined, its checkpoint written); the loggers are flushed, and the
+// process ends without the static destructors (tools/exit_now.h).
+int main(int argc, char** argv) {
+  const int code = run(argc, argv);
+  spdlog::shutdown();
+  hp::tools::exit_now(code);
 }

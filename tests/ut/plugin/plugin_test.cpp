@@ -12,11 +12,11 @@
 #include "framework/plugin/api_hash.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
-#include "tests/support/beside_executable.h"
 #include "framework/util/build_info.h"
 #include "framework/trainer/checkpoint_adapter.h"
 #include "framework/trainer/executor.h"
 #include "framework/runtime/setup.h"
+#include "tests/support/beside_executable.h"
 
 namespace {
 
