@@ -1,6 +1,6 @@
 // The unit tests' main: GoogleTest's, ending the process without the static
-// destructors (tools/exit_now.h): each test runs in its own process
-// (gtest_discover_tests), several hundred a suite.
+// destructors (tools/exit_now.h): CTest starts one process per suite
+// (cmake/GtestSuites.cmake), about a hundred in all.
 #include <gtest/gtest.h>
 
 #include "tools/exit_now.h"
