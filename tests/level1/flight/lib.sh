@@ -34,14 +34,17 @@ wait_steps() {
 # stall_case NAME NPROC VICTIM PATTERN ARGS...: a run whose rank VICTIM is
 # SIGSTOPped after step 3 and SIGCONTed once the stall is reported. The report
 # must match PATTERN within stall_seconds + 5 s; the run must then finish with
-# the losses of an undisturbed run of the same layout (bitwise).
+# the losses of an undisturbed run of the same layout (bitwise), which runs
+# beside it. STEPS (default 150) must outlast the wait for step 3 and a
+# heartbeat: a layout of 40-60 ms steps needs about 60, dp=2's 12 ms steps
+# 150.
 STALL=2
 stall_case() {
   local name=$1 n=$2 victim=$3 pattern=$4; shift 4
-  local args=(--nproc "$n" --set training.max_steps=150 --set distributed.stall_seconds=$STALL
+  local args=(--nproc "$n" --set training.max_steps="${STEPS:-150}" --set distributed.stall_seconds=$STALL
               --set distributed.heartbeat_seconds=0.5 "$@")
-  "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/${name}_ref" > "$WORK/${name}_ref.log" 2>&1 \
-    || { cat "$WORK/${name}_ref.log"; fail "$name: undisturbed run"; }
+  "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/${name}_ref" > "$WORK/${name}_ref.log" 2>&1 &
+  local ref=$!
   "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 &
   local pid=$!
   wait_steps "$WORK/$name" 3 120 || { kill $pid; cat "$WORK/$name.log"; fail "$name: no step 3"; }
@@ -58,6 +61,7 @@ stall_case() {
   local t1; t1=$(date +%s.%N)
   kill -CONT "$vpid"
   wait $pid || { cat "$WORK/$name.log"; fail "$name: the run did not finish after SIGCONT"; }
+  wait $ref || { cat "$WORK/${name}_ref.log"; fail "$name: undisturbed run"; }
   local line; line=$(grep -m1 "stall on group" "$WORK/$name.log")
   echo "$name: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s from SIGSTOP to: ${line#*\] }"
   grep -qE -- "$pattern" <<<"$line" || fail "$name: the report does not match '$pattern': $line"
