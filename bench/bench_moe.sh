@@ -8,7 +8,7 @@
 #   bash bench/bench_moe.sh [steps=80] [speed]
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
-# capacity factor; then the same pairs with one micro-batch per step
+# capacity factor, MoE with its experts through BLAS; then the same pairs with one micro-batch per step
 # instead of micro-batch 2), BENCH_REPS times interleaved, and prints each MoE run
 # over the dense run of the same layout, with the load imbalance. Those
 # runs measure a trained router, not one at initialisation: the MoE and
@@ -71,6 +71,9 @@ throughput() {  # SUFFIX
   # (about 256 at one process, 2 x 128 at ep=2, against 64), so each expert
   # weight read from memory serves four times the arithmetic.
   if [ "$ONLY" = speed ]; then
+    # The experts through BLAS (model.moe.expert_compute: slices) instead of
+    # the packed-weight product (the default).
+    run moe_1p2t_slices$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" --set model.moe.expert_compute=slices "${from_moe[@]}"
     run moe_1p2t_mb$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${whole_mb[@]}" "${from_moe[@]}"
     run dense_1p2t_mb$1 "HP_INTRA_OP_THREADS=2" "${dense[@]}" "${whole_mb[@]}" "${from_dense[@]}"
     run moe_ep2_mb$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${half_mb[@]}" "${from_moe[@]}"
@@ -110,6 +113,7 @@ print("fast steps: the same with each run's 90th-percentile step (tokens/s) in p
 print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'fast steps':>11s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")
 for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
                            ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),
+                           ("moe_1p2t_slices", "MoE, 1 x 2, experts through BLAS (slices)", "dense_1p2t"),
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
                            ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
                            ("moe_ep2_cap", "MoE, ep=2, capacity factor 1.25", "dense_dp2"),

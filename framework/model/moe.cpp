@@ -9,14 +9,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
 
 #include "backends/dist/context.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/config/schema.h"
+#include "framework/logging/logging.h"
 #include "framework/metrics/metrics.h"
 #include "framework/model/aux_loss.h"
 #include "framework/model/build_context.h"
+#include "framework/model/packed_gemm.h"
 #include "framework/plugin/feature_runtime.h"
 
 namespace hp {
@@ -34,7 +37,10 @@ MoeOptions MoeOptions::from(const Config& c) {
   o.aux_loss_coef = c.get_float("model.moe.aux_loss_coef");
   o.z_loss_coef = c.get_float("model.moe.z_loss_coef");
   o.bias_update_rate = c.get_float("model.moe.bias_update_rate");
-  o.padded = c.get_string("model.moe.expert_compute") == "padded";
+  const std::string how = c.get_string("model.moe.expert_compute");
+  o.compute = how == "padded"   ? ExpertCompute::kPadded
+              : how == "slices" ? ExpertCompute::kSlices
+                                : ExpertCompute::kPacked;
   return o;
 }
 
@@ -110,13 +116,14 @@ void declare_moe_options(Schema& s) {
         .note("0: off");
   });
   once("model.moe.expert_compute", [&] {
-    s.add_enum("model.moe.expert_compute", "slices", {"slices", "padded"})
+    s.add_enum("model.moe.expert_compute", "packed", {"packed", "slices", "padded"})
         .describe(
-            "How a rank runs its experts on the tokens sorted by expert: slices (each expert's FFN "
-            "on its "
-            "contiguous rows) or padded (one batched matmul over [experts, most rows, hidden], "
-            "zero rows as "
-            "padding: load imbalance x the FLOPs). Same results within float rounding.");
+            "How a rank runs its experts on the tokens sorted by expert: packed (each expert's FFN "
+            "on its contiguous rows, with the expert weights packed once per step for the "
+            "project's own small-row product; x86-64 with AVX2 and FMA, fp32, widths multiples of "
+            "16, elsewhere as slices), slices (the same through BLAS, bitwise a linear per "
+            "expert) or padded (one batched matmul over [experts, most rows, hidden], zero rows "
+            "as padding: load imbalance x the FLOPs). Same results within float rounding.");
   });
 }
 
@@ -198,10 +205,73 @@ at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o) {
   return o.z_loss_coef * at::logsumexp(r.logits, -1).pow(2).sum();
 }
 
+/// The expert weights packed for packed_gemm: four operands (the two
+/// forward products x W1^T and h W2^T, the two row-gradient products
+/// g W2 and g' W1), per expert its panels and what they were packed from.
+/// An expert's panels are packed by the first product that needs them
+/// after they went stale, on the thread running that expert; a pack is
+/// stale after the layer's step end (the optimizer has run, or ZeRO has
+/// gathered new values into the same storage) and when the weight's
+/// storage or version counter (bumped by every in-place write through it)
+/// differs from the packed one's. Four copies of each expert's weights:
+/// twice the weights' memory.
+struct ExpertPacks {
+  struct Operand {
+    at::Tensor panels;  ///< [E, K x N] fp32
+    std::vector<const void*> from;
+    std::vector<std::uint32_t> version;
+
+    /// Called before the experts run (one thread): room for E experts.
+    void reserve(std::int64_t E, std::int64_t size) {
+      if (panels.defined() && panels.size(0) == E && panels.size(1) == size) return;
+      panels = at::empty({E, size}, at::kFloat);
+      from.assign(static_cast<std::size_t>(E), nullptr);
+      version.assign(static_cast<std::size_t>(E), 0);
+    }
+    /// Expert e's panels of B [K, N] (element (k, n) at b[k sk + n sn]),
+    /// packed now unless they hold this weight (`source`, `v`) already.
+    const float* get(std::int64_t e, const float* b, std::int64_t K, std::int64_t N,
+                     std::int64_t sk, std::int64_t sn, const void* source, std::uint32_t v) {
+      const auto i = static_cast<std::size_t>(e);
+      float* p = panels.data_ptr<float>() + e * K * N;
+      if (from[i] != source || version[i] != v) {
+        packed_gemm::pack(b, K, N, sk, sn, p);
+        from[i] = source;
+        version[i] = v;
+      }
+      return p;
+    }
+  };
+  Operand fc1, fc2, fc1_rows, fc2_rows;
+  std::mutex in_use;  ///< one forward or backward at a time (a layer's are sequential anyway)
+
+  void invalidate() {
+    std::lock_guard<std::mutex> lock(in_use);
+    for (Operand* o : {&fc1, &fc2, &fc1_rows, &fc2_rows})
+      std::fill(o->from.begin(), o->from.end(), nullptr);
+  }
+};
+
+std::shared_ptr<ExpertPacks> make_expert_packs() { return std::make_shared<ExpertPacks>(); }
+void mark_stale(ExpertPacks& packs) { packs.invalidate(); }
+
+bool ExpertWeights::packable(const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2) {
+  return packed_gemm::supported() && rows.scalar_type() == at::kFloat &&
+         w1.scalar_type() == at::kFloat && w2.scalar_type() == at::kFloat && w1.is_cpu() &&
+         w1.size(1) % packed_gemm::kPanel == 0 && w1.size(2) % packed_gemm::kPanel == 0 &&
+         w1.is_contiguous() && w2.is_contiguous();
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+/// Keeps an ExpertPacks alive in an autograd node's saved data.
+struct PacksHolder : torch::CustomClassHolder {
+  explicit PacksHolder(std::shared_ptr<ExpertPacks> p) : packs(std::move(p)) {}
+  std::shared_ptr<ExpertPacks> packs;
+};
 
 /// Experts spread over the intra-op threads, each expert on one thread with
 /// single-threaded ops: a 64-row expert matmul is too small to split well
@@ -269,20 +339,44 @@ void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
 struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& w1,
                             const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
-                            std::vector<std::int64_t> counts) {
+                            std::vector<std::int64_t> counts, std::shared_ptr<ExpertPacks> packs) {
     profile::Span span("compute", "moe.experts");
-    const std::int64_t M = rows.size(0), H = rows.size(1), F = w1.size(1);
+    const std::int64_t M = rows.size(0), H = rows.size(1), F = w1.size(1), E = w1.size(0);
     at::Tensor x = rows.contiguous();
     at::Tensor pre = at::empty({M, F}, x.options());
     at::Tensor act = at::empty({M, F}, x.options());
     at::Tensor out = at::empty({M, H}, x.options());
-    for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
-      if (m == 0) return;
-      at::Tensor p = pre.narrow(0, off, m), h = act.narrow(0, off, m), o = out.narrow(0, off, m);
-      at::addmm_out(p, b1[e], x.narrow(0, off, m), w1[e].t());
-      at::gelu_out(h, p);
-      at::addmm_out(o, b2[e], h, w2[e].t());
-    });
+    if (packs) {
+      std::lock_guard<std::mutex> lock(packs->in_use);
+      packs->fc1.reserve(E, F * H);
+      packs->fc2.reserve(E, F * H);
+      const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
+      const std::uint32_t v1 = w1._version(), v2 = w2._version();
+      const float *W1 = w1.data_ptr<float>(), *W2 = w2.data_ptr<float>();
+      const at::Tensor b1c = b1.contiguous(), b2c = b2.contiguous();
+      const float *B1 = b1c.data_ptr<float>(), *B2 = b2c.data_ptr<float>();
+      const float* X = x.data_ptr<float>();
+      float *P = pre.data_ptr<float>(), *A = act.data_ptr<float>(), *O = out.data_ptr<float>();
+      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+        if (m == 0) return;
+        // x W1^T: B (k, n) = W1[e][n][k]; h W2^T: B (k, n) = W2[e][n][k].
+        const float* p1 = packs->fc1.get(e, W1 + e * F * H, H, F, 1, H, s1, v1);
+        const float* p2 = packs->fc2.get(e, W2 + e * H * F, F, H, 1, F, s2, v2);
+        packed_gemm::product(m, H, F, X + off * H, H, p1, B1 + e * F, P + off * F, F);
+        at::Tensor h = act.narrow(0, off, m);
+        at::gelu_out(h, pre.narrow(0, off, m));
+        packed_gemm::product(m, F, H, A + off * F, F, p2, B2 + e * H, O + off * H, H);
+      });
+      ctx->saved_data["packs"] = c10::IValue::make_capsule(c10::make_intrusive<PacksHolder>(packs));
+    } else {
+      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+        if (m == 0) return;
+        at::Tensor p = pre.narrow(0, off, m), h = act.narrow(0, off, m), o = out.narrow(0, off, m);
+        at::addmm_out(p, b1[e], x.narrow(0, off, m), w1[e].t());
+        at::gelu_out(h, p);
+        at::addmm_out(o, b2[e], h, w2[e].t());
+      });
+    }
     ctx->save_for_backward({x, w1, w2, pre, act});
     ctx->saved_data["counts"] = c10::IValue(counts);
     // The parameters themselves (not a saved copy's handle): their .grad.
@@ -305,6 +399,22 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     at::Tensor gx = at::empty_like(x);
     at::Tensor gb1 = at::empty({w1.size(0), w1.size(1)}, w1.options());
     at::Tensor gb2 = at::empty({w2.size(0), w2.size(1)}, w2.options());
+    // The row-gradient products g W2 and g' W1 through packed_gemm when
+    // the forward used it.
+    std::shared_ptr<ExpertPacks> packs;
+    if (ctx->saved_data.count("packs"))
+      packs = c10::static_intrusive_pointer_cast<PacksHolder>(ctx->saved_data["packs"].toCapsule())->packs;
+    std::unique_lock<std::mutex> lock;
+    at::Tensor gh;
+    const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
+    const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
+    const std::uint32_t v1 = w1._version(), v2 = w2._version();
+    if (packs) {
+      lock = std::unique_lock<std::mutex>(packs->in_use);
+      packs->fc1_rows.reserve(E, F * H);
+      packs->fc2_rows.reserve(E, F * H);
+      gh = at::empty({x.size(0), F}, x.options());
+    }
     for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
       at::Tensor db1 = gb1[e], db2 = gb2[e];
       if (m == 0) {  // an expert without rows: zero gradients, as autograd gives
@@ -319,13 +429,27 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
       gw2.product(e, g.t(), act.narrow(0, off, m));
       at::sum_out(db2, g, 0);
-      at::Tensor gp = at::gelu_backward(g.mm(w2[e]), p);
+      at::Tensor dh;
+      if (packs) {
+        // B = W2[e] [H, F] and W1[e] [F, H] as they are (row-major).
+        dh = gh.narrow(0, off, m);
+        const float* p2 = packs->fc2_rows.get(e, w2.data_ptr<float>() + e * H * F, H, F, F, 1, s2, v2);
+        packed_gemm::product(m, H, F, g.data_ptr<float>(), H, p2, nullptr, dh.data_ptr<float>(), F);
+      } else {
+        dh = g.mm(w2[e]);
+      }
+      at::Tensor gp = at::gelu_backward(dh, p);
       // p = x w1^T + b1: dW1 = gp^T x, db1 = sum of gp's rows, dx = gp w1.
       gw1.product(e, gp.t(), xi);
       at::sum_out(db1, gp, 0);
-      at::mm_out(dx, gp, w1[e]);
+      if (packs) {
+        const float* p1 = packs->fc1_rows.get(e, w1.data_ptr<float>() + e * F * H, F, H, H, 1, s1, v1);
+        packed_gemm::product(m, F, H, gp.data_ptr<float>(), F, p1, nullptr, dx.data_ptr<float>(), H);
+      } else {
+        at::mm_out(dx, gp, w1[e]);
+      }
     });
-    return {gx, gw1.result(), gb1, gw2.result(), gb2, at::Tensor()};
+    return {gx, gw1.result(), gb1, gw2.result(), gb2, at::Tensor(), at::Tensor()};
   }
 
  private:
@@ -376,13 +500,17 @@ at::Tensor ExpertWeights::forward(std::int64_t e, const at::Tensor& x) const {
 
 at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
                                           const std::vector<std::int64_t>& counts,
-                                          bool padded) const {
+                                          ExpertCompute how) const {
   const auto n = static_cast<std::int64_t>(counts.size());
   const std::int64_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
   // rows x 0 for no rows keeps the graph connected to `rows` (expert
   // parallel needs every rank's backward to reach its exchanges).
   if (most == 0) return rows * 0;
-  if (!padded) return GroupedFfn::apply(rows, w1, b1, w2, b2, counts);
+  if (how == ExpertCompute::kPacked && packable(rows, w1, w2))
+    return GroupedFfn::apply(rows, w1, b1, w2, b2, counts,
+                             packs ? packs : std::make_shared<ExpertPacks>());
+  if (how != ExpertCompute::kPadded)
+    return GroupedFfn::apply(rows, w1, b1, w2, b2, counts, std::shared_ptr<ExpertPacks>());
   // Row i of expert j goes to slot j x most + i of [n, most, H].
   at::Tensor c = at::tensor(counts, at::kLong);
   at::Tensor start = c.cumsum(0) - c;
@@ -465,9 +593,9 @@ at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::T
 }
 
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
-                            const at::Tensor& tokens, const Routing& r, bool padded) {
+                            const at::Tensor& tokens, const Routing& r, ExpertCompute how) {
   ExpertGroups g = group_by_expert(r, first_expert, w.w1.size(0));
-  at::Tensor y = w.forward_grouped(rows_by_expert(tokens, g), g.counts, padded);
+  at::Tensor y = w.forward_grouped(rows_by_expert(tokens, g), g.counts, how);
   at::Tensor weight =
       r.weights.reshape({-1}).index_select(0, g.order).unsqueeze(1).to(y.scalar_type());
   return combine_by_token(y * weight, g);
@@ -556,6 +684,20 @@ ExpertWeights MoeLayer::make_experts(BuildContext& ctx, const dist::Placements& 
   w.b1 = make("fc1.bias", {E, F}, Init::zeros());
   w.w2 = make("fc2.weight", {E, H, F}, Init::normal(init_std_));
   w.b2 = make("fc2.bias", {E, H}, Init::zeros());
+  if (o_.compute == ExpertCompute::kPacked && !packed_gemm::supported()) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      log::logger()->info(
+          "model.moe.expert_compute: packed needs a CPU with AVX2 and FMA, which this one lacks; "
+          "the experts run through BLAS (as slices), with the same results up to float rounding");
+    });
+  }
+  if (o_.compute == ExpertCompute::kPacked) {
+    w.packs = std::make_shared<ExpertPacks>();
+    // The optimizer has changed the weights (or ZeRO gathered new values
+    // into the same storage): pack again at the next forward.
+    ctx.on_step_end([packs = w.packs](StepContext&) { packs->invalidate(); });
+  }
   return w;
 }
 
@@ -597,7 +739,7 @@ class DenseMoe : public MoeLayer {
 
  protected:
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
-    return dispatch_locally(experts_, 0, tokens, r, options().padded);
+    return dispatch_locally(experts_, 0, tokens, r, options().compute);
   }
 
  private:

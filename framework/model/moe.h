@@ -20,6 +20,13 @@ class Config;
 class ConfigErrors;
 class Schema;
 
+/// How a rank runs its experts on the rows sorted by expert
+/// (model.moe.expert_compute): each expert's FFN on its contiguous slice
+/// through BLAS (kSlices) or through packed_gemm on weights packed once per
+/// step (kPacked; as kSlices where packed_gemm cannot run), or all experts
+/// in one batched product over zero-padded rows (kPadded).
+enum class ExpertCompute { kSlices, kPacked, kPadded };
+
 /// model.moe.*, read once.
 struct MoeOptions {
   std::int64_t num_experts = 0;  ///< 0: no MoE
@@ -33,7 +40,7 @@ struct MoeOptions {
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.0;
   double bias_update_rate = 0.0;  ///< aux-loss-free balancing; 0: off
-  bool padded = false;            ///< expert compute: slices (false) or padded bmm (true)
+  ExpertCompute compute = ExpertCompute::kPacked;  ///< model.moe.expert_compute
   static MoeOptions from(const Config& c);
   bool enabled() const { return num_experts > 0; }
   /// Slots per expert and sequence of `seq` tokens (capacity_factor > 0).
@@ -78,17 +85,33 @@ at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o);
 
 /// Expert parameters stacked per layer: w1 [E, F, H], b1 [E, F],
 /// w2 [E, H, F], b2 [E, H] (a slice of experts on expert-parallel ranks).
+/// Packed expert weights (ExpertCompute::kPacked), defined in moe.cpp.
+struct ExpertPacks;
+std::shared_ptr<ExpertPacks> make_expert_packs();
+/// Marks every pack stale: the next product packs its weight again. The
+/// layer calls it at each step end; call it after changing expert weights
+/// without going through their version counter (a write into their storage
+/// through another tensor).
+void mark_stale(ExpertPacks& packs);
+
 struct ExpertWeights {
   at::Tensor w1, b1, w2, b2;
+  /// kPacked's panels, reused until the layer's step end (MoeLayer::
+  /// make_experts sets that up) or until a weight changes; null: packed
+  /// afresh for each call.
+  std::shared_ptr<ExpertPacks> packs;
   /// gelu(x w1[e]^T + b1[e]) w2[e]^T + b2[e] for local expert e.
   at::Tensor forward(std::int64_t e, const at::Tensor& x) const;
   /// Rows grouped by local expert (the first counts[0] rows for expert 0,
   /// the next counts[1] for expert 1, ...): every expert's FFN on its
-  /// contiguous slice (padded = false), or all experts at once with a
+  /// contiguous slice (kSlices, kPacked), or all experts at once with a
   /// batched matmul over [experts, max count, H] with zero rows as padding
-  /// (padded = true). [M, H] in the order of `rows`.
+  /// (kPadded). [M, H] in the order of `rows`.
   at::Tensor forward_grouped(const at::Tensor& rows, const std::vector<std::int64_t>& counts,
-                             bool padded) const;
+                             ExpertCompute how) const;
+  /// Whether kPacked runs packed_gemm for these weights and rows (else it
+  /// runs as kSlices): an AVX2 + FMA CPU, fp32, widths multiples of 16.
+  static bool packable(const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2);
 };
 
 /// The kept assignments of experts [first, first + count) grouped by
@@ -165,7 +188,8 @@ class MoeLayer : public Layer {
 /// (ExpertWeights::forward_grouped), outputs weighted, un-permuted and
 /// summed per token in ascending expert order (combine_by_token).
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
-                            const at::Tensor& tokens, const Routing& r, bool padded = false);
+                            const at::Tensor& tokens, const Routing& r,
+                            ExpertCompute how = ExpertCompute::kSlices);
 
 std::shared_ptr<Layer> make_dense_moe(const LayerSpec& spec, BuildContext& ctx);
 

@@ -273,9 +273,10 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   m.inputs = {"tokens"};
   // Free at a resume: regularisation, initialisation (a resume overwrites
   // every weight) and the MoE loss weights and token-drop policy; none
-  // changes a tensor's shape or meaning.
+  // changes a tensor's shape or meaning. How the experts are computed
+  // (packed, slices, padded) is the same function up to fp32 rounding.
   m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
-                 "model.moe.capacity_factor"};
+                 "model.moe.capacity_factor", "model.moe.expert_compute"};
   // The attention algorithm computes the same function (up to fp32 rounding).
   if (attention) m.free_keys.insert({"model.attention", "model.attention_block", "model.attention_auto_seq"});
   m.train_flops_per_token = decoder_train_flops_per_token(d, attention);

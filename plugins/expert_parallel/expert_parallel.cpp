@@ -83,11 +83,11 @@ class ExpertParallelMoe : public MoeLayer {
  protected:
   /// The experts of this rank on rows grouped by local expert (`counts`).
   at::Tensor run_experts(const at::Tensor& rows, const std::vector<std::int64_t>& counts) const {
-    if (!tp_) return experts_.forward_grouped(rows, counts, options().padded);
+    if (!tp_) return experts_.forward_grouped(rows, counts, options().compute);
     // Every tp rank holds the same rows: the input's gradient is partial
     // over the FFN slices (summed over tp in backward), the output summed.
     at::Tensor y = dist::reduce_from_group(
-        experts_.forward_grouped(dist::copy_to_group(rows, *tp_), counts, options().padded), *tp_);
+        experts_.forward_grouped(dist::copy_to_group(rows, *tp_), counts, options().compute), *tp_);
     at::Tensor expert_of =
         at::repeat_interleave(at::arange(per_rank_, at::kLong), at::tensor(counts, at::kLong));
     return y + b2_.index_select(0, expert_of);
@@ -95,7 +95,7 @@ class ExpertParallelMoe : public MoeLayer {
 
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
     const std::int64_t P = g_.size(), E = options().num_experts;
-    if (P == 1 && !tp_) return dispatch_locally(experts_, 0, tokens, r, options().padded);
+    if (P == 1 && !tp_) return dispatch_locally(experts_, 0, tokens, r, options().compute);
     // This rank's kept assignments, by expert, then token (one stable sort).
     ExpertGroups groups = group_by_expert(r, 0, E);
     const auto& per_expert = groups.counts;

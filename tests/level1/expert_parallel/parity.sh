@@ -5,7 +5,9 @@
 # balancing shows (ep=2 and the aux-loss-free bias layout), 20 for the other
 # layouts, the docs/PARITY.md minimum), dropless and
 # with capacity dropping; recompute on vs off bitwise; ep=2 with block
-# attention (model.attention: block) against the eager reference.
+# attention (model.attention: block) against the eager reference; the
+# experts through BLAS (model.moe.expert_compute: slices) against the
+# packed-weight product.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -21,6 +23,8 @@ var=(--set model.moe.shared_experts=1 --set model.moe.every=2 --set model.moe.bi
      --set model.moe.score=sigmoid --set model.moe.aux_loss_coef=0 --set training.eval_interval=10)
 run ref 1
 run ref20 1 "${short[@]}"  # the same schedule as the 20-step layouts (max_steps sets the decay)
+# The experts through BLAS (slices) against the packed-weight product (the default).
+run ref20_slices 1 "${short[@]}" --set model.moe.expert_compute=slices
 run ref_cap 1 "${short[@]}" "${cap[@]}"
 run ref_var 1 "${var[@]}"
 # shellcheck disable=SC2046
@@ -38,7 +42,7 @@ run ep2_var 2 $(ep 2) "${var[@]}"
 run ep2block 2 "${short[@]}" $(ep 2) --set model.attention=block --set model.attention_block=12
 }
 compare ref ep2
-for r in ep2dp4 ep4 ep2tp2 ep2pp2 ep2zero tp2 ep2block; do compare ref20 $r; done
+for r in ep2dp4 ep4 ep2tp2 ep2pp2 ep2zero tp2 ep2block ref20_slices; do compare ref20 $r; done
 compare ref_cap ep2_cap
 compare ref_var ep2_var
 python3 - "$WORK/ref_cap" <<'PY' || fail "capacity dropped nothing: the capacity run tests nothing"

@@ -13,6 +13,7 @@
 #include "framework/config/config.h"
 #include "framework/model/build_context.h"
 #include "framework/model/extensions.h"
+#include "framework/model/packed_gemm.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
@@ -193,7 +194,8 @@ struct Result {
 /// Forward and backward of a dispatch on the case (k experts of E from `first`).
 template <class Dispatch>
 Result run_dispatch(const Case& c, std::int64_t first, std::int64_t count, Dispatch dispatch) {
-  const std::int64_t H = 16, F = 24;
+  // Widths multiples of 16: kPacked runs packed_gemm (not its fallback).
+  const std::int64_t H = 16, F = 32;
   auto tokens = torch::randn({c.logits.size(0), H}, torch::make_generator<at::CPUGeneratorImpl>(11))
                     .requires_grad_(true);
   auto logits = c.logits.clone().requires_grad_(true);
@@ -212,14 +214,18 @@ void grouped_against_loop(Routes how, std::int64_t first, std::int64_t count) {
   for (std::uint64_t seed : {1, 2, 3}) {
     Case c = make_case(how, seed);
     Result ref = run_dispatch(c, first, count, per_expert_loop);
-    for (bool padded : {false, true}) {
+    using hp::ExpertCompute;
+    for (ExpertCompute how : {ExpertCompute::kSlices, ExpertCompute::kPacked, ExpertCompute::kPadded}) {
+      const bool slices = how == ExpertCompute::kSlices;
       Result got = run_dispatch(c, first, count,
                                 [&](const auto& w, std::int64_t f, const auto& t, const auto& r) {
-                                  return hp::dispatch_locally(w, f, t, r, padded);
+                                  return hp::dispatch_locally(w, f, t, r, how);
                                 });
-      const std::string what =
-          std::string(padded ? "padded" : "slices") + ", seed " + std::to_string(seed);
-      if (!padded) {
+      const std::string what = std::string(slices                           ? "slices"
+                                            : how == ExpertCompute::kPacked ? "packed"
+                                                                            : "padded") +
+                               ", seed " + std::to_string(seed);
+      if (slices) {
         // Same rows, same order, same matmul shapes, same summation order: bitwise.
         EXPECT_TRUE(torch::equal(got.out, ref.out))
             << "forward, " << what << ": rel " << rel(got.out, ref.out);
@@ -232,7 +238,7 @@ void grouped_against_loop(Routes how, std::int64_t first, std::int64_t count) {
             << "gradient of " << kGradNames[i] << ", " << what;
         // Printed, not asserted: autograd does not promise the order in which a
         // token's gradient contributions are accumulated.
-        if (!padded && !torch::equal(got.grads[i], ref.grads[i])) {
+        if (slices && !torch::equal(got.grads[i], ref.grads[i])) {
           std::cout << "note: gradient of " << kGradNames[i] << " not bitwise, rel "
                     << rel(got.grads[i], ref.grads[i]) << " (" << what << ")\n";
         }
@@ -301,13 +307,13 @@ TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
         // The experts run on the intra-op threads: one thread gives the same bits.
         const int threads = at::get_num_threads();
         at::set_num_threads(1);
-        torch::Tensor y1 = a.forward_grouped(rows0, counts, /*padded=*/false);
+        torch::Tensor y1 = a.forward_grouped(rows0, counts, hp::ExpertCompute::kSlices);
         at::set_num_threads(std::max(2, threads));
-        ya = a.forward_grouped(ra, counts, /*padded=*/false);
+        ya = a.forward_grouped(ra, counts, hp::ExpertCompute::kSlices);
         at::set_num_threads(threads);
         EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, " << what;
       } else {
-        ya = a.forward_grouped(ra, counts, /*padded=*/false);
+        ya = a.forward_grouped(ra, counts, hp::ExpertCompute::kSlices);
       }
       // The reference: autograd over a linear chain per slice.
       const auto xs = rb.split_with_sizes(counts);
@@ -350,16 +356,151 @@ TEST(GroupedExperts, AutogradGradReturnsTheWeightGradientsAndLeavesGradAlone) {
   auto rows = torch::randn({14, H}, gen).requires_grad_(true);
   auto gy = torch::randn({14, H}, gen);
   hp::ExpertWeights w = random_experts(3, H, F, 72);
-  auto grads = torch::autograd::grad({(w.forward_grouped(rows, counts, false) * gy).sum()},
+  auto grads = torch::autograd::grad({(w.forward_grouped(rows, counts, hp::ExpertCompute::kSlices) * gy).sum()},
                                      {w.w1, w.w2, rows});
   EXPECT_FALSE(w.w1.grad().defined()) << "autograd::grad wrote into w1.grad";
   EXPECT_FALSE(w.w2.grad().defined()) << "autograd::grad wrote into w2.grad";
   ASSERT_TRUE(grads[0].defined() && grads[1].defined()) << "weight gradients returned";
-  (w.forward_grouped(rows, counts, false) * gy).sum().backward();
+  (w.forward_grouped(rows, counts, hp::ExpertCompute::kSlices) * gy).sum().backward();
   EXPECT_TRUE(torch::equal(grads[0], w.w1.grad()));
   EXPECT_TRUE(torch::equal(grads[1], w.w2.grad()));
   EXPECT_TRUE(grads[1].select(0, 1).eq(0).all().item<bool>())
       << "the empty expert's gradient is zero";
+}
+
+// ---- packed expert weights (model.moe.expert_compute: packed) ----------------
+
+// The packed small-row product against LibTorch's matmul (BLAS): row counts
+// around the kernel's six-row blocks, reductions below, at and above its
+// 256-long k blocks, with and without bias, operands inside wider rows
+// (strides), B given transposed (the forward's W^T) and as it is (the
+// backward's W).
+TEST(PackedGemm, MatchesMatmulAcrossShapes) {
+  if (!hp::packed_gemm::supported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(81);
+  for (std::int64_t m : {0, 1, 5, 6, 7, 13, 64, 100}) {
+    for (std::int64_t K : {16, 255, 256, 300, 1024}) {
+      for (std::int64_t N : {16, 48}) {
+        for (bool transposed : {false, true}) {
+          for (bool with_bias : {false, true}) {
+            const std::string what = "m " + std::to_string(m) + ", K " + std::to_string(K) + ", N " +
+                                     std::to_string(N) + (transposed ? ", W^T" : ", W") +
+                                     (with_bias ? ", bias" : "");
+            // x inside rows of K + 3, out inside rows of N + 5.
+            torch::Tensor xw = torch::randn({m, K + 3}, gen), x = xw.narrow(1, 1, K);
+            torch::Tensor w = transposed ? torch::randn({N, K}, gen) : torch::randn({K, N}, gen);
+            torch::Tensor b = torch::randn({N}, gen);
+            torch::Tensor B = transposed ? w.t() : w;  // [K, N]
+            std::vector<float> panels(static_cast<std::size_t>(hp::packed_gemm::packed_size(K, N)));
+            hp::packed_gemm::pack(w.data_ptr<float>(), K, N, transposed ? 1 : N, transposed ? K : 1,
+                                  panels.data());
+            torch::Tensor ow = torch::full({m, N + 5}, 7.0f), out = ow.narrow(1, 2, N);
+            hp::packed_gemm::product(m, K, N, x.data_ptr<float>(), K + 3, panels.data(),
+                                     with_bias ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                                     N + 5);
+            // The exact product (in double) as the reference.
+            torch::Tensor ref = x.to(torch::kDouble).matmul(B.to(torch::kDouble));
+            if (with_bias) ref = ref + b.to(torch::kDouble);
+            if (m > 0) {
+              EXPECT_LE(rel(out.to(torch::kDouble), ref), 1e-6) << what;
+            }
+            EXPECT_TRUE(ow.narrow(1, 0, 2).eq(7.0f).all().item<bool>()) << "wrote left of out, " << what;
+            EXPECT_TRUE(ow.narrow(1, N + 2, 3).eq(7.0f).all().item<bool>()) << "wrote right of out, " << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The packed node against the BLAS one (kSlices) on the same grouped rows:
+// output and every gradient within 1e-6 over two passes (the expert weight
+// gradients accumulate into .grad), with empty experts, one-row experts,
+// one expert holding every row and experts above a k block (F = 320); and
+// the same bits at one thread and at two.
+TEST(GroupedExperts, PackedMatchesSlices) {
+  if (!hp::packed_gemm::supported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const std::int64_t H = 32, F = 320, n = 5;
+  const std::vector<std::vector<std::int64_t>> layouts = {
+      {7, 0, 13, 1, 9}, {0, 0, 70, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
+  for (std::size_t li = 0; li < layouts.size(); ++li) {
+    const auto& counts = layouts[li];
+    std::int64_t M = 0;
+    for (auto c : counts) M += c;
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(90 + li);
+    auto rows0 = torch::randn({M, H}, gen);
+    hp::ExpertWeights a = random_experts(n, H, F, 95 + li), b;
+    b.w1 = a.w1.detach().clone().requires_grad_(true);
+    b.b1 = a.b1.detach().clone().requires_grad_(true);
+    b.w2 = a.w2.detach().clone().requires_grad_(true);
+    b.b2 = a.b2.detach().clone().requires_grad_(true);
+    a.packs = hp::make_expert_packs();  // reused across the passes, as in training
+    ASSERT_TRUE(hp::ExpertWeights::packable(rows0, a.w1, a.w2));
+    auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
+    const std::string what = "layout " + std::to_string(li);
+    for (int pass = 1; pass <= 2; ++pass) {
+      auto gy = torch::randn({M, H}, gen);
+      const int threads = at::get_num_threads();
+      at::set_num_threads(1);
+      torch::Tensor y1 = a.forward_grouped(rows0, counts, hp::ExpertCompute::kPacked);
+      at::set_num_threads(std::max(2, threads));
+      torch::Tensor ya = a.forward_grouped(ra, counts, hp::ExpertCompute::kPacked);
+      at::set_num_threads(threads);
+      EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, " << what;
+      torch::Tensor yb = b.forward_grouped(rb, counts, hp::ExpertCompute::kSlices);
+      EXPECT_LE(rel(ya, yb), 1e-6) << "forward, pass " << pass << ", " << what;
+      (ya * gy).sum().backward();
+      (yb * gy).sum().backward();
+      const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
+                                                               {a.w1.grad(), b.w1.grad()},
+                                                               {a.b1.grad(), b.b1.grad()},
+                                                               {a.w2.grad(), b.w2.grad()},
+                                                               {a.b2.grad(), b.b2.grad()}};
+      const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
+      for (int i = 0; i < 5; ++i) {
+        ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
+        EXPECT_LE(rel(pairs[i].first, pairs[i].second), 1e-6)
+            << "gradient of " << names[i] << " after pass " << pass << ", " << what;
+      }
+    }
+  }
+}
+
+// A pack follows its weight: an in-place change (the version counter) is
+// seen at the next product; a change that bypasses the counter (a write into
+// the storage through another tensor, as ZeRO's gathers do) is not, until
+// mark_stale, which the layer calls at every step end.
+TEST(GroupedExperts, PacksFollowTheirWeights) {
+  if (!hp::packed_gemm::supported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const std::int64_t H = 16, F = 32;
+  const std::vector<std::int64_t> counts = {6, 0, 9};
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(77);
+  auto rows = torch::randn({15, H}, gen);
+  hp::ExpertWeights w = random_experts(3, H, F, 78);
+  w.packs = hp::make_expert_packs();
+  hp::ExpertWeights fresh = w;
+  fresh.packs = nullptr;  // packs afresh for each call
+  auto run = [&](const hp::ExpertWeights& e) {
+    torch::NoGradGuard g;
+    return e.forward_grouped(rows, counts, hp::ExpertCompute::kPacked);
+  };
+  torch::Tensor before = run(w);
+  {
+    torch::NoGradGuard g;
+    w.w1.mul_(0.5);  // bumps the version counter
+  }
+  torch::Tensor after = run(w);
+  EXPECT_FALSE(torch::equal(before, after)) << "the product did not change with its weight";
+  EXPECT_TRUE(torch::equal(after, run(fresh))) << "an in-place change was not packed again";
+  // Through an alias on the same storage the counter stays put.
+  torch::Tensor alias = torch::empty({0}).set_(w.w2.storage(), w.w2.storage_offset(), w.w2.sizes(),
+                                                w.w2.strides());
+  alias.mul_(2.0);
+  EXPECT_TRUE(torch::equal(run(w), after)) << "the stale pack was not used: this test checks nothing";
+  hp::mark_stale(*w.packs);
+  torch::Tensor now = run(w);
+  EXPECT_FALSE(torch::equal(now, after));
+  EXPECT_TRUE(torch::equal(now, run(fresh))) << "mark_stale did not make the next product pack again";
 }
 
 TEST(GroupedExperts, GroupsAreByExpertThenToken) {

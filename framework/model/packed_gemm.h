@@ -1,0 +1,38 @@
+#pragma once
+// A small-row fp32 matrix product on weights packed once: what the experts
+// of a mixture-of-experts layer need. An expert sees a few dozen rows per
+// micro-batch (top_k / experts of the tokens), and a BLAS call packs the
+// expert's whole weight again for each of them; packing once per optimizer
+// step and reusing the panels across micro-batches and the backward leaves
+// only the arithmetic (RFC 0008, "Packed expert weights").
+//
+// x86-64 with AVX2 and FMA, checked at run time; elsewhere supported()
+// is false and callers use BLAS. No LibTorch here: plain float pointers.
+#include <cstdint>
+
+namespace hp::packed_gemm {
+
+/// Output columns per panel.
+inline constexpr std::int64_t kPanel = 16;
+
+/// Whether this CPU runs the kernel (AVX2 and FMA).
+bool supported();
+
+/// Floats a packed [K, N] operand takes (N a multiple of kPanel).
+inline std::int64_t packed_size(std::int64_t K, std::int64_t N) { return K * N; }
+
+/// Packs B [K, N], element (k, n) at b[k * sk + n * sn], into N / kPanel
+/// panels of [K, kPanel] (k-major), the layout product() reads. N must be
+/// a multiple of kPanel.
+void pack(const float* b, std::int64_t K, std::int64_t N, std::int64_t sk, std::int64_t sn,
+          float* panels);
+
+/// out[i, :] = (bias, or 0 when bias is null) + x[i, :] B for i < m: x
+/// [m, K] with row stride ldx, B packed by pack(), out [m, N] with row
+/// stride ldo. Sums over k in blocks of 256, each block's products chained
+/// by FMA in k order and added to out in block order: deterministic, but
+/// not BLAS's rounding.
+void product(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+             const float* panels, const float* bias, float* out, std::int64_t ldo);
+
+}  // namespace hp::packed_gemm
