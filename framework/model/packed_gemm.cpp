@@ -24,6 +24,15 @@ HP_AVX2 inline void add_to(float* o, __m256 lo, __m256 hi) {
   _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), hi));
 }
 
+/// One row's step: x's element times the panel's 16 columns, into the
+/// row's two accumulators (inlined: they stay in registers).
+HP_AVX2 __attribute__((always_inline)) inline void fma_row(const float* x, __m256 b0, __m256 b1,
+                                                          __m256& lo, __m256& hi) {
+  const __m256 a = _mm256_broadcast_ss(x);
+  lo = _mm256_fmadd_ps(a, b0, lo);
+  hi = _mm256_fmadd_ps(a, b1, hi);
+}
+
 /// R rows (1..6) by one panel of 16 columns over k in [0, K): twelve
 /// accumulators (two of 8 columns per row) chained by FMA in k order,
 /// then added to out. Each accumulator is its own variable: as an array
@@ -41,34 +50,12 @@ HP_AVX2 void rows_by_panel(const float* x, std::int64_t ldx, const float* p, std
   const float* x5 = x + 5 * ldx;
   for (std::int64_t k = 0; k < K; ++k, p += kPanel) {
     const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
-    __m256 a = _mm256_broadcast_ss(x0 + k);
-    c00 = _mm256_fmadd_ps(a, b0, c00);
-    c01 = _mm256_fmadd_ps(a, b1, c01);
-    if constexpr (R > 1) {
-      a = _mm256_broadcast_ss(x1 + k);
-      c10 = _mm256_fmadd_ps(a, b0, c10);
-      c11 = _mm256_fmadd_ps(a, b1, c11);
-    }
-    if constexpr (R > 2) {
-      a = _mm256_broadcast_ss(x2 + k);
-      c20 = _mm256_fmadd_ps(a, b0, c20);
-      c21 = _mm256_fmadd_ps(a, b1, c21);
-    }
-    if constexpr (R > 3) {
-      a = _mm256_broadcast_ss(x3 + k);
-      c30 = _mm256_fmadd_ps(a, b0, c30);
-      c31 = _mm256_fmadd_ps(a, b1, c31);
-    }
-    if constexpr (R > 4) {
-      a = _mm256_broadcast_ss(x4 + k);
-      c40 = _mm256_fmadd_ps(a, b0, c40);
-      c41 = _mm256_fmadd_ps(a, b1, c41);
-    }
-    if constexpr (R > 5) {
-      a = _mm256_broadcast_ss(x5 + k);
-      c50 = _mm256_fmadd_ps(a, b0, c50);
-      c51 = _mm256_fmadd_ps(a, b1, c51);
-    }
+    fma_row(x0 + k, b0, b1, c00, c01);
+    if constexpr (R > 1) fma_row(x1 + k, b0, b1, c10, c11);
+    if constexpr (R > 2) fma_row(x2 + k, b0, b1, c20, c21);
+    if constexpr (R > 3) fma_row(x3 + k, b0, b1, c30, c31);
+    if constexpr (R > 4) fma_row(x4 + k, b0, b1, c40, c41);
+    if constexpr (R > 5) fma_row(x5 + k, b0, b1, c50, c51);
   }
   add_to(out + 0 * ldo, c00, c01);
   if constexpr (R > 1) add_to(out + 1 * ldo, c10, c11);

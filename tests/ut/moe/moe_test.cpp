@@ -6,6 +6,8 @@
 #include "framework/model/moe.h"
 
 #include <gtest/gtest.h>
+
+#include <numeric>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
@@ -186,6 +188,29 @@ hp::ExpertWeights random_experts(std::int64_t n, std::int64_t H, std::int64_t F,
   return w;
 }
 
+/// The same experts, detached copies that take their own gradients.
+hp::ExpertWeights copy_of(const hp::ExpertWeights& a) {
+  hp::ExpertWeights b;
+  b.w1 = a.w1.detach().clone().requires_grad_(true);
+  b.b1 = a.b1.detach().clone().requires_grad_(true);
+  b.w2 = a.w2.detach().clone().requires_grad_(true);
+  b.b2 = a.b2.detach().clone().requires_grad_(true);
+  return b;
+}
+
+/// The gradients of two grouped nodes' inputs side by side: rows, w1, b1, w2, b2.
+const char* const kNodeGradNames[] = {"rows", "w1", "b1", "w2", "b2"};
+std::vector<std::pair<torch::Tensor, torch::Tensor>> grad_pairs(const torch::Tensor& ra,
+                                                                const torch::Tensor& rb,
+                                                                const hp::ExpertWeights& a,
+                                                                const hp::ExpertWeights& b) {
+  return {{ra.grad(), rb.grad()},
+          {a.w1.grad(), b.w1.grad()},
+          {a.b1.grad(), b.b1.grad()},
+          {a.w2.grad(), b.w2.grad()},
+          {a.b2.grad(), b.b2.grad()}};
+}
+
 struct Result {
   torch::Tensor out;
   std::vector<torch::Tensor> grads;  // tokens, logits, w1, b1, w2, b2
@@ -284,15 +309,10 @@ TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
       {7, 0, 13, 1, 9}, {0, 0, 30, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
   for (std::size_t li = 0; li < layouts.size(); ++li) {
     const auto& counts = layouts[li];
-    std::int64_t M = 0;
-    for (auto c : counts) M += c;
+    const std::int64_t M = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
     auto gen = torch::make_generator<at::CPUGeneratorImpl>(40 + li);
     auto rows0 = torch::randn({M, H}, gen);
-    hp::ExpertWeights a = random_experts(n, H, F, 50 + li), b;
-    b.w1 = a.w1.detach().clone().requires_grad_(true);
-    b.b1 = a.b1.detach().clone().requires_grad_(true);
-    b.w2 = a.w2.detach().clone().requires_grad_(true);
-    b.b2 = a.b2.detach().clone().requires_grad_(true);
+    hp::ExpertWeights a = random_experts(n, H, F, 50 + li), b = copy_of(a);
     int fires_w1 = 0, fires_w2 = 0;
     auto acc_w1 = torch::autograd::impl::grad_accumulator(a.w1);
     auto acc_w2 = torch::autograd::impl::grad_accumulator(a.w2);
@@ -330,12 +350,8 @@ TEST(GroupedExperts, OneNodeIsBitwiseTheLinearChainOnEachSlice) {
       (yb * gy).sum().backward();
       EXPECT_EQ(fires_w1, pass) << "w1's AccumulateGrad post-hook, pass " << pass << ", " << what;
       EXPECT_EQ(fires_w2, pass) << "w2's AccumulateGrad post-hook, pass " << pass << ", " << what;
-      const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
-                                                               {a.w1.grad(), b.w1.grad()},
-                                                               {a.b1.grad(), b.b1.grad()},
-                                                               {a.w2.grad(), b.w2.grad()},
-                                                               {a.b2.grad(), b.b2.grad()}};
-      const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
+      const auto pairs = grad_pairs(ra, rb, a, b);
+      const char* const* names = kNodeGradNames;
       for (int i = 0; i < 5; ++i) {
         ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
         EXPECT_TRUE(torch::equal(pairs[i].first, pairs[i].second))
@@ -425,15 +441,10 @@ TEST(GroupedExperts, PackedMatchesSlices) {
       {7, 0, 13, 1, 9}, {0, 0, 70, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
   for (std::size_t li = 0; li < layouts.size(); ++li) {
     const auto& counts = layouts[li];
-    std::int64_t M = 0;
-    for (auto c : counts) M += c;
+    const std::int64_t M = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
     auto gen = torch::make_generator<at::CPUGeneratorImpl>(90 + li);
     auto rows0 = torch::randn({M, H}, gen);
-    hp::ExpertWeights a = random_experts(n, H, F, 95 + li), b;
-    b.w1 = a.w1.detach().clone().requires_grad_(true);
-    b.b1 = a.b1.detach().clone().requires_grad_(true);
-    b.w2 = a.w2.detach().clone().requires_grad_(true);
-    b.b2 = a.b2.detach().clone().requires_grad_(true);
+    hp::ExpertWeights a = random_experts(n, H, F, 95 + li), b = copy_of(a);
     a.packs = hp::make_expert_packs();  // reused across the passes, as in training
     ASSERT_TRUE(hp::ExpertWeights::packable(rows0, a.w1, a.w2));
     auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
@@ -451,12 +462,8 @@ TEST(GroupedExperts, PackedMatchesSlices) {
       EXPECT_LE(rel(ya, yb), 1e-6) << "forward, pass " << pass << ", " << what;
       (ya * gy).sum().backward();
       (yb * gy).sum().backward();
-      const std::pair<torch::Tensor, torch::Tensor> pairs[] = {{ra.grad(), rb.grad()},
-                                                               {a.w1.grad(), b.w1.grad()},
-                                                               {a.b1.grad(), b.b1.grad()},
-                                                               {a.w2.grad(), b.w2.grad()},
-                                                               {a.b2.grad(), b.b2.grad()}};
-      const char* names[] = {"rows", "w1", "b1", "w2", "b2"};
+      const auto pairs = grad_pairs(ra, rb, a, b);
+      const char* const* names = kNodeGradNames;
       for (int i = 0; i < 5; ++i) {
         ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
         EXPECT_LE(rel(pairs[i].first, pairs[i].second), 1e-6)
