@@ -83,8 +83,6 @@ at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int
 /// Router z-loss as a SUM over tokens of z_coef * logsumexp(logits)^2.
 at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o);
 
-/// Expert parameters stacked per layer: w1 [E, F, H], b1 [E, F],
-/// w2 [E, H, F], b2 [E, H] (a slice of experts on expert-parallel ranks).
 /// Packed expert weights (ExpertCompute::kPacked), defined in moe.cpp.
 struct ExpertPacks;
 std::shared_ptr<ExpertPacks> make_expert_packs();
@@ -94,6 +92,8 @@ std::shared_ptr<ExpertPacks> make_expert_packs();
 /// through another tensor).
 void mark_stale(ExpertPacks& packs);
 
+/// Expert parameters stacked per layer: w1 [E, F, H], b1 [E, F],
+/// w2 [E, H, F], b2 [E, H] (a slice of experts on expert-parallel ranks).
 struct ExpertWeights {
   at::Tensor w1, b1, w2, b2;
   /// kPacked's panels, reused until the layer's step end (MoeLayer::

@@ -47,6 +47,8 @@ stall_case() {
   local ref=$!
   "$BIN/hp-train" "$WORK/c.yaml" "${args[@]}" --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 &
   local pid=$!
+  # On a failure below (fail exits), the undisturbed run is stopped too.
+  trap "kill $ref 2>/dev/null; rm -rf '$WORK'" EXIT
   wait_steps "$WORK/$name" 3 120 || { kill $pid; cat "$WORK/$name.log"; fail "$name: no step 3"; }
   # Stop it once its heartbeat has published a step (beats are 0.5 s apart).
   wait_for "$WORK/$name/flight/heartbeat-rank$victim.json" '"step":[1-9]' 30 \
@@ -62,6 +64,7 @@ stall_case() {
   kill -CONT "$vpid"
   wait $pid || { cat "$WORK/$name.log"; fail "$name: the run did not finish after SIGCONT"; }
   wait $ref || { cat "$WORK/${name}_ref.log"; fail "$name: undisturbed run"; }
+  trap 'rm -rf "$WORK"' EXIT  # common.sh's
   local line; line=$(grep -m1 "stall on group" "$WORK/$name.log")
   echo "$name: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s from SIGSTOP to: ${line#*\] }"
   grep -qE -- "$pattern" <<<"$line" || fail "$name: the report does not match '$pattern': $line"
