@@ -18,8 +18,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iostream>
 #include <system_error>
 #include <utility>
 
@@ -126,6 +129,37 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   for (auto& s : strings) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
+}
+
+// Whether a worker may be a plain fork of this process (LaunchOptions::
+// in_process): one thread here (else the child could only exec), and not
+// turned off with HP_LAUNCH_EXEC=1.
+bool fork_workers(const LaunchOptions& o) {
+  if (!o.in_process) return false;
+  if (const char* v = std::getenv("HP_LAUNCH_EXEC"); v != nullptr && std::string(v) == "1") return false;
+  std::error_code ec;
+  int threads = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++threads;
+  }
+  return !ec && threads == 1;
+}
+
+// In a forked worker that does not exec: what exec would do to the
+// descriptors (close those marked close-on-exec: the other workers' pipes,
+// the signal pipe) and the environment it would have got.
+void become_worker(const std::vector<std::string>& env) {
+  std::vector<int> close_on_exec;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const int fd = std::atoi(it->path().filename().c_str());
+    if (fd > STDERR_FILENO && (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0) close_on_exec.push_back(fd);
+  }
+  for (int fd : close_on_exec) ::close(fd);  // the listing's own descriptor is gone already
+  ::clearenv();
+  for (const auto& kv : env) ::putenv(::strdup(kv.c_str()));
 }
 
 void open_pipe(int fds[2]) {
@@ -265,7 +299,12 @@ class Job {
 
     workers_.resize(n);
     for (int local = 0; local < n; ++local) workers_[local].rank = first + local;
+    // A forked worker starts with copies of this process's stdio buffers.
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
     const std::string t = std::to_string(threads);
+    const bool fork_only = fork_workers(options_);
     for (int local = 0; local < n && !stopping_; ++local) {
       std::vector<std::pair<std::string, std::string>> env = {
           {"RANK", std::to_string(first + local)},
@@ -281,11 +320,22 @@ class Job {
           {"MKL_NUM_THREADS", t},
           {"OPENBLAS_NUM_THREADS", t},
           {"HP_INTRA_OP_THREADS", t}};
-      start_worker(workers_[local], worker_environment(env), signals);
+      start_worker(workers_[local], worker_environment(env), signals, fork_only);
+    }
+    // Which pid is which rank: a forked worker's /proc/PID/environ is the
+    // launcher's (the kernel shows the environment a process was exec'd with).
+    std::string pids;
+    for (const auto& w : workers_) {
+      if (!w.started) continue;
+      pids += (pids.empty() ? "" : ", ") + std::string("rank ") + std::to_string(w.rank) + " pid " +
+              std::to_string(w.pid);
+    }
+    if (!pids.empty()) {
+      say(std::string("workers started (") + (fork_only ? "forked from this process" : "exec'd") + "): " + pids);
     }
   }
 
-  void start_worker(Worker& w, std::vector<std::string> env, const SignalGuard& signals) {
+  void start_worker(Worker& w, std::vector<std::string> env, const SignalGuard& signals, bool fork_only) {
     std::vector<std::string> argv_strings = command_;
     std::vector<char*> argv = c_strings(argv_strings);
     std::vector<char*> envp = c_strings(env);
@@ -316,6 +366,23 @@ class Job {
         ::sigaction(kHandledSignals[i], &signals.saved_actions()[i], nullptr);
       }
       pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+      if (fork_only) {
+        // One thread was forked (fork_workers), so anything may be called.
+        // The launcher sees the exec-status pipe close, as after an exec.
+        become_worker(env);
+        int code = 1;
+        try {
+          code = options_.in_process();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %d: %s\n", w.rank, e.what());
+        } catch (...) {
+          std::fprintf(stderr, "rank %d: an unknown exception ended the worker\n", w.rank);
+        }
+        std::cout.flush();
+        std::cerr.flush();
+        std::fflush(nullptr);
+        ::_exit(code);
+      }
       // Same rule as execvp: keep looking past missing files, but report EACCES if seen.
       int error = ENOENT;
       bool denied = false;

@@ -31,6 +31,23 @@ void print_features(const hp::Setup& s) {
   for (const auto& f : s.features) std::cout << "  " << f.name << " <- " << f.path << "\n";
 }
 
+/// This process's rank's training run (under a launcher, or the one process).
+int train(const std::string& config_file, const std::vector<std::string>& overrides) {
+  int rank = 0;
+  try {
+    rank = hp::dist::read_dist_env().rank;
+    hp::Trainer trainer = hp::Trainer::from_file(config_file, overrides);
+    trainer.fit();  // writes run.report's page itself
+    return 0;
+  } catch (const hp::ConfigException& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-train: rank %d failed: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"hp-train: train a model with hyperparallel"};
   std::string config_file;
@@ -116,20 +133,16 @@ int run(int argc, char** argv) {
     if (setup.config.get_bool("distributed.flight_recorder")) {
       lo.flight_dir = setup.config.get_string("run.output_dir") + "/flight";
     }
+    // Each worker a fork of this process, which has loaded LibTorch and the
+    // plugins already (`cmd`, the same run, when it cannot be).
+    lo.in_process = [&] {
+      const int code = train(config_file, overrides);
+      spdlog::shutdown();
+      return code;
+    };
     return hp::launch::run(lo, cmd);
   }
-
-  try {
-    hp::Trainer trainer = hp::Trainer::from_file(config_file, overrides);
-    trainer.fit();  // writes run.report's page itself
-    return 0;
-  } catch (const hp::ConfigException& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return hp::kConfigErrorExitCode;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hp-train: rank %d failed: %s\n", env.rank, e.what());
-    return 1;
-  }
+  return train(config_file, overrides);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ stop_case() {
     --set run.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 &
   local pid=$! vpid="" t0
   for _ in $(seq 1 1200); do  # up to 120 s for the start and 3 steps
-    [[ -z "$vpid" ]] && vpid=$(worker_pid $pid 1)
+    [[ -z "$vpid" ]] && vpid=$(worker_pid "$WORK/$name.log" 1)
     [[ -n "$vpid" ]] && [[ $(awk '{print $3}' "/proc/$vpid/stat" 2>/dev/null) == T ]] && break
     kill -0 $pid 2>/dev/null || break
     sleep 0.1

@@ -2,15 +2,6 @@
 # find a worker by rank, wait for a line.
 source "$(dirname "${BASH_SOURCE[0]}")/../../lib/common.sh"
 
-# worker_pid PARENT RANK: the pid of the worker of RANK among PARENT's children.
-worker_pid() {
-  local p
-  for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
 # wait_for FILE PATTERN SECONDS: polls until FILE has a line matching PATTERN.
 wait_for() {
   local deadline=$(( $(date +%s) + $3 ))
@@ -54,7 +45,7 @@ stall_case() {
   wait_for "$WORK/$name/flight/heartbeat-rank$victim.json" '"step":[1-9]' 30 \
     || { kill $pid; cat "$WORK/$name.log"; fail "$name: rank $victim published no step"; }
   local vpid
-  vpid=$(worker_pid $pid "$victim") || { kill $pid; fail "$name: no worker of rank $victim"; }
+  vpid=$(worker_pid "$WORK/$name.log" "$victim") || { kill $pid; fail "$name: no worker of rank $victim"; }
   local t0; t0=$(date +%s.%N)
   kill -STOP "$vpid"
   if ! wait_for "$WORK/$name.log" "stall on group" $((STALL + 5)); then

@@ -48,9 +48,10 @@ for i in $(seq 1 $ROUNDS); do
     seen=$(cat "$WORK/run/checkpoints/latest" 2>/dev/null)
   done
   sleep "0.0$(( RANDOM % 10 ))"
-  victim=$(pgrep -P "$launcher" | shuf -n 1 || true)  # the launcher's children are the workers
-  [[ -n "$victim" ]] || { tail -20 "$WORK/log"; fail "round $i: no worker to kill (the run ended?)"; }
-  rank=$(tr '\0' '\n' < "/proc/$victim/environ" 2>/dev/null | sed -n 's/^RANK=//p')
+  rank=$(( RANDOM % NPROC ))
+  victim=$(worker_pid "$WORK/log" $rank || true)
+  [[ -n "$victim" ]] && kill -0 "$victim" 2>/dev/null \
+    || { tail -20 "$WORK/log"; fail "round $i: no worker of rank $rank to kill (the run ended?)"; }
   kill -9 "$victim" 2>/dev/null
   for _ in $(seq 1 100); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$launcher" 2>/dev/null; then
