@@ -25,7 +25,7 @@ done
   --set run.output_dir="$W/stall" > "$W/stall.log" 2>&1 &
 pid=$!
 while [[ ! -f "$W/stall/metrics.jsonl" ]] || (( $(wc -l < "$W/stall/metrics.jsonl") < 5 )); do sleep 0.1; done
-for p in $(pgrep -P $pid); do tr '\0' '\n' < /proc/$p/environ | grep -qx RANK=1 && victim=$p; done
+victim=$(worker_pid "$W/stall.log" 1)
 t0=$(date +%s.%N); kill -STOP "$victim"
 until grep -q "stall on group" "$W/stall.log"; do sleep 0.05; done
 t1=$(date +%s.%N)

@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 BIN=${HP_BIN:-build/bin}
 N=${1:-6}
 CFG=${2:-configs/gpt_dp2.yaml}
+source bench/lib.sh
 W=$(mktemp -d "${TMPDIR:-/tmp}/hp_bench_kill.XXXXXX")
 launcher=""
 cleanup() {
@@ -49,8 +50,8 @@ for i in $(seq 1 "$N"); do
   fi
   saving=no
   compgen -G "$W/run$i/checkpoints/step_*.tmp" > /dev/null && saving=yes
-  victim=$(pgrep -P "$launcher" | shuf -n 1)
-  rank=$(tr '\0' '\n' < "/proc/$victim/environ" | sed -n 's/^RANK=//p')
+  rank=$(( RANDOM % 2 ))
+  victim=$(worker_pid "$W/log$i" $rank)
   t0=$(date +%s.%N)
   kill -9 "$victim"
   wait "$launcher" || true
