@@ -12,9 +12,4 @@ checkpoint: {interval: 0, resume: never}
 YAML
 }
 
-# worker_pid LOG RANK: RANK's pid from the launcher's "workers started"
-# line in LOG (hp-train's workers are forks: /proc/PID/environ does not
-# show their RANK).
-worker_pid() {
-  sed -n "s/^hp-launch: workers started .*[:,] rank $2 pid \([0-9]*\).*/\1/p" "$1" | head -1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../tests/lib/worker_pid.sh"

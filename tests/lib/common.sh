@@ -72,15 +72,7 @@ run() {
     > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
 }
 
-# worker_pid LOG RANK: the pid of RANK's worker, from the line hp-launch
-# (and hp-train --nproc) writes to LOG once its workers started ("workers
-# started (...): rank 0 pid 123, rank 1 pid 124"). hp-train's workers are
-# forks of the launcher, so /proc/PID/environ does not show their RANK.
-worker_pid() {
-  local p
-  p=$(sed -n "s/^hp-launch: workers started .*[:,] rank $2 pid \([0-9]*\).*/\1/p" "$1" 2>/dev/null | head -1)
-  [[ -n "$p" ]] && echo "$p"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/worker_pid.sh"
 
 # compare_b4 REF RUN PHASE: RUN against REF at docs/PARITY.md's B4 bars
 # (first step and step-1 gradients 1e-5, trajectory 1e-4, eval 1e-5); PHASE
