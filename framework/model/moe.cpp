@@ -208,8 +208,10 @@ at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o) {
 /// The expert weights packed for packed_gemm: four operands (the two
 /// forward products x W1^T and h W2^T, the two row-gradient products
 /// g W2 and g' W1), per expert its panels and what they were packed from.
-/// An expert's panels are packed by the first product that needs them
-/// after they went stale, on the thread running that expert; a pack is
+/// An expert's four operands are packed together, each weight's two in
+/// one pass over it (packed_gemm::pack_both: a third to a half of the time
+/// of packing them one by one), by the first product that needs any of
+/// them after they went stale, on the thread running that expert; a pack is
 /// stale after the layer's step end (the optimizer has run, or ZeRO has
 /// gathered new values into the same storage) and when the weight's
 /// storage or version counter (bumped by every in-place write through it)
@@ -228,22 +230,41 @@ struct ExpertPacks {
       from.assign(static_cast<std::size_t>(E), nullptr);
       version.assign(static_cast<std::size_t>(E), 0);
     }
-    /// Expert e's panels of B [K, N] (element (k, n) at b[k sk + n sn]),
-    /// packed now unless they hold this weight (`source`, `v`) already.
-    const float* get(std::int64_t e, const float* b, std::int64_t K, std::int64_t N,
-                     std::int64_t sk, std::int64_t sn, const void* source, std::uint32_t v) {
+    float* at(std::int64_t e) { return panels.data_ptr<float>() + e * panels.size(1); }
+    bool holds(std::int64_t e, const void* source, std::uint32_t v) const {
       const auto i = static_cast<std::size_t>(e);
-      float* p = panels.data_ptr<float>() + e * K * N;
-      if (from[i] != source || version[i] != v) {
-        packed_gemm::pack(b, K, N, sk, sn, p);
-        from[i] = source;
-        version[i] = v;
-      }
-      return p;
+      return from[i] == source && version[i] == v;
+    }
+    void mark(std::int64_t e, const void* source, std::uint32_t v) {
+      from[static_cast<std::size_t>(e)] = source;
+      version[static_cast<std::size_t>(e)] = v;
     }
   };
   Operand fc1, fc2, fc1_rows, fc2_rows;
   std::mutex in_use;  ///< one forward or backward at a time (a layer's are sequential anyway)
+
+  /// Called before the experts run (one thread): room for E experts of
+  /// F x H weights in all four operands.
+  void reserve(std::int64_t E, std::int64_t size) {
+    for (Operand* o : {&fc1, &fc2, &fc1_rows, &fc2_rows}) o->reserve(E, size);
+  }
+  /// Expert e's panels of its weight W [R, C] (row-major at w; the weight
+  /// `source` at version `v`) as both operands it serves, `direct` (B = W)
+  /// and `transposed` (B = W^T): packed together, in one pass over W,
+  /// unless both hold this weight already.
+  static void pack_pair(Operand& direct, Operand& transposed, std::int64_t e, const float* w,
+                        std::int64_t R, std::int64_t C, const void* source, std::uint32_t v) {
+    if (direct.holds(e, source, v) && transposed.holds(e, source, v)) return;
+    packed_gemm::pack_both(w, R, C, direct.at(e), transposed.at(e));
+    direct.mark(e, source, v);
+    transposed.mark(e, source, v);
+  }
+  /// W1[e] [F, H] and W2[e] [H, F]: all four of expert e's operands.
+  void pack_expert(std::int64_t e, const float* w1, const float* w2, std::int64_t F, std::int64_t H,
+                   const void* s1, std::uint32_t v1, const void* s2, std::uint32_t v2) {
+    pack_pair(fc1_rows, fc1, e, w1 + e * F * H, F, H, s1, v1);
+    pack_pair(fc2_rows, fc2, e, w2 + e * H * F, H, F, s2, v2);
+  }
 
   void invalidate() {
     std::lock_guard<std::mutex> lock(in_use);
@@ -348,8 +369,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     at::Tensor out = at::empty({M, H}, x.options());
     if (packs) {
       std::lock_guard<std::mutex> lock(packs->in_use);
-      packs->fc1.reserve(E, F * H);
-      packs->fc2.reserve(E, F * H);
+      packs->reserve(E, F * H);
       const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
       const std::uint32_t v1 = w1._version(), v2 = w2._version();
       const float *W1 = w1.data_ptr<float>(), *W2 = w2.data_ptr<float>();
@@ -360,8 +380,8 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
         if (m == 0) return;
         // x W1^T: B (k, n) = W1[e][n][k]; h W2^T: B (k, n) = W2[e][n][k].
-        const float* p1 = packs->fc1.get(e, W1 + e * F * H, H, F, 1, H, s1, v1);
-        const float* p2 = packs->fc2.get(e, W2 + e * H * F, F, H, 1, F, s2, v2);
+        packs->pack_expert(e, W1, W2, F, H, s1, v1, s2, v2);
+        const float *p1 = packs->fc1.at(e), *p2 = packs->fc2.at(e);
         packed_gemm::product(m, H, F, X + off * H, H, p1, B1 + e * F, P + off * F, F);
         at::Tensor h = act.narrow(0, off, m);
         at::gelu_out(h, pre.narrow(0, off, m));
@@ -411,8 +431,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     const std::uint32_t v1 = w1._version(), v2 = w2._version();
     if (packs) {
       lock = std::unique_lock<std::mutex>(packs->in_use);
-      packs->fc1_rows.reserve(E, F * H);
-      packs->fc2_rows.reserve(E, F * H);
+      packs->reserve(E, F * H);
       gh = at::empty({x.size(0), F}, x.options());
     }
     for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
@@ -433,7 +452,8 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       if (packs) {
         // B = W2[e] [H, F] and W1[e] [F, H] as they are (row-major).
         dh = gh.narrow(0, off, m);
-        const float* p2 = packs->fc2_rows.get(e, w2.data_ptr<float>() + e * H * F, H, F, F, 1, s2, v2);
+        packs->pack_expert(e, w1.data_ptr<float>(), w2.data_ptr<float>(), F, H, s1, v1, s2, v2);
+        const float* p2 = packs->fc2_rows.at(e);
         packed_gemm::product(m, H, F, g.data_ptr<float>(), H, p2, nullptr, dh.data_ptr<float>(), F);
       } else {
         dh = g.mm(w2[e]);
@@ -443,7 +463,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       gw1.product(e, gp.t(), xi);
       at::sum_out(db1, gp, 0);
       if (packs) {
-        const float* p1 = packs->fc1_rows.get(e, w1.data_ptr<float>() + e * F * H, F, H, H, 1, s1, v1);
+        const float* p1 = packs->fc1_rows.at(e);
         packed_gemm::product(m, F, H, gp.data_ptr<float>(), F, p1, nullptr, dx.data_ptr<float>(), H);
       } else {
         at::mm_out(dx, gp, w1[e]);

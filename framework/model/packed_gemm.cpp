@@ -65,6 +65,45 @@ HP_AVX2 void rows_by_panel(const float* x, std::int64_t ldx, const float* p, std
   if constexpr (R > 5) add_to(out + 5 * ldo, c50, c51);
 }
 
+/// Rows r0..r0+7 of W (row stride ld), columns c0..c0+7: stored as they
+/// are into the direct panels (panel c0 / 16, rows r0.., lanes c0 % 16..)
+/// and transposed into the transposed ones (panel r0 / 16, rows c0..,
+/// lanes r0 % 16..).
+HP_AVX2 inline void pack_block(const float* w, std::int64_t ld, std::int64_t R, std::int64_t r0,
+                               std::int64_t c0, float* direct, float* transposed) {
+  __m256 r[8];
+  float* d = direct + (c0 / kPanel) * kPanel * R + r0 * kPanel + c0 % kPanel;
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm256_loadu_ps(w + (r0 + i) * ld + c0);
+    _mm256_storeu_ps(d + i * kPanel, r[i]);
+  }
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
+               t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
+               t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
+               t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  // Column c0 + j of the block (rows r0..r0+7) is row c0 + j of the
+  // transposed operand's panel.
+  float* t = transposed + (r0 / kPanel) * kPanel * ld + c0 * kPanel + r0 % kPanel;
+  _mm256_storeu_ps(t + 0 * kPanel, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(t + 1 * kPanel, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(t + 2 * kPanel, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(t + 3 * kPanel, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(t + 4 * kPanel, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(t + 5 * kPanel, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(t + 6 * kPanel, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(t + 7 * kPanel, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+HP_AVX2 void pack_both_avx2(const float* w, std::int64_t R, std::int64_t C, float* direct,
+                            float* transposed) {
+  for (std::int64_t r0 = 0; r0 < R; r0 += 8)
+    for (std::int64_t c0 = 0; c0 < C; c0 += 8) pack_block(w, C, R, r0, c0, direct, transposed);
+}
+
 HP_AVX2 void rows_by_panel(std::int64_t rows, const float* x, std::int64_t ldx, const float* p,
                            std::int64_t K, float* out, std::int64_t ldo) {
   switch (rows) {
@@ -108,6 +147,18 @@ void pack(const float* b, std::int64_t K, std::int64_t N, std::int64_t sk, std::
       }
     }
   }
+}
+
+void pack_both(const float* w, std::int64_t R, std::int64_t C, float* direct, float* transposed) {
+  require(R % kPanel == 0 && C % kPanel == 0, "both sides must be multiples of 16, please report");
+#ifdef HP_PACKED_GEMM_X86
+  if (supported()) {
+    pack_both_avx2(w, R, C, direct, transposed);
+    return;
+  }
+#endif
+  pack(w, R, C, C, 1, direct);
+  pack(w, C, R, 1, C, transposed);
 }
 
 void product(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,

@@ -27,6 +27,14 @@ inline std::int64_t packed_size(std::int64_t K, std::int64_t N) { return K * N; 
 void pack(const float* b, std::int64_t K, std::int64_t N, std::int64_t sk, std::int64_t sn,
           float* panels);
 
+/// Packs both operands a weight W [R, C] (row-major) serves in one pass
+/// over it: `direct` as pack(w, R, C, C, 1) (B = W) and `transposed` as
+/// pack(w, C, R, 1, C) (B = W^T), the same panels bit for bit. Reads W
+/// once (8 x 8 blocks, each stored as it is and transposed) where two
+/// pack() calls read it twice, the transposed one element by element. R
+/// and C must be multiples of kPanel.
+void pack_both(const float* w, std::int64_t R, std::int64_t C, float* direct, float* transposed);
+
 /// out[i, :] = (bias, or 0 when bias is null) + x[i, :] B for i < m: x
 /// [m, K] with row stride ldx, B packed by pack(), out [m, N] with row
 /// stride ldo. Sums over k in blocks of 256, each block's products chained

@@ -429,6 +429,36 @@ TEST(PackedGemm, MatchesMatmulAcrossShapes) {
   }
 }
 
+// Both operands of a weight packed in one pass (what the experts use) are
+// the panels pack() gives each of them, bit for bit: W [R, C] as B = W and
+// as B = W^T, at sides of one and of several 16-wide panels, square and
+// not, and the expert shapes of the benchmarks (1024 x 256, 256 x 1024);
+// and the panels multiply as pack()'s do.
+TEST(PackedGemm, PackBothIsTwoPacks) {
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(83);
+  for (auto [R, C] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {16, 16}, {16, 48}, {48, 16}, {32, 320}, {1024, 256}, {256, 1024}}) {
+    const std::string what = "R " + std::to_string(R) + ", C " + std::to_string(C);
+    torch::Tensor w = torch::randn({R, C}, gen);
+    const float* W = w.data_ptr<float>();
+    std::vector<float> direct(static_cast<std::size_t>(R * C), -1.0f), transposed = direct;
+    std::vector<float> one(direct.size()), other(direct.size());
+    hp::packed_gemm::pack(W, R, C, C, 1, one.data());
+    hp::packed_gemm::pack(W, C, R, 1, C, other.data());
+    hp::packed_gemm::pack_both(W, R, C, direct.data(), transposed.data());
+    EXPECT_EQ(direct, one) << "B = W, " << what;
+    EXPECT_EQ(transposed, other) << "B = W^T, " << what;
+    if (!hp::packed_gemm::supported()) continue;
+    // x W (K = R) and x W^T (K = C) through the panels, against double.
+    torch::Tensor x = torch::randn({7, R}, gen), y = torch::randn({7, C}, gen);
+    torch::Tensor xw = torch::empty({7, C}), yw = torch::empty({7, R});
+    hp::packed_gemm::product(7, R, C, x.data_ptr<float>(), R, direct.data(), nullptr, xw.data_ptr<float>(), C);
+    hp::packed_gemm::product(7, C, R, y.data_ptr<float>(), C, transposed.data(), nullptr, yw.data_ptr<float>(), R);
+    EXPECT_LE(rel(xw.to(torch::kDouble), x.to(torch::kDouble).matmul(w.to(torch::kDouble))), 1e-6) << what;
+    EXPECT_LE(rel(yw.to(torch::kDouble), y.to(torch::kDouble).matmul(w.to(torch::kDouble).t())), 1e-6) << what;
+  }
+}
+
 // The packed node against the BLAS one (kSlices) on the same grouped rows:
 // output and every gradient within 1e-6 over two passes (the expert weight
 // gradients accumulate into .grad), with empty experts, one-row experts,
