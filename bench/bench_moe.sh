@@ -9,7 +9,9 @@
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
 # capacity factor, MoE with its experts through BLAS; then the same pairs with one micro-batch per step
-# instead of micro-batch 2), BENCH_REPS times interleaved, and prints each MoE run
+# instead of micro-batch 2; and the MoE trained with the device-level
+# balance loss over the ep ranks' expert groups, at ep=2), BENCH_REPS
+# times interleaved, and prints each MoE run
 # over the dense run of the same layout, with the load imbalance. Those
 # runs measure a trained router, not one at initialisation: the MoE and
 # the dense GPT are each trained BENCH_WARM_STEPS (120) steps once (1
@@ -54,13 +56,19 @@ run() {  # NAME ENV ARGS...
 # The throughput runs; `speed` repeats them BENCH_REPS times (default 5),
 # interleaved, since single runs on this machine scatter by 10-20 %.
 cap=(--set model.moe.capacity_factor=1.25)
+dev=(--set model.moe.device_balance_coef=0.05 --set model.moe.device_groups=2)
 dense=(--set model.ffn_hidden=$((2 * 4 * H)))
-from_moe=() from_dense=()
+from_moe=() from_dense=() from_dev=()
 throughput() {  # SUFFIX
   run moe_1p2t$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${from_moe[@]}"
   run dense_1p2t$1 "HP_INTRA_OP_THREADS=2" "${dense[@]}" "${from_dense[@]}"
   run moe_ep2$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${from_moe[@]}"
   run dense_dp2$1 "" --nproc 2 "${dense[@]}" "${from_dense[@]}"
+  # The MoE trained with the device-level balance loss over the two ep
+  # ranks' expert groups as well (its own warm-up run), at ep=2.
+  if [ "$ONLY" = speed ]; then
+    run moe_ep2_dev$1 "" --nproc 2 "${moe[@]}" "${dev[@]}" "${ep[@]}" "${from_dev[@]}"
+  fi
   # The same MoE with a capacity of 1.25 x the balanced share per expert
   # (tokens over it dropped, as Switch, GShard and DeepSpeed's MoE do): the
   # busiest expert, and so the busiest ep rank, does at most 1.25 x its share.
@@ -88,10 +96,12 @@ else
   # Train each model once, then measure from its checkpoint.
   run warm_moe "HP_INTRA_OP_THREADS=2" "${moe[@]}"
   run warm_dense "HP_INTRA_OP_THREADS=2" "${dense[@]}"
+  run warm_dev "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${dev[@]}"
   last=$(printf 'step_%08d' "$WARM_STEPS")
   more=(--set training.max_steps=$((WARM_STEPS + MEASURE_STEPS)))
   from_moe=("${more[@]}" --set checkpoint.resume="$W/warm_moe/checkpoints/$last")
   from_dense=("${more[@]}" --set checkpoint.resume="$W/warm_dense/checkpoints/$last")
+  from_dev=("${more[@]}" --set checkpoint.resume="$W/warm_dev/checkpoints/$last")
   for r in $(seq "${BENCH_REPS:-5}"); do throughput "_r$r"; done
 fi
 if [ "$ONLY" = speed ]; then
@@ -110,6 +120,11 @@ print(f"each model trained {warm} steps, then resumed: steps {first}-{rows('moe_
       f"per run, median of {reps} interleaved repetitions; x dense: the median of each repetition's ratio (and "
       f"their range)")
 print("fast steps: the same with each run's 90th-percentile step (tokens/s) in place of its median step")
+def warm_loss(name):  # the mean loss of the warm-up run's last 10 steps
+    r = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][-10:]
+    return sum(x["loss"] for x in r) / len(r)
+print(f"warm-up losses (last 10 of {warm} steps): MoE {warm_loss('warm_moe'):.4f}, MoE with the device-level "
+      f"balance loss {warm_loss('warm_dev'):.4f}, dense {warm_loss('warm_dense'):.4f}")
 print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'fast steps':>11s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")
 for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
                            ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),
@@ -117,6 +132,7 @@ for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
                            ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)", "dense_dp2"),
                            ("moe_ep2_cap", "MoE, ep=2, capacity factor 1.25", "dense_dp2"),
+                           ("moe_ep2_dev", "MoE, ep=2, device-level balance loss 0.05", "dense_dp2"),
                            ("dense_dp2", "dense GPT, dp=2 (2 processes x 1 thread)", "dense_dp2"),
                            ("moe_1p2t_mb", "MoE, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),
                            ("dense_1p2t_mb", "dense GPT, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <utility>
 
 #include "backends/dist/context.h"
 #include "backends/profile/trace.h"
@@ -35,6 +36,8 @@ MoeOptions MoeOptions::from(const Config& c) {
   o.renormalize = c.get_bool("model.moe.renormalize");
   o.capacity_factor = c.get_float("model.moe.capacity_factor");
   o.aux_loss_coef = c.get_float("model.moe.aux_loss_coef");
+  o.device_balance_coef = c.get_float("model.moe.device_balance_coef");
+  o.device_groups = c.get_int("model.moe.device_groups");
   o.z_loss_coef = c.get_float("model.moe.z_loss_coef");
   o.bias_update_rate = c.get_float("model.moe.bias_update_rate");
   const std::string how = c.get_string("model.moe.expert_compute");
@@ -101,6 +104,23 @@ void declare_moe_options(Schema& s) {
         .range(0.0, 10.0)
         .describe("Load-balancing loss coefficient (per sequence, then the mean).");
   });
+  once("model.moe.device_balance_coef", [&] {
+    s.add_float("model.moe.device_balance_coef", 0.0)
+        .range(0.0, 10.0)
+        .describe(
+            "Device-level balance loss coefficient (DeepSeek-V2): balances the token selections "
+            "between model.moe.device_groups consecutive groups of experts, per sequence, then the "
+            "mean.")
+        .note("0: off");
+  });
+  once("model.moe.device_groups", [&] {
+    s.add_int("model.moe.device_groups", 1)
+        .range(1, 65536)
+        .describe(
+            "Consecutive expert groups the device-level balance loss balances; the expert "
+            "parallel size makes each group one ep rank's experts. Must divide "
+            "model.moe.num_experts.");
+  });
   once("model.moe.z_loss_coef", [&] {
     s.add_float("model.moe.z_loss_coef", 0.0)
         .range(0.0, 10.0)
@@ -133,6 +153,16 @@ void validate_moe_options(const Config& c, ConfigErrors& e) {
   if (E > 0 && k > E) {
     e.add("model.moe.top_k", std::to_string(k),
           "is more than model.moe.num_experts = " + std::to_string(E), "1 .. " + std::to_string(E));
+  }
+  if (E == 0 || !c.ok({"model.moe.device_groups", "model.moe.device_balance_coef"})) return;
+  const auto G = c.get_int("model.moe.device_groups");
+  if (c.get_float("model.moe.device_balance_coef") <= 0) return;
+  if (G < 2 || E % G != 0) {
+    e.add("model.moe.device_groups", std::to_string(G),
+          G < 2 ? "the device-level balance loss (model.moe.device_balance_coef > 0) needs at least two "
+                  "expert groups"
+                : "must divide model.moe.num_experts = " + std::to_string(E),
+          "a divisor of " + std::to_string(E) + " that is at least 2 (usually the expert parallel size)");
   }
 }
 
@@ -185,10 +215,14 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
   return r;
 }
 
-at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
-                                 const SequenceLayout* layout) {
+namespace {
+
+/// Per sequence [S, E]: f, the share of the sequence's k x T selections
+/// each expert got (no gradient; under a sequence layout the whole
+/// sequence's), and T x P, the probabilities summed over this rank's tokens.
+std::pair<at::Tensor, at::Tensor> balance_terms(const Routing& r, const MoeOptions& o,
+                                                std::int64_t seq, const SequenceLayout* layout) {
   const std::int64_t N = r.probs.size(0), E = r.probs.size(1), S = N / seq;
-  // f: share of the sequence's k x T selections each expert got (no gradient).
   at::Tensor counts =
       at::zeros({N, E}, at::kFloat).scatter_(1, r.experts, 1.0).view({S, seq, E}).sum(1);
   std::int64_t full = seq;
@@ -196,9 +230,23 @@ at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int
     layout->sum(counts);  // the whole sequence's selections
     full = seq * layout->parts;
   }
-  at::Tensor f = counts / static_cast<double>(o.top_k * full);
-  at::Tensor p_sum = r.probs.view({S, seq, E}).sum(1);  // = T x P_e
-  return o.aux_loss_coef * static_cast<double>(E) * (f * p_sum).sum();
+  return {counts / static_cast<double>(o.top_k * full), r.probs.view({S, seq, E}).sum(1)};
+}
+
+}  // namespace
+
+at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
+                                 const SequenceLayout* layout) {
+  auto [f, p_sum] = balance_terms(r, o, seq, layout);  // p_sum = T x P_e
+  return o.aux_loss_coef * static_cast<double>(f.size(1)) * (f * p_sum).sum();
+}
+
+at::Tensor device_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
+                                   const SequenceLayout* layout) {
+  auto [f, p_sum] = balance_terms(r, o, seq, layout);
+  const std::int64_t S = f.size(0), G = o.device_groups, per = f.size(1) / G;
+  at::Tensor fg = f.view({S, G, per}).sum(2), pg = p_sum.view({S, G, per}).sum(2);
+  return o.device_balance_coef * static_cast<double>(G) * (fg * pg).sum();
 }
 
 at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o) {
@@ -730,6 +778,8 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (aux_loss_collecting()) {
     if (o_.aux_loss_coef > 0)
       add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq, layout_.get()));
+    if (o_.device_balance_coef > 0)
+      add_aux_loss("device_balance", device_balance_loss_sum(r, o_, seq, layout_.get()));
     if (o_.z_loss_coef > 0) add_aux_loss("router_z", z_loss_sum(r, o_));
   }
   if (aux_loss_collecting() && !aux_loss_replaying()) {

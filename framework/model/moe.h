@@ -38,6 +38,8 @@ struct MoeOptions {
   bool renormalize = true;       ///< divide the k weights by their sum
   double capacity_factor = 0.0;  ///< 0: dropless
   double aux_loss_coef = 0.01;
+  double device_balance_coef = 0.0;  ///< the group-level balance loss; 0: off
+  std::int64_t device_groups = 1;    ///< consecutive expert groups it balances
   double z_loss_coef = 0.0;
   double bias_update_rate = 0.0;  ///< aux-loss-free balancing; 0: off
   ExpertCompute compute = ExpertCompute::kPacked;  ///< model.moe.expert_compute
@@ -80,6 +82,15 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
 /// those ranks add up to the sequence's loss.
 at::Tensor load_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
                                  const SequenceLayout* layout = nullptr);
+/// Device-level balance loss (DeepSeek-V2's, per sequence as above): the
+/// experts split into G = device_groups consecutive groups (expert parallel
+/// at size G holds group g on ep rank g), f'_g the group's share of the
+/// selections and P'_g its summed mean probability; per sequence
+/// device_balance_coef * G * sum_g f'_g * P'_g (1 x the coefficient when
+/// balanced), returned as load_balance_loss_sum's is: a SUM over the
+/// tokens. Gradient through P'_g only.
+at::Tensor device_balance_loss_sum(const Routing& r, const MoeOptions& o, std::int64_t seq,
+                                   const SequenceLayout* layout = nullptr);
 /// Router z-loss as a SUM over tokens of z_coef * logsumexp(logits)^2.
 at::Tensor z_loss_sum(const Routing& r, const MoeOptions& o);
 

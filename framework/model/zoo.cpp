@@ -181,7 +181,10 @@ ModelDescription describe_decoder(const Config& config, bool attention) {
                          [d](BuildContext& ctx) { return std::make_shared<HeadBlock>(d, ctx); }});
   desc.loss = [vocab = d.vocab](BuildContext& ctx) { return std::make_shared<CrossEntropyBlock>(ctx, vocab); };
   desc.loss_cost = {0, 4.0 * static_cast<double>(d.vocab)};  // max, exp, sum and log over the vocabulary
-  if (d.moe) desc.aux_losses = {"load_balance", "router_z"};
+  if (d.moe) {
+    desc.aux_losses = {"load_balance", "router_z"};
+    if (d.moe->device_balance_coef > 0) desc.aux_losses.push_back("device_balance");
+  }
   return desc;
 }
 
@@ -276,6 +279,7 @@ ModelInfo decoder_info(const Config& c, bool attention) {
   // changes a tensor's shape or meaning. How the experts are computed
   // (packed, slices, padded) is the same function up to fp32 rounding.
   m.free_keys = {"model.dropout", "model.init_std", "model.moe.aux_loss_coef", "model.moe.z_loss_coef",
+                 "model.moe.device_balance_coef", "model.moe.device_groups",
                  "model.moe.capacity_factor", "model.moe.expert_compute"};
   // The attention algorithm computes the same function (up to fp32 rounding).
   if (attention) m.free_keys.insert({"model.attention", "model.attention_block", "model.attention_auto_seq"});

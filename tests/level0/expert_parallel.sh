@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A 2-rank mixture-of-experts GPT with its experts split over 2 ranks: the
-# loss falls; config errors name key, value, rule and legal values.
+# loss falls; config errors name key, value, rule and legal values (the
+# device-level balance loss's groups among them).
 source "$(dirname "$0")/../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -28,6 +29,10 @@ grep -qF "features.expert_parallel.size = 2: the expert count = 3 (model.moe.num
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set model.moe.top_k=5 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "top_k 5 of 4: expected exit 2, got $rc"
 grep -qF "model.moe.top_k = 5: is more than model.moe.num_experts = 4 (legal: 1 .. 4)" <<<"$out" || fail "$out"
+out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "${moe[@]}" --set model.moe.device_balance_coef=0.05 \
+      --set model.moe.device_groups=3 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "3 device groups of 4 experts: expected exit 2, got $rc"
+grep -qF "model.moe.device_groups = 3: must divide model.moe.num_experts = 4 (legal: a divisor of 4 that is at least 2 (usually the expert parallel size))" <<<"$out" || fail "$out"
 out=$("$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set features.expert_parallel.enabled=true 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "ep without experts: expected exit 2, got $rc"
 grep -qF "features.expert_parallel.enabled = true: model 'gpt' has no experts to split (it builds no moe layer) (legal: model.moe.num_experts > 0, or disable expert_parallel)" <<<"$out" || fail "$out"

@@ -11,16 +11,21 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
+# Every run has the device-level balance loss (DeepSeek-V2's) over two
+# expert groups (the ep=2 ranks' experts) beside the expert-level one.
 common=(--set training.max_steps=50 --set training.dump_grads_at_step=1 --set model.moe.num_experts=4
-        --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001)
+        --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001 --set model.moe.device_balance_coef=0.05
+        --set model.moe.device_groups=2)
 ep() { echo --set features.expert_parallel.enabled=true --set features.expert_parallel.size="$1"; }
 short=(--set training.max_steps=20)  # layouts whose difference shows from the first steps
 compare() { compare_b4 "$1" "$2" "expert dispatch, combine or gradient sync"; }
 cap=(--set model.moe.capacity_factor=1.0)
 # Shared experts, MoE in every other block, aux-loss-free bias (updated from
-# global counts after each step), sigmoid scores, evaluation in between.
+# global counts after each step) and no balance loss, sigmoid scores,
+# evaluation in between.
 var=(--set model.moe.shared_experts=1 --set model.moe.every=2 --set model.moe.bias_update_rate=0.001
-     --set model.moe.score=sigmoid --set model.moe.aux_loss_coef=0 --set training.eval_interval=10)
+     --set model.moe.score=sigmoid --set model.moe.aux_loss_coef=0 --set model.moe.device_balance_coef=0
+     --set training.eval_interval=10)
 run ref 1
 run ref20 1 "${short[@]}"  # the same schedule as the 20-step layouts (max_steps sets the decay)
 # The experts through BLAS (slices) against the packed-weight product (the default).
@@ -51,6 +56,14 @@ r = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if l.strip()]
 d = max(x.get("moe_dropped_fraction_max", 0) for x in r)
 print(f"capacity factor 1.0: up to {d:.3f} of the assignments dropped in a step")
 sys.exit(0 if d > 0 else 1)
+PY
+python3 - "$WORK/ref" "$WORK/ep2" <<'PY' || fail "the device-level balance loss is missing or zero"
+import json, sys
+for run in sys.argv[1:]:
+    r = [json.loads(l) for l in open(run + "/metrics.jsonl") if l.strip()]
+    v = [x["aux_loss_device_balance"] for x in r]
+    assert min(v) > 0, run
+    print(f"{run.rsplit('/', 1)[1]}: device-level balance loss {v[0]:.5f} at step 1, {v[-1]:.5f} at step {len(v)}")
 PY
 echo "== recompute on vs off (ep=2)"
 replayed_every_step "$WORK/ep2rc" || fail "recompute did not run at ep=2"

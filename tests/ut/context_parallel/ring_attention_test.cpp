@@ -135,9 +135,10 @@ TEST(RingAttention, MatchesEagerOverTheWholeSequenceOnOneToFourRanks) {
   check_ring(4, 64, 2, 3);
 }
 
-// Capacity ranks a whole sequence and the load-balancing loss counts its
-// selections: under the split, each rank's decisions are its pieces of the
-// whole sequence's and the loss terms add up to the whole sequence's loss.
+// Capacity ranks a whole sequence and the load-balancing losses (expert-
+// and device-level) count its selections: under the split, each rank's
+// decisions are its pieces of the whole sequence's and the loss terms add
+// up to the whole sequence's loss.
 TEST(RingAttention, RouterDecisionsUnderTheSplitAreTheWholeSequences) {
   const int parts = 2;
   const std::int64_t S = 3, seq = 16, E = 4;
@@ -148,8 +149,11 @@ TEST(RingAttention, RouterDecisionsUnderTheSplitAreTheWholeSequences) {
   o.top_k = 2;
   o.capacity_factor = 1.0;  // drops: capacity 8 of the 32 selections per sequence
   o.aux_loss_coef = 0.01;
+  o.device_balance_coef = 0.05;
+  o.device_groups = 2;
   const auto whole = hp::route(logits.view({S * seq, E}), {}, o, seq);
   const double whole_loss = hp::load_balance_loss_sum(whole, o, seq).item<double>();
+  const double whole_device = hp::device_balance_loss_sum(whole, o, seq).item<double>();
   ASSERT_GT((~whole.kept).sum().item<std::int64_t>(), 0) << "the capacity drops nothing: not a test of it";
   hp::test::run_ranks(parts, [&](hp::dist::DistributedContext& ctx) {
     auto& g = ctx.group("dp");
@@ -163,6 +167,9 @@ TEST(RingAttention, RouterDecisionsUnderTheSplitAreTheWholeSequences) {
     auto loss = hp::load_balance_loss_sum(r, o, local, &layout).detach().view({1}).to(torch::kDouble);
     g.all_reduce(loss);
     EXPECT_NEAR(loss.item<double>(), whole_loss, 1e-6 * whole_loss) << "rank " << g.rank();
+    auto device = hp::device_balance_loss_sum(r, o, local, &layout).detach().view({1}).to(torch::kDouble);
+    g.all_reduce(device);
+    EXPECT_NEAR(device.item<double>(), whole_device, 1e-6 * whole_device) << "rank " << g.rank() << ", device-level";
   });
 }
 

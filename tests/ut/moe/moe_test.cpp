@@ -102,6 +102,41 @@ TEST(AuxLosses, LoadBalanceAndZLossAgainstHandComputedValues) {
   EXPECT_NEAR(hp::z_loss_sum(r, o).item<double>(), z, 1e-6);
 }
 
+// The device-level balance loss against values computed by hand: 4 experts
+// in 2 groups, two sequences of 2 tokens, top-1; the gradient reaches the
+// logits through the group probabilities only, and a balanced routing
+// gives the coefficient itself per sequence.
+TEST(AuxLosses, DeviceBalanceAgainstHandComputedValues) {
+  auto o = opts(4, 1);
+  o.aux_loss_coef = 0.0;
+  o.device_balance_coef = 0.05;
+  o.device_groups = 2;
+  // Sequence 0: both tokens choose group 0 (experts 0 and 1); sequence 1:
+  // one token each group (experts 1 and 3).
+  auto logits = torch::tensor({{2.f, 0.f, 0.f, 1.f}, {0.f, 3.f, 1.f, 0.f},
+                               {0.f, 2.f, 1.f, 0.f}, {0.f, 0.f, 1.f, 2.f}})
+                    .requires_grad_(true);
+  auto r = hp::route(logits, {}, o, 2);
+  auto p = torch::softmax(logits.detach(), -1).to(torch::kDouble);
+  auto group_p = [&](int t, int g) { return (p[t][2 * g] + p[t][2 * g + 1]).item<double>(); };
+  // Per sequence: 0.05 x G x sum_g f'_g P'_g, P'_g the mean over its tokens.
+  const double seq0 = 0.05 * 2 * (1.0 * (group_p(0, 0) + group_p(1, 0)) / 2 + 0.0);
+  const double seq1 = 0.05 * 2 * (0.5 * (group_p(2, 0) + group_p(3, 0)) / 2 +
+                                  0.5 * (group_p(2, 1) + group_p(3, 1)) / 2);
+  auto loss = hp::device_balance_loss_sum(r, o, 2);
+  EXPECT_NEAR(loss.item<double>(), (seq0 + seq1) * 2, 1e-6) << "times the sequence length";
+  // Sequence 1 is balanced: its term is the coefficient whatever P' is.
+  EXPECT_NEAR(seq1, 0.05, 1e-7);
+  // d/dlogits: only through P' (f' is counted, no gradient); sequence 0
+  // pushes probability out of group 0, sequence 1 (balanced) not at all.
+  loss.backward();
+  auto g = logits.grad();
+  EXPECT_LT(g[0][2].item<double>(), 0.0) << "raising a group-1 expert's logit lowers the loss";
+  EXPECT_GT(g[0][0].item<double>(), 0.0) << "raising a group-0 expert's logit raises it";
+  EXPECT_NEAR(g[2].abs().sum().item<double>(), 0.0, 1e-7);
+  EXPECT_NEAR(g[3].abs().sum().item<double>(), 0.0, 1e-7);
+}
+
 // ---- grouped expert compute against the per-expert loop ------------------------
 
 namespace {
