@@ -12,7 +12,9 @@
 # instead of micro-batch 2; and the MoE trained with the device-level
 # balance loss over the ep ranks' expert groups, at ep=2), BENCH_REPS
 # times interleaved, and prints each MoE run
-# over the dense run of the same layout, with the load imbalance. Those
+# over the dense run of the same layout, with the load imbalance; then
+# how evenly the two ep ranks' experts are loaded, with and without the
+# device-level loss (one profiled run each). Those
 # runs measure a trained router, not one at initialisation: the MoE and
 # the dense GPT are each trained BENCH_WARM_STEPS (120) steps once (1
 # process x 2 threads, the learning rate warmed up over the first
@@ -103,6 +105,13 @@ else
   from_dense=("${more[@]}" --set checkpoint.resume="$W/warm_dense/checkpoints/$last")
   from_dev=("${more[@]}" --set checkpoint.resume="$W/warm_dev/checkpoints/$last")
   for r in $(seq "${BENCH_REPS:-5}"); do throughput "_r$r"; done
+  # Each ep rank's expert rows per MoE layer and micro-batch, from a profile
+  # (run.profile) of the last 20 steps of one more ep=2 run of each MoE:
+  # every exchange waits for the busiest rank (bench/moe_rank_load.py).
+  prof=(--set run.profile.enabled=true
+        --set "run.profile.steps=[$(seq -s, $((WARM_STEPS + MEASURE_STEPS - 19)) $((WARM_STEPS + MEASURE_STEPS)))]")
+  run load_ep2 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${from_moe[@]}" "${prof[@]}"
+  run load_ep2_dev "" --nproc 2 "${moe[@]}" "${dev[@]}" "${ep[@]}" "${from_dev[@]}" "${prof[@]}"
 fi
 if [ "$ONLY" = speed ]; then
   python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-5}" <<'PY'
@@ -148,6 +157,9 @@ for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2
           f"{min(ratio):5.2f}-{max(ratio):<5.2f} {statistics.median(fratio):11.2f} "
           f"{min(fratio):5.2f}-{max(fratio):<5.2f} {imb:10.3f} {drop:8.3f}")
 PY
+  echo "expert rows per ep rank (profiled steps $((WARM_STEPS + MEASURE_STEPS - 19))-$((WARM_STEPS + MEASURE_STEPS))): MoE, then with the device-level balance loss"
+  python3 bench/moe_rank_load.py "$W/load_ep2" 2 | sed "s|$W/||"
+  python3 bench/moe_rank_load.py "$W/load_ep2_dev" 2 | sed "s|$W/||"
   exit 0
 fi
 run moe_dp2 "" --nproc 2 "${moe[@]}"

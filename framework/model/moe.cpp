@@ -411,6 +411,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
                             std::vector<std::int64_t> counts, std::shared_ptr<ExpertPacks> packs) {
     profile::Span span("compute", "moe.experts");
     const std::int64_t M = rows.size(0), H = rows.size(1), F = w1.size(1), E = w1.size(0);
+    span.arg("rows", M);  // the rank's expert load (bench/moe_rank_load.py)
     at::Tensor x = rows.contiguous();
     at::Tensor pre = at::empty({M, F}, x.options());
     at::Tensor act = at::empty({M, F}, x.options());
@@ -458,6 +459,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3],
                      &act = saved[4];
+    span.arg("rows", x.size(0));
     const auto counts = ctx->saved_data["counts"].toIntVector();
     at::Tensor gy = grads[0].contiguous();
     const auto* exec = torch::autograd::get_current_graph_task_exec_info();

@@ -7,11 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "backends/dist/context.h"
+#include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/model/build_context.h"
 #include "framework/model/extensions.h"
@@ -535,6 +537,30 @@ TEST(GroupedExperts, PackedMatchesSlices) {
             << "gradient of " << names[i] << " after pass " << pass << ", " << what;
       }
     }
+  }
+}
+
+// The experts' spans in a profile carry the rows the experts ran on (the
+// rank's load, which bench/moe_rank_load.py reads), forward and backward,
+// for both expert computes.
+TEST(GroupedExperts, SpansCarryTheirRowCount) {
+  const std::vector<std::int64_t> counts = {5, 0, 11, 2};
+  const std::int64_t M = 18, H = 16, F = 32;
+  for (auto compute : {hp::ExpertCompute::kSlices, hp::ExpertCompute::kPacked}) {
+    if (compute == hp::ExpertCompute::kPacked && !hp::packed_gemm::supported()) continue;
+    hp::ExpertWeights w = random_experts(4, H, F, 7);
+    if (compute == hp::ExpertCompute::kPacked) w.packs = hp::make_expert_packs();
+    auto rows = torch::randn({M, H}).requires_grad_(true);
+    hp::profile::take_events();  // nothing from before
+    hp::profile::set_recording(true);
+    w.forward_grouped(rows, counts, compute).sum().backward();
+    hp::profile::set_recording(false);
+    std::map<std::string, double> seen;
+    for (const auto& e : hp::profile::take_events())
+      for (const auto& a : e.args)
+        if (a.key == "rows" && a.is_number) seen[e.name] = a.number;
+    EXPECT_EQ(seen["moe.experts"], M) << static_cast<int>(compute);
+    EXPECT_EQ(seen["moe.experts.backward"], M) << static_cast<int>(compute);
   }
 }
 
