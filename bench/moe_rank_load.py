@@ -17,30 +17,18 @@ EP_SIZE (default: every rank in the trace) groups the ranks in blocks of
 consecutive ranks, as the mesh carves ep out of dp.
 """
 
-import glob
-import json
 import os
 import sys
 
-
-def load_events(path):
-    if os.path.isdir(path):
-        merged = os.path.join(path, "trace.json")
-        files = [merged] if os.path.exists(merged) else sorted(glob.glob(os.path.join(path, "trace", "rank*.json")))
-    else:
-        files = [path]
-    events = []
-    for f in files:
-        d = json.load(open(f))
-        events += d["traceEvents"] if isinstance(d, dict) else d
-    return events
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_overlap import load_events  # noqa: E402  (the run directory's or file's trace events, with their rank)
 
 
 def spans(events, name):
     by_rank = {}
-    for e in events:
+    for rank, e in events:
         if e.get("ph") == "X" and e.get("name") == name:
-            by_rank.setdefault(e["pid"], []).append(e)
+            by_rank.setdefault(rank, []).append(e)
     for v in by_rank.values():
         v.sort(key=lambda e: e["ts"])
     return by_rank
@@ -61,7 +49,7 @@ def busiest_over_mean(groups, value):
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    events = load_events(sys.argv[1])
+    _, events = load_events(sys.argv[1])
     fwd, bwd = spans(events, "moe.experts"), spans(events, "moe.experts.backward")
     ranks = sorted(fwd)
     if len(ranks) < 2:
