@@ -61,8 +61,9 @@ def main():
     rows = lambda e: e["args"]["rows"]
     dur = lambda e: e["dur"]
     print(f"{sys.argv[1]}: {min(len(fwd[r]) for r in ranks)} expert spans per rank, ep groups {blocks}")
-    print(f"  busiest rank / mean, per event: rows {busiest_over_mean([[fwd[r] for r in b] for b in blocks], rows):.3f}, "
-          f"forward ms {busiest_over_mean([[fwd[r] for r in b] for b in blocks], dur):.3f}, "
+    fwd_groups = [[fwd[r] for r in b] for b in blocks]
+    print(f"  busiest rank / mean, per event: rows {busiest_over_mean(fwd_groups, rows):.3f}, "
+          f"forward ms {busiest_over_mean(fwd_groups, dur):.3f}, "
           f"backward ms {busiest_over_mean([[bwd.get(r, []) for r in b] for b in blocks], dur) if bwd else float('nan'):.3f}")
     for b in blocks:
         total = {r: sum(rows(e) for e in fwd[r]) for r in b}

@@ -11,10 +11,11 @@ function(hp_use_torch_pch target)
 endfunction()
 
 # Sources of a PCH target that include no LibTorch header, not even through
-# ours: they compile without the precompiled header. Loading it is not free:
-# the .gch is ~590 MB and GCC takes 12-14 s and ~900 MB to read it, against
-# about 1 s for such a file alone (measured, session 25), so on the 31 files
-# below the header cost ~430 of a fresh build's ~2360 CPU seconds. A file
+# ours: they compile without the precompiled header. Using it is not free:
+# an empty file compiled against it takes ~9 s and ~900 MB, nearly all of it
+# GCC instantiating the templates LibTorch's headers leave pending, against
+# about 1 s for such a file alone (measured, session 25); the 27 files listed
+# with this took 496 s of compile jobs with the header, 120 s without. A file
 # listed here that starts to include LibTorch still builds, only slower:
 # `python3 scripts/pch_scan.py build` lists both kinds of mismatch.
 # Call it in the directory that defines the target.

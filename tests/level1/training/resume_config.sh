@@ -5,7 +5,8 @@
 #    process starts, exit 2, naming model.layers and both values;
 #  - changed training/optimizer keys and free model keys are logged in one line;
 #  - the same resume from a checkpoint written before configs were stored is
-#    refused at the load, by every rank, naming the tensors the run lacks
+#    refused at the load, by the rank that checks first (each rank checks;
+#    the launcher then stops the rest), naming the tensors the run lacks
 #    (pp=2: each stage holds only its own blocks, the verdict is the whole model's);
 #  - checkpoint.strict: false loads what fits (fine-tuning the smaller model)
 #    and lists what it skipped, model and optimizer tensors;
@@ -48,7 +49,7 @@ grep -q "resuming with changed training options: optimizer.lr 0.002 -> 0.001, tr
 grep -q "resuming with changed model options the model declares free to change: model.dropout 0.1 -> 0.2$" "$WORK/d.log" \
   || fail "the changed free model key is not logged"
 
-echo "== the same from a checkpoint without a stored config: refused at the load, by every rank"
+echo "== the same from a checkpoint without a stored config: refused at the load, naming the tensors"
 old="$WORK/old/step_00000004"
 mkdir -p "$WORK/old" && cp -r "$ck" "$old"
 python3 - "$old" <<'PY'
