@@ -496,7 +496,11 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), xi = x.narrow(0, off, m);
       at::Tensor dx = gx.narrow(0, off, m);
       // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
-      gw2.product(e, g.t(), act.narrow(0, off, m));
+      at::Tensor h = act.narrow(0, off, m);
+      if (packs)
+        gw2.packed_product(e, g, h);
+      else
+        gw2.product(e, g.t(), h);
       at::sum_out(db2, g, 0);
       at::Tensor dh;
       if (packs) {
@@ -510,7 +514,10 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       }
       at::Tensor gp = at::gelu_backward(dh, p);
       // p = x w1^T + b1: dW1 = gp^T x, db1 = sum of gp's rows, dx = gp w1.
-      gw1.product(e, gp.t(), xi);
+      if (packs)
+        gw1.packed_product(e, gp, xi);
+      else
+        gw1.product(e, gp.t(), xi);
       at::sum_out(db1, gp, 0);
       if (packs) {
         const float* p1 = packs->fc1_rows.at(e);
@@ -545,6 +552,20 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
         d.addmm_(a, b);
       else
         at::mm_out(d, a, b);
+    }
+    /// Expert e's gradient a^T b through packed_gemm (a [m, R] and b
+    /// [m, C] contiguous rows; grad[e] is [R, C]): b packed into panels on
+    /// this thread's scratch, a read transposed, the products added to
+    /// grad[e] (zeroed first when not adding). Its k is the expert's rows:
+    /// summed in blocks of 256 rows by FMA chains, not BLAS's rounding.
+    void packed_product(std::int64_t e, const at::Tensor& a, const at::Tensor& b) {
+      const std::int64_t m = a.size(0), R = a.size(1), C = b.size(1);
+      at::Tensor d = grad_[e];
+      if (!add_) d.zero_();
+      thread_local std::vector<float> panels;
+      panels.resize(static_cast<std::size_t>(packed_gemm::packed_size(m, C)));
+      packed_gemm::pack(b.data_ptr<float>(), m, C, C, 1, panels.data());
+      packed_gemm::product_add(R, m, C, a.data_ptr<float>(), 1, R, panels.data(), d.data_ptr<float>(), C);
     }
     void zero(std::int64_t e) {
       if (!add_) grad_[e].zero_();

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #define HP_PACKED_GEMM_X86 1
 #define HP_AVX2 __attribute__((target("avx2,fma")))
+#define HP_AVX512 __attribute__((target("avx512f,avx2,fma")))
 #endif
 
 namespace hp::packed_gemm {
@@ -33,13 +34,20 @@ HP_AVX2 __attribute__((always_inline)) inline void fma_row(const float* x, __m25
   hi = _mm256_fmadd_ps(a, b1, hi);
 }
 
+/// Where x's element (row, k) is: k apart by 1 (kUnit, the products of
+/// rows) or by sk (x read transposed: the weight gradients' a^T).
+template <bool kUnit>
+inline std::int64_t at_k(std::int64_t k, std::int64_t sk) {
+  return kUnit ? k : k * sk;
+}
+
 /// R rows (1..6) by one panel of 16 columns over k in [0, K): twelve
 /// accumulators (two of 8 columns per row) chained by FMA in k order,
 /// then added to out. Each accumulator is its own variable: as an array
 /// GCC keeps them in memory and the loop runs at a third of the speed.
-template <int R>
-HP_AVX2 void rows_by_panel(const float* x, std::int64_t ldx, const float* p, std::int64_t K,
-                           float* out, std::int64_t ldo) {
+template <int R, bool kUnit>
+HP_AVX2 void rows_by_panel(const float* x, std::int64_t ldx, std::int64_t sk, const float* p,
+                           std::int64_t K, float* out, std::int64_t ldo) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   const float* x0 = x;
@@ -50,12 +58,13 @@ HP_AVX2 void rows_by_panel(const float* x, std::int64_t ldx, const float* p, std
   const float* x5 = x + 5 * ldx;
   for (std::int64_t k = 0; k < K; ++k, p += kPanel) {
     const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
-    fma_row(x0 + k, b0, b1, c00, c01);
-    if constexpr (R > 1) fma_row(x1 + k, b0, b1, c10, c11);
-    if constexpr (R > 2) fma_row(x2 + k, b0, b1, c20, c21);
-    if constexpr (R > 3) fma_row(x3 + k, b0, b1, c30, c31);
-    if constexpr (R > 4) fma_row(x4 + k, b0, b1, c40, c41);
-    if constexpr (R > 5) fma_row(x5 + k, b0, b1, c50, c51);
+    const std::int64_t xk = at_k<kUnit>(k, sk);
+    fma_row(x0 + xk, b0, b1, c00, c01);
+    if constexpr (R > 1) fma_row(x1 + xk, b0, b1, c10, c11);
+    if constexpr (R > 2) fma_row(x2 + xk, b0, b1, c20, c21);
+    if constexpr (R > 3) fma_row(x3 + xk, b0, b1, c30, c31);
+    if constexpr (R > 4) fma_row(x4 + xk, b0, b1, c40, c41);
+    if constexpr (R > 5) fma_row(x5 + xk, b0, b1, c50, c51);
   }
   add_to(out + 0 * ldo, c00, c01);
   if constexpr (R > 1) add_to(out + 1 * ldo, c10, c11);
@@ -104,15 +113,105 @@ HP_AVX2 void pack_both_avx2(const float* w, std::int64_t R, std::int64_t C, floa
     for (std::int64_t c0 = 0; c0 < C; c0 += 8) pack_block(w, C, R, r0, c0, direct, transposed);
 }
 
-HP_AVX2 void rows_by_panel(std::int64_t rows, const float* x, std::int64_t ldx, const float* p,
-                           std::int64_t K, float* out, std::int64_t ldo) {
+/// The AVX-512 block: R rows (1..8) by P panels (1 or 2: 16 or 32
+/// columns), one 16-wide accumulator per row and panel (up to 16 of the 32
+/// registers), chained by FMA in k order, then added to out: per element
+/// the AVX2 kernel's arithmetic. The panels are `pstride` floats apart.
+template <int R, int P, bool kUnit>
+HP_AVX512 void rows_by_panels(const float* x, std::int64_t ldx, std::int64_t sk, const float* p,
+                              std::int64_t pstride, std::int64_t K, float* out, std::int64_t ldo) {
+  __m512 c[R][P];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < P; ++j) c[i][j] = _mm512_setzero_ps();
+  for (std::int64_t k = 0; k < K; ++k, p += kPanel) {
+    __m512 b[P];
+#pragma GCC unroll 2
+    for (int j = 0; j < P; ++j) b[j] = _mm512_loadu_ps(p + j * pstride);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + at_k<kUnit>(k, sk)]);
+#pragma GCC unroll 2
+      for (int j = 0; j < P; ++j) c[i][j] = _mm512_fmadd_ps(a, b[j], c[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < P; ++j) {
+      float* o = out + i * ldo + j * kPanel;
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), c[i][j]));
+    }
+}
+
+template <int P, bool kUnit>
+HP_AVX512 void rows_by_panels(std::int64_t rows, const float* x, std::int64_t ldx, std::int64_t sk,
+                              const float* p, std::int64_t pstride, std::int64_t K, float* out,
+                              std::int64_t ldo) {
   switch (rows) {
-    case 6: rows_by_panel<6>(x, ldx, p, K, out, ldo); break;
-    case 5: rows_by_panel<5>(x, ldx, p, K, out, ldo); break;
-    case 4: rows_by_panel<4>(x, ldx, p, K, out, ldo); break;
-    case 3: rows_by_panel<3>(x, ldx, p, K, out, ldo); break;
-    case 2: rows_by_panel<2>(x, ldx, p, K, out, ldo); break;
-    default: rows_by_panel<1>(x, ldx, p, K, out, ldo); break;
+    case 8: rows_by_panels<8, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 7: rows_by_panels<7, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 6: rows_by_panels<6, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 5: rows_by_panels<5, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 4: rows_by_panels<4, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 3: rows_by_panels<3, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    case 2: rows_by_panels<2, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+    default: rows_by_panels<1, P, kUnit>(x, ldx, sk, p, pstride, K, out, ldo); break;
+  }
+}
+
+/// The AVX-512 product's blocks: k in blocks of kBlock (the AVX2 order),
+/// columns two panels at a time (the last one alone when N / 16 is odd),
+/// rows eight at a time.
+template <bool kUnit>
+HP_AVX512 void product_avx512(std::int64_t m, std::int64_t K, std::int64_t N, const float* x,
+                              std::int64_t ldx, std::int64_t sk, const float* panels, float* out,
+                              std::int64_t ldo) {
+  for (std::int64_t k0 = 0; k0 < K; k0 += kBlock) {
+    const std::int64_t kb = std::min(kBlock, K - k0);
+    for (std::int64_t n0 = 0; n0 < N; n0 += 2 * kPanel) {
+      const float* p = panels + n0 * K + k0 * kPanel;
+      const bool two = n0 + 2 * kPanel <= N;
+      for (std::int64_t i = 0; i < m; i += 8) {
+        const std::int64_t r = std::min<std::int64_t>(8, m - i);
+        const float* xi = x + i * ldx + at_k<kUnit>(k0, sk);
+        if (two)
+          rows_by_panels<2, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, out + i * ldo + n0, ldo);
+        else
+          rows_by_panels<1, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, out + i * ldo + n0, ldo);
+      }
+    }
+  }
+}
+
+template <bool kUnit>
+HP_AVX2 void rows_by_panel(std::int64_t rows, const float* x, std::int64_t ldx, std::int64_t sk,
+                           const float* p, std::int64_t K, float* out, std::int64_t ldo) {
+  switch (rows) {
+    case 6: rows_by_panel<6, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+    case 5: rows_by_panel<5, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+    case 4: rows_by_panel<4, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+    case 3: rows_by_panel<3, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+    case 2: rows_by_panel<2, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+    default: rows_by_panel<1, kUnit>(x, ldx, sk, p, K, out, ldo); break;
+  }
+}
+
+/// The AVX2 product's blocks: k in blocks of kBlock, one panel at a time,
+/// rows six at a time.
+template <bool kUnit>
+HP_AVX2 void product_avx2(std::int64_t m, std::int64_t K, std::int64_t N, const float* x,
+                          std::int64_t ldx, std::int64_t sk, const float* panels, float* out,
+                          std::int64_t ldo) {
+  for (std::int64_t k0 = 0; k0 < K; k0 += kBlock) {
+    const std::int64_t kb = std::min(kBlock, K - k0);
+    for (std::int64_t n0 = 0; n0 < N; n0 += kPanel) {
+      const float* p = panels + n0 * K + k0 * kPanel;
+      for (std::int64_t i = 0; i < m; i += 6)
+        rows_by_panel<kUnit>(std::min<std::int64_t>(6, m - i), x + i * ldx + at_k<kUnit>(k0, sk), ldx,
+                             sk, p, kb, out + i * ldo + n0, ldo);
+    }
   }
 }
 #endif
@@ -126,6 +225,15 @@ void require(bool ok, const char* what) {
 bool supported() {
 #ifdef HP_PACKED_GEMM_X86
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+bool supports_avx512() {
+#ifdef HP_PACKED_GEMM_X86
+  static const bool ok = supported() && __builtin_cpu_supports("avx512f");
   return ok;
 #else
   return false;
@@ -161,27 +269,36 @@ void pack_both(const float* w, std::int64_t R, std::int64_t C, float* direct, fl
   pack(w, C, R, 1, C, transposed);
 }
 
-void product(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
-             const float* panels, const float* bias, float* out, std::int64_t ldo) {
+void product_add(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+                 std::int64_t sk, const float* panels, float* out, std::int64_t ldo, Kernel kernel) {
   require(N % kPanel == 0, "N must be a multiple of 16, please report");
   require(supported(), "this CPU lacks AVX2 or FMA, please report");
+  if (kernel == Kernel::kBest) kernel = supports_avx512() ? Kernel::kAvx512 : Kernel::kAvx2;
+  require(kernel != Kernel::kAvx512 || supports_avx512(), "this CPU lacks AVX-512F for the kAvx512 kernel");
+#ifdef HP_PACKED_GEMM_X86
+  if (kernel == Kernel::kAvx512) {
+    if (sk == 1)
+      product_avx512<true>(m, K, N, x, ldx, 1, panels, out, ldo);
+    else
+      product_avx512<false>(m, K, N, x, ldx, sk, panels, out, ldo);
+  } else if (sk == 1) {
+    product_avx2<true>(m, K, N, x, ldx, 1, panels, out, ldo);
+  } else {
+    product_avx2<false>(m, K, N, x, ldx, sk, panels, out, ldo);
+  }
+#endif
+}
+
+void product(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+             const float* panels, const float* bias, float* out, std::int64_t ldo, Kernel kernel) {
+  require(N % kPanel == 0, "N must be a multiple of 16, please report");
   for (std::int64_t i = 0; i < m; ++i) {
     if (bias)
       std::memcpy(out + i * ldo, bias, sizeof(float) * static_cast<std::size_t>(N));
     else
       std::fill(out + i * ldo, out + i * ldo + N, 0.0f);
   }
-#ifdef HP_PACKED_GEMM_X86
-  for (std::int64_t k0 = 0; k0 < K; k0 += kBlock) {
-    const std::int64_t kb = std::min(kBlock, K - k0);
-    for (std::int64_t n0 = 0; n0 < N; n0 += kPanel) {
-      const float* p = panels + n0 * K + k0 * kPanel;
-      for (std::int64_t i = 0; i < m; i += 6)
-        rows_by_panel(std::min<std::int64_t>(6, m - i), x + i * ldx + k0, ldx, p, kb,
-                      out + i * ldo + n0, ldo);
-    }
-  }
-#endif
+  product_add(m, K, N, x, ldx, 1, panels, out, ldo, kernel);
 }
 
 }  // namespace hp::packed_gemm

@@ -7,7 +7,12 @@
 // only the arithmetic (RFC 0008, "Packed expert weights").
 //
 // x86-64 with AVX2 and FMA, checked at run time; elsewhere supported()
-// is false and callers use BLAS. No LibTorch here: plain float pointers.
+// is false and callers use BLAS. Where the CPU has AVX-512F the product
+// runs 16-wide with 8 rows by 32 columns of accumulators (twice the AVX2
+// kernel's rate on a full-width AVX-512 core, measured by
+// bench/bench_packed_gemm.cpp), bit for bit the AVX2 kernel's result:
+// every output element is the same chain of FMAs in the same order. No
+// LibTorch here: plain float pointers.
 #include <cstdint>
 
 namespace hp::packed_gemm {
@@ -17,6 +22,14 @@ inline constexpr std::int64_t kPanel = 16;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA).
 bool supported();
+
+/// The instruction set product() runs on: kBest is kAvx512 where the CPU
+/// has AVX-512F, else kAvx2. The two give the same bits; choosing one is
+/// for tests and benchmarks.
+enum class Kernel { kBest, kAvx2, kAvx512 };
+
+/// Whether this CPU runs the AVX-512 kernel (AVX-512F, besides AVX2 and FMA).
+bool supports_avx512();
 
 /// Floats a packed [K, N] operand takes (N a multiple of kPanel).
 inline std::int64_t packed_size(std::int64_t K, std::int64_t N) { return K * N; }
@@ -39,8 +52,19 @@ void pack_both(const float* w, std::int64_t R, std::int64_t C, float* direct, fl
 /// [m, K] with row stride ldx, B packed by pack(), out [m, N] with row
 /// stride ldo. Sums over k in blocks of 256, each block's products chained
 /// by FMA in k order and added to out in block order: deterministic, but
-/// not BLAS's rounding.
+/// not BLAS's rounding. The same bits whichever kernel runs it.
 void product(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
-             const float* panels, const float* bias, float* out, std::int64_t ldo);
+             const float* panels, const float* bias, float* out, std::int64_t ldo,
+             Kernel kernel = Kernel::kBest);
+
+/// out[i, :] += x's row i times B for i < m, adding to what out holds (no
+/// bias, no fill): per k block (256) the products chained by FMA in k
+/// order, then added to out, as product() does after its fill. x's element
+/// (i, k) is at x[i * ldx + k * sk]: sk = 1 for rows, ldx = 1 and sk = the
+/// row stride for a matrix read transposed (the weight gradients a^T b,
+/// a [K, m] row-major). N must be a multiple of kPanel.
+void product_add(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+                 std::int64_t sk, const float* panels, float* out, std::int64_t ldo,
+                 Kernel kernel = Kernel::kBest);
 
 }  // namespace hp::packed_gemm

@@ -466,6 +466,73 @@ TEST(PackedGemm, MatchesMatmulAcrossShapes) {
   }
 }
 
+// The AVX-512 kernel gives the AVX2 kernel's bits (each output element the
+// same chain of FMAs): row counts around both kernels' blocks (6 and 8
+// rows), one, two and three 16-wide panels (the AVX-512 kernel takes them
+// two at a time), reductions below, at and above the 256-long k blocks,
+// with and without bias, inside wider rows.
+TEST(PackedGemm, Avx512KernelGivesTheAvx2Bits) {
+  if (!hp::packed_gemm::supports_avx512()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(85);
+  for (std::int64_t m : {1, 5, 7, 8, 9, 13, 16, 100, 130}) {
+    for (std::int64_t K : {16, 255, 256, 300, 1024}) {
+      for (std::int64_t N : {16, 32, 48, 1024}) {
+        for (bool with_bias : {false, true}) {
+          const std::string what = "m " + std::to_string(m) + ", K " + std::to_string(K) + ", N " +
+                                   std::to_string(N) + (with_bias ? ", bias" : "");
+          torch::Tensor xw = torch::randn({m, K + 3}, gen), x = xw.narrow(1, 1, K);
+          torch::Tensor w = torch::randn({N, K}, gen), b = torch::randn({N}, gen);
+          std::vector<float> panels(static_cast<std::size_t>(hp::packed_gemm::packed_size(K, N)));
+          hp::packed_gemm::pack(w.data_ptr<float>(), K, N, 1, K, panels.data());
+          torch::Tensor o2 = torch::full({m, N + 5}, 7.0f), o5 = o2.clone();
+          for (auto [out, kernel] : {std::pair{o2, hp::packed_gemm::Kernel::kAvx2},
+                                     std::pair{o5, hp::packed_gemm::Kernel::kAvx512}})
+            hp::packed_gemm::product(m, K, N, x.data_ptr<float>(), K + 3, panels.data(),
+                                     with_bias ? b.data_ptr<float>() : nullptr,
+                                     out.narrow(1, 2, N).data_ptr<float>(), N + 5, kernel);
+          EXPECT_TRUE(torch::equal(o2, o5)) << what;
+          // Not vacuous: the product was written (the reference in double).
+          torch::Tensor ref = x.to(torch::kDouble).matmul(w.to(torch::kDouble).t());
+          if (with_bias) ref = ref + b.to(torch::kDouble);
+          EXPECT_LE(rel(o5.narrow(1, 2, N).to(torch::kDouble), ref), 1e-6) << what;
+        }
+      }
+    }
+  }
+}
+
+// The weight gradients' product a^T b (a [m, R] read transposed, b [m, C]
+// packed) added to what out holds, on both kernels: against double, and
+// the two kernels' bits the same. Reductions (m, the expert's rows) below,
+// at and above the 256-long k blocks; R around both kernels' row blocks.
+TEST(PackedGemm, TransposedProductAddsToOut) {
+  if (!hp::packed_gemm::supported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(87);
+  std::vector<hp::packed_gemm::Kernel> kernels{hp::packed_gemm::Kernel::kAvx2};
+  if (hp::packed_gemm::supports_avx512()) kernels.push_back(hp::packed_gemm::Kernel::kAvx512);
+  for (std::int64_t m : {1, 7, 64, 256, 300}) {
+    for (std::int64_t R : {5, 8, 13, 256}) {
+      for (std::int64_t C : {16, 48, 1024}) {
+        const std::string what = "m " + std::to_string(m) + ", R " + std::to_string(R) + ", C " + std::to_string(C);
+        torch::Tensor a = torch::randn({m, R}, gen), b = torch::randn({m, C}, gen);
+        torch::Tensor start = torch::randn({R, C}, gen);
+        std::vector<float> panels(static_cast<std::size_t>(hp::packed_gemm::packed_size(m, C)));
+        hp::packed_gemm::pack(b.data_ptr<float>(), m, C, C, 1, panels.data());
+        torch::Tensor ref = start.to(torch::kDouble) + a.to(torch::kDouble).t().matmul(b.to(torch::kDouble));
+        std::vector<torch::Tensor> outs;
+        for (auto kernel : kernels) {
+          torch::Tensor out = start.clone();
+          hp::packed_gemm::product_add(R, m, C, a.data_ptr<float>(), 1, R, panels.data(), out.data_ptr<float>(),
+                                       C, kernel);
+          EXPECT_LE(rel(out.to(torch::kDouble), ref), 1e-6) << what;
+          outs.push_back(out);
+        }
+        if (outs.size() == 2) EXPECT_TRUE(torch::equal(outs[0], outs[1])) << "AVX2 against AVX-512, " << what;
+      }
+    }
+  }
+}
+
 // Both operands of a weight packed in one pass (what the experts use) are
 // the panels pack() gives each of them, bit for bit: W [R, C] as B = W and
 // as B = W^T, at sides of one and of several 16-wide panels, square and
