@@ -9,8 +9,10 @@
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
 # capacity factor, MoE with its experts through BLAS; then the same pairs with one micro-batch per step
-# instead of micro-batch 2; and the MoE trained with the device-level
-# balance loss over the ep ranks' expert groups, at ep=2), BENCH_REPS
+# instead of micro-batch 2; the MoE trained with the device-level
+# balance loss over the ep ranks' expert groups, at ep=2; and on a CPU with
+# AVX-512F, both models at 1 x 2 and at ep=2 / dp=2 with OpenBLAS's AVX-512
+# kernels, OPENBLAS_CORETYPE=SKYLAKEX), BENCH_REPS
 # times interleaved, and prints each MoE run
 # over the dense run of the same layout, with the load imbalance; then
 # how evenly the two ep ranks' experts are loaded, with and without the
@@ -88,8 +90,20 @@ throughput() {  # SUFFIX
     run dense_1p2t_mb$1 "HP_INTRA_OP_THREADS=2" "${dense[@]}" "${whole_mb[@]}" "${from_dense[@]}"
     run moe_ep2_mb$1 "" --nproc 2 "${moe[@]}" "${ep[@]}" "${half_mb[@]}" "${from_moe[@]}"
     run dense_dp2_mb$1 "" --nproc 2 "${dense[@]}" "${half_mb[@]}" "${from_dense[@]}"
+    # Both models again with OpenBLAS's AVX-512 kernels (OPENBLAS_CORETYPE=
+    # SKYLAKEX) where the CPU has AVX-512F: Debian's OpenBLAS 0.3.21 runs
+    # its Haswell (AVX2) kernels on this machine's CPU, which it does not
+    # know, and the dense GPT is mostly BLAS. The experts' packed product
+    # runs AVX-512 either way.
+    if [ "$AVX512" = yes ]; then
+      run moe_1p2t_obx$1 "HP_INTRA_OP_THREADS=2 OPENBLAS_CORETYPE=SKYLAKEX" "${moe[@]}" "${from_moe[@]}"
+      run dense_1p2t_obx$1 "HP_INTRA_OP_THREADS=2 OPENBLAS_CORETYPE=SKYLAKEX" "${dense[@]}" "${from_dense[@]}"
+      run moe_ep2_obx$1 "OPENBLAS_CORETYPE=SKYLAKEX" --nproc 2 "${moe[@]}" "${ep[@]}" "${from_moe[@]}"
+      run dense_dp2_obx$1 "OPENBLAS_CORETYPE=SKYLAKEX" --nproc 2 "${dense[@]}" "${from_dense[@]}"
+    fi
   fi
 }
+AVX512=no; grep -qw avx512f /proc/cpuinfo && AVX512=yes
 whole_mb=(--set training.micro_batch_size=$B)
 half_mb=(--set training.micro_batch_size=$((B / 2)))
 if [ "$ONLY" != speed ]; then
@@ -114,9 +128,9 @@ else
   run load_ep2_dev "" --nproc 2 "${moe[@]}" "${dev[@]}" "${ep[@]}" "${from_dev[@]}" "${prof[@]}"
 fi
 if [ "$ONLY" = speed ]; then
-  python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-5}" <<'PY'
+  python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-5}" "$AVX512" <<'PY'
 import json, statistics, sys
-w, warm, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+w, warm, reps, avx512 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "yes"
 def rows(name):  # the resumed run's steps from its third on
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][2:]
 def median_step(name, key):  # the median step's figure: a stall of the machine moves it little
@@ -135,7 +149,7 @@ def warm_loss(name):  # the mean loss of the warm-up run's last 10 steps
 print(f"warm-up losses (last 10 of {warm} steps): MoE {warm_loss('warm_moe'):.4f}, MoE with the device-level "
       f"balance loss {warm_loss('warm_dev'):.4f}, dense {warm_loss('warm_dense'):.4f}")
 print(f"{'run':44s} {'tokens/s':>9s} {'x dense':>8s} {'range':>11s} {'fast steps':>11s} {'range':>11s} {'imbalance':>10s} {'dropped':>8s}")
-for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
+for name, label, dense in ([("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2t"),
                            ("moe_1p2t_cap", "MoE, 1 x 2, capacity factor 1.25", "dense_1p2t"),
                            ("moe_1p2t_slices", "MoE, 1 x 2, experts through BLAS (slices)", "dense_1p2t"),
                            ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2", "dense_1p2t"),
@@ -146,7 +160,11 @@ for name, label, dense in [("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p2
                            ("moe_1p2t_mb", "MoE, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),
                            ("dense_1p2t_mb", "dense GPT, 1 x 2, one micro-batch of 8", "dense_1p2t_mb"),
                            ("moe_ep2_mb", "MoE, ep=2, one micro-batch of 4 per rank", "dense_dp2_mb"),
-                           ("dense_dp2_mb", "dense GPT, dp=2, one micro-batch of 4 per rank", "dense_dp2_mb")]:
+                           ("dense_dp2_mb", "dense GPT, dp=2, one micro-batch of 4 per rank", "dense_dp2_mb")]
+           + ([("moe_1p2t_obx", "MoE, 1 x 2, OpenBLAS AVX-512 kernels", "dense_1p2t_obx"),
+               ("dense_1p2t_obx", "dense GPT, 1 x 2, OpenBLAS AVX-512 kernels", "dense_1p2t_obx"),
+               ("moe_ep2_obx", "MoE, ep=2, OpenBLAS AVX-512 kernels", "dense_dp2_obx"),
+               ("dense_dp2_obx", "dense GPT, dp=2, OpenBLAS AVX-512 kernels", "dense_dp2_obx")] if avx512 else [])):
     runs = [f"{name}_r{r}" for r in range(1, reps + 1)]
     tps = [median_step(n, "tokens_per_second") for n in runs]
     ratio = [median_step(n, "tokens_per_second") / median_step(f"{dense}_r{r}", "tokens_per_second") for r, n in enumerate(runs, 1)]

@@ -479,6 +479,10 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
     const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
     const std::uint32_t v1 = w1._version(), v2 = w2._version();
+    // The weight gradients through packed_gemm as well where it runs its
+    // AVX-512 kernel (1.6-1.9 x BLAS there); its AVX2 kernel reads a^T
+    // slower than BLAS does, so without AVX-512F they stay with BLAS.
+    const bool packed_grads = packs && packed_gemm::supports_avx512();
     if (packs) {
       lock = std::unique_lock<std::mutex>(packs->in_use);
       packs->reserve(E, F * H);
@@ -497,7 +501,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       at::Tensor dx = gx.narrow(0, off, m);
       // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
       at::Tensor h = act.narrow(0, off, m);
-      if (packs)
+      if (packed_grads)
         gw2.packed_product(e, g, h);
       else
         gw2.product(e, g.t(), h);
@@ -514,7 +518,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       }
       at::Tensor gp = at::gelu_backward(dh, p);
       // p = x w1^T + b1: dW1 = gp^T x, db1 = sum of gp's rows, dx = gp w1.
-      if (packs)
+      if (packed_grads)
         gw1.packed_product(e, gp, xi);
       else
         gw1.product(e, gp.t(), xi);

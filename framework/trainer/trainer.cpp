@@ -193,7 +193,10 @@ void TrainingRun::setup_process() {
   const int threads = intra.threads;
   at::set_num_threads(threads);
   set_blas_threads(threads);
-  if (rank0()) warn_if_reference_blas(*log);
+  if (rank0()) {
+    warn_if_reference_blas(*log);
+    note_openblas_kernels(*log);
+  }
   // glibc returns a freed block above its (adaptive, at most 32 MiB) mmap
   // threshold to the system, and trims the heap's top once 2x that is free:
   // a step's large buffers (gradient buckets, gathered slices) were then

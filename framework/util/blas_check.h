@@ -18,4 +18,18 @@ bool set_blas_threads(int n);
 /// Logs a warning naming the fix when the reference BLAS is in use.
 void warn_if_reference_blas(spdlog::logger& log);
 
+/// OpenBLAS's kernel family in this process (openblas_get_corename():
+/// "Haswell", "Zen", "SkylakeX", ...); "" when OpenBLAS is not loaded.
+std::string openblas_core();
+
+/// One line for a user when OpenBLAS runs its AVX2 kernels (Haswell, Zen)
+/// on a CPU with AVX-512F and OPENBLAS_CORETYPE is not set: Debian's
+/// OpenBLAS 0.3.21 does so on CPUs newer than it, at about 0.6 x the
+/// speed of its AVX-512 kernels (docs/toolchain.md, section 4). "" when
+/// there is nothing to say.
+std::string openblas_kernel_hint();
+
+/// Logs openblas_kernel_hint() at info when it says something.
+void note_openblas_kernels(spdlog::logger& log);
+
 }  // namespace hp
