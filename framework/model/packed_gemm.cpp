@@ -161,28 +161,38 @@ HP_AVX512 void rows_by_panels(std::int64_t rows, const float* x, std::int64_t ld
   }
 }
 
-/// The AVX-512 product's blocks: k in blocks of kBlock (the AVX2 order),
-/// columns two panels at a time (the last one alone when N / 16 is odd),
-/// rows eight at a time.
-template <bool kUnit>
-HP_AVX512 void product_avx512(std::int64_t m, std::int64_t K, std::int64_t N, const float* x,
-                              std::int64_t ldx, std::int64_t sk, const float* panels, float* out,
-                              std::int64_t ldo) {
+/// The blocking both kernels share: k in blocks of kBlock (each block's
+/// sums added to out in block order), columns `step_panels` panels at a
+/// time (fewer at the end), rows `step_rows` at a time; `block(rows,
+/// panels, x, p, kb, out)` runs one block: its first row of x, its first
+/// panel's k0 row, its k length and its output corner.
+template <bool kUnit, class Block>
+void for_blocks(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+                std::int64_t sk, const float* panels, float* out, std::int64_t ldo,
+                std::int64_t step_rows, std::int64_t step_panels, const Block& block) {
   for (std::int64_t k0 = 0; k0 < K; k0 += kBlock) {
     const std::int64_t kb = std::min(kBlock, K - k0);
-    for (std::int64_t n0 = 0; n0 < N; n0 += 2 * kPanel) {
+    for (std::int64_t n0 = 0; n0 < N; n0 += step_panels * kPanel) {
       const float* p = panels + n0 * K + k0 * kPanel;
-      const bool two = n0 + 2 * kPanel <= N;
-      for (std::int64_t i = 0; i < m; i += 8) {
-        const std::int64_t r = std::min<std::int64_t>(8, m - i);
-        const float* xi = x + i * ldx + at_k<kUnit>(k0, sk);
-        if (two)
-          rows_by_panels<2, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, out + i * ldo + n0, ldo);
-        else
-          rows_by_panels<1, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, out + i * ldo + n0, ldo);
-      }
+      const std::int64_t np = std::min(step_panels, (N - n0) / kPanel);
+      for (std::int64_t i = 0; i < m; i += step_rows)
+        block(std::min(step_rows, m - i), np, x + i * ldx + at_k<kUnit>(k0, sk), p, kb, out + i * ldo + n0);
     }
   }
+}
+
+/// The AVX-512 product: two panels at a time (the last one alone when N /
+/// 16 is odd), rows eight at a time.
+template <bool kUnit>
+void product_avx512(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+                    std::int64_t sk, const float* panels, float* out, std::int64_t ldo) {
+  for_blocks<kUnit>(m, K, N, x, ldx, sk, panels, out, ldo, 8, 2,
+                    [&](std::int64_t r, std::int64_t np, const float* xi, const float* p, std::int64_t kb, float* o) {
+                      if (np == 2)
+                        rows_by_panels<2, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, o, ldo);
+                      else
+                        rows_by_panels<1, kUnit>(r, xi, ldx, sk, p, kPanel * K, kb, o, ldo);
+                    });
 }
 
 template <bool kUnit>
@@ -198,21 +208,14 @@ HP_AVX2 void rows_by_panel(std::int64_t rows, const float* x, std::int64_t ldx, 
   }
 }
 
-/// The AVX2 product's blocks: k in blocks of kBlock, one panel at a time,
-/// rows six at a time.
+/// The AVX2 product: one panel at a time, rows six at a time.
 template <bool kUnit>
-HP_AVX2 void product_avx2(std::int64_t m, std::int64_t K, std::int64_t N, const float* x,
-                          std::int64_t ldx, std::int64_t sk, const float* panels, float* out,
-                          std::int64_t ldo) {
-  for (std::int64_t k0 = 0; k0 < K; k0 += kBlock) {
-    const std::int64_t kb = std::min(kBlock, K - k0);
-    for (std::int64_t n0 = 0; n0 < N; n0 += kPanel) {
-      const float* p = panels + n0 * K + k0 * kPanel;
-      for (std::int64_t i = 0; i < m; i += 6)
-        rows_by_panel<kUnit>(std::min<std::int64_t>(6, m - i), x + i * ldx + at_k<kUnit>(k0, sk), ldx,
-                             sk, p, kb, out + i * ldo + n0, ldo);
-    }
-  }
+void product_avx2(std::int64_t m, std::int64_t K, std::int64_t N, const float* x, std::int64_t ldx,
+                  std::int64_t sk, const float* panels, float* out, std::int64_t ldo) {
+  for_blocks<kUnit>(m, K, N, x, ldx, sk, panels, out, ldo, 6, 1,
+                    [&](std::int64_t r, std::int64_t, const float* xi, const float* p, std::int64_t kb, float* o) {
+                      rows_by_panel<kUnit>(r, xi, ldx, sk, p, kb, o, ldo);
+                    });
 }
 #endif
 
