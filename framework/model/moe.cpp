@@ -403,7 +403,12 @@ void for_each_expert(const std::vector<std::int64_t>& counts, const F& f) {
 /// as autograd's sum when an expert's rows fit one BLAS k-block (OpenBLAS's
 /// Haswell kernels: up to 320 rows, measured); else the blocks' partial
 /// sums are added to .grad one by one (rounded differently, still
-/// deterministic). Under autograd::grad (or backward with `inputs`) the
+/// deterministic). With packed weights on a CPU with AVX-512F the weight
+/// gradients are packed_gemm's instead (WeightGrad::packed_product: FMA
+/// chains over blocks of 256 rows, each block's sum added to .grad): not
+/// BLAS's rounding, so a run on such a CPU and one without AVX-512F differ
+/// in the last bits of these gradients (within 1e-6 per tensor, as packed
+/// and slices do). Under autograd::grad (or backward with `inputs`) the
 /// gradients are returned as before.
 struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& w1,
@@ -564,12 +569,13 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     /// summed in blocks of 256 rows by FMA chains, not BLAS's rounding.
     void packed_product(std::int64_t e, const at::Tensor& a, const at::Tensor& b) {
       const std::int64_t m = a.size(0), R = a.size(1), C = b.size(1);
+      const at::Tensor ac = a.contiguous(), bc = b.contiguous();  // rows R and C apart
       at::Tensor d = grad_[e];
       if (!add_) d.zero_();
       thread_local std::vector<float> panels;
       panels.resize(static_cast<std::size_t>(packed_gemm::packed_size(m, C)));
-      packed_gemm::pack(b.data_ptr<float>(), m, C, C, 1, panels.data());
-      packed_gemm::product_add(R, m, C, a.data_ptr<float>(), 1, R, panels.data(), d.data_ptr<float>(), C);
+      packed_gemm::pack(bc.data_ptr<float>(), m, C, C, 1, panels.data());
+      packed_gemm::product_add(R, m, C, ac.data_ptr<float>(), 1, R, panels.data(), d.data_ptr<float>(), C);
     }
     void zero(std::int64_t e) {
       if (!add_) grad_[e].zero_();

@@ -28,7 +28,12 @@ TEST(BlasCheck, OpenBlasKernelFamilyAndHint) {
   const std::string saved = set ? set : "";
   unsetenv("OPENBLAS_CORETYPE");
   const bool avx2_core = core == "Haswell" || core == "Zen";
-  const bool expect_hint = avx2_core && __builtin_cpu_supports("avx512f");
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+#else
+  const bool avx512 = false;
+#endif
+  const bool expect_hint = avx2_core && avx512;
   const std::string hint = hp::openblas_kernel_hint();
   EXPECT_EQ(!hint.empty(), expect_hint) << "core " << core << ", hint: " << hint;
   if (expect_hint) {

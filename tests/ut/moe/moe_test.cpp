@@ -566,13 +566,15 @@ TEST(PackedGemm, PackBothIsTwoPacks) {
 // The packed node against the BLAS one (kSlices) on the same grouped rows:
 // output and every gradient within 1e-6 over two passes (the expert weight
 // gradients accumulate into .grad), with empty experts, one-row experts,
-// one expert holding every row and experts above a k block (F = 320); and
-// the same bits at one thread and at two.
+// one expert holding every row, experts above a k block (F = 320) and an
+// expert whose rows (the weight gradients' k) span two k blocks (300), an
+// odd number of 16-wide panels (H = 48); and the same bits at one thread
+// and at two, forward and every gradient.
 TEST(GroupedExperts, PackedMatchesSlices) {
   if (!hp::packed_gemm::supported()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
-  const std::int64_t H = 32, F = 320, n = 5;
+  const std::int64_t H = 48, F = 320, n = 5;
   const std::vector<std::vector<std::int64_t>> layouts = {
-      {7, 0, 13, 1, 9}, {0, 0, 70, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}};
+      {7, 0, 13, 1, 9}, {0, 0, 70, 0, 0}, {1, 1, 1, 1, 1}, {64, 3, 0, 17, 2}, {300, 0, 5, 0, 2}};
   for (std::size_t li = 0; li < layouts.size(); ++li) {
     const auto& counts = layouts[li];
     const std::int64_t M = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
@@ -581,27 +583,34 @@ TEST(GroupedExperts, PackedMatchesSlices) {
     hp::ExpertWeights a = random_experts(n, H, F, 95 + li), b = copy_of(a);
     a.packs = hp::make_expert_packs();  // reused across the passes, as in training
     ASSERT_TRUE(hp::ExpertWeights::packable(rows0, a.w1, a.w2));
+    hp::ExpertWeights one = copy_of(a);  // the packed node at one thread
+    one.packs = hp::make_expert_packs();
     auto ra = rows0.clone().requires_grad_(true), rb = rows0.clone().requires_grad_(true);
+    auto r1 = rows0.clone().requires_grad_(true);
     const std::string what = "layout " + std::to_string(li);
     for (int pass = 1; pass <= 2; ++pass) {
       auto gy = torch::randn({M, H}, gen);
       const int threads = at::get_num_threads();
       at::set_num_threads(1);
-      torch::Tensor y1 = a.forward_grouped(rows0, counts, hp::ExpertCompute::kPacked);
+      torch::Tensor y1 = one.forward_grouped(r1, counts, hp::ExpertCompute::kPacked);
+      (y1 * gy).sum().backward();
       at::set_num_threads(std::max(2, threads));
       torch::Tensor ya = a.forward_grouped(ra, counts, hp::ExpertCompute::kPacked);
-      at::set_num_threads(threads);
       EXPECT_TRUE(torch::equal(y1.detach(), ya.detach())) << "1 thread against 2, " << what;
       torch::Tensor yb = b.forward_grouped(rb, counts, hp::ExpertCompute::kSlices);
       EXPECT_LE(rel(ya, yb), 1e-6) << "forward, pass " << pass << ", " << what;
       (ya * gy).sum().backward();
+      at::set_num_threads(threads);
       (yb * gy).sum().backward();
       const auto pairs = grad_pairs(ra, rb, a, b);
+      const auto same = grad_pairs(r1, ra, one, a);
       const char* const* names = kNodeGradNames;
       for (int i = 0; i < 5; ++i) {
         ASSERT_TRUE(pairs[i].first.defined()) << names[i] << ", " << what;
         EXPECT_LE(rel(pairs[i].first, pairs[i].second), 1e-6)
             << "gradient of " << names[i] << " after pass " << pass << ", " << what;
+        EXPECT_TRUE(torch::equal(same[i].first, same[i].second))
+            << "gradient of " << names[i] << ", 1 thread against 2, pass " << pass << ", " << what;
       }
     }
   }
