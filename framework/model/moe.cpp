@@ -140,8 +140,9 @@ void declare_moe_options(Schema& s) {
         .describe(
             "How a rank runs its experts on the tokens sorted by expert: packed (each expert's FFN "
             "on its contiguous rows, with the expert weights packed once per step for the "
-            "project's own small-row product; x86-64 with AVX2 and FMA, fp32, widths multiples of "
-            "16, elsewhere as slices), slices (the same through BLAS, bitwise a linear per "
+            "project's own small-row product, its AVX-512 kernel where the CPU has AVX-512F, "
+            "which also runs the weight gradients; x86-64 with AVX2 and FMA, fp32, widths "
+            "multiples of 16, elsewhere as slices), slices (the same through BLAS, bitwise a linear per "
             "expert) or padded (one batched matmul over [experts, most rows, hidden], zero rows "
             "as padding: load imbalance x the FLOPs). Same results within float rounding.");
   });
