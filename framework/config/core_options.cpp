@@ -71,6 +71,16 @@ void declare_core_options(Schema& s) {
   s.add_int("training.dump_grads_at_step", 0).range(0, 1e12)
       .describe("Every rank writes its gradient slices of this step, with their placement, to <run.output_dir>/grads_step<N>/ (for hp-compare).")
       .note("0 turns it off");
+  s.add_int_list("training.dump_routing_steps", {}).at_least(1)
+      .describe("Every rank writes each MoE layer's routing of these steps' training forward (router logits, "
+                "probabilities, selection scores, chosen experts, capacity decisions, global positions) to "
+                "<run.output_dir>/routing_step<N>/ (tools/hp_dump/hp_dump.py routing compares two runs).")
+      .note("empty: none");
+  s.add_int_list("training.dump_activations_steps", {}).at_least(1)
+      .describe("Every rank writes every layer's forward output (and the routing) of these steps' training "
+                "forward to <run.output_dir>/activations_step<N>/ (tools/hp_dump/hp_dump.py diff names the first tensor "
+                "two runs disagree on).")
+      .note("empty: none; layers are wrapped to record only when it is set");
   s.add_int("training.eval_samples", 0).range(0, 1e12)
       .describe("Validation samples per evaluation, over all data-parallel ranks (each evaluates its share), so "
                 "the evaluation set does not depend on the layout.")

@@ -3,6 +3,7 @@
 #include "framework/model/block_attention.h"
 #include "framework/model/dropout.h"
 #include "framework/model/moe.h"
+#include "framework/model/tensor_dump.h"
 
 #include <ATen/ATen.h>
 
@@ -249,13 +250,37 @@ void LayerRegistry::replace_loss(const std::string& kind, const std::string& own
   replace_in(losses_, "loss", kind, owner, std::move(f));
 }
 
+namespace {
+
+/// A layer whose forward output a tensor dump records
+/// (`training.dump_activations_steps`); built only when such a dump is asked.
+class DumpedLayer : public Layer {
+ public:
+  DumpedLayer(std::string name, std::shared_ptr<Layer> inner) : name_(std::move(name)), inner_(std::move(inner)) {
+    register_module("inner", inner_);
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = inner_->forward(x);
+    if (tensor_dump::recording(tensor_dump::kActivations)) tensor_dump::record(name_, "out", y);
+    return y;
+  }
+
+ private:
+  std::string name_;
+  std::shared_ptr<Layer> inner_;
+};
+
+}  // namespace
+
 std::shared_ptr<Layer> LayerRegistry::make(const LayerSpec& spec, BuildContext& ctx) const {
   auto it = layers_.find(spec.kind);
   if (it == layers_.end()) {
     throw std::invalid_argument("model error: unknown layer kind '" + spec.kind + "' for '" +
                                 spec.name + "'");
   }
-  return it->second.factory(spec, ctx);
+  auto layer = it->second.factory(spec, ctx);
+  if (tensor_dump::configured() & tensor_dump::kActivations) return std::make_shared<DumpedLayer>(spec.name, layer);
+  return layer;
 }
 
 std::shared_ptr<LossLayer> LayerRegistry::make_loss(const LayerSpec& spec, BuildContext& ctx) const {

@@ -21,6 +21,7 @@
 #include "framework/model/aux_loss.h"
 #include "framework/model/build_context.h"
 #include "framework/model/packed_gemm.h"
+#include "framework/model/tensor_dump.h"
 #include "framework/plugin/feature_runtime.h"
 
 namespace hp {
@@ -486,9 +487,10 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
     const std::uint32_t v1 = w1._version(), v2 = w2._version();
     // The weight gradients through packed_gemm as well where it runs its
-    // AVX-512 kernel (1.6-1.9 x BLAS there); its AVX2 kernel reads a^T
+    // AVX-512 kernel (1.6-1.9 x BLAS there; HP_PACKED_GEMM_KERNEL=avx2 turns
+    // that off on an AVX-512 CPU); its AVX2 kernel reads a^T
     // slower than BLAS does, so without AVX-512F they stay with BLAS.
-    const bool packed_grads = packs && packed_gemm::supports_avx512();
+    const bool packed_grads = packs && packed_gemm::best_kernel() == packed_gemm::Kernel::kAvx512;
     if (packs) {
       lock = std::unique_lock<std::mutex>(packs->in_use);
       packs->reserve(E, F * H);
@@ -825,6 +827,18 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
       stats_.tokens_per_expert[static_cast<std::size_t>(e)] += c[e];
     stats_.selected += static_cast<double>(r.kept.numel());
     stats_.dropped += static_cast<double>(r.kept.numel() - kept_e.numel());
+  }
+  if (tensor_dump::recording(tensor_dump::kRouting)) {
+    // Per token of the micro-batch ([samples x local positions] rows): the
+    // inputs of every decision and the decisions, with the tokens' global
+    // positions (a rank of a sequence layout holds pieces of each sequence).
+    tensor_dump::record(name_, "logits", r.logits);
+    tensor_dump::record(name_, "probs", r.probs);
+    tensor_dump::record(name_, "scores", bias_.defined() ? r.probs.detach() + bias_ : r.probs);
+    tensor_dump::record(name_, "experts", r.experts);
+    tensor_dump::record(name_, "kept", r.kept);
+    tensor_dump::record(name_, "positions",
+                        layout_ ? piece_positions(layout_->local_pieces(seq)) : at::arange(seq, at::kLong));
   }
   route_span.end();
   profile::Span dispatch_span("compute", "moe.dispatch");

@@ -1,7 +1,9 @@
 #include "framework/model/packed_gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <stdexcept>
 
 #if defined(__x86_64__)
@@ -243,6 +245,38 @@ bool supports_avx512() {
 #endif
 }
 
+namespace {
+
+Kernel choose_kernel() {
+  const char* env = std::getenv("HP_PACKED_GEMM_KERNEL");
+  const std::string v = env ? env : "";
+  if (v.empty()) return supports_avx512() ? Kernel::kAvx512 : Kernel::kAvx2;
+  if (v == "avx2") return Kernel::kAvx2;
+  if (v == "avx512") {
+    if (!supports_avx512())
+      throw std::invalid_argument(
+          "HP_PACKED_GEMM_KERNEL=avx512: this CPU lacks AVX-512F; unset it or set avx2 (legal: avx2, avx512)");
+    return Kernel::kAvx512;
+  }
+  throw std::invalid_argument("HP_PACKED_GEMM_KERNEL='" + v +
+                              "' is not a packed expert kernel (legal: avx2, avx512; unset: the CPU's best)");
+}
+
+}  // namespace
+
+Kernel best_kernel() {
+  static const Kernel k = choose_kernel();
+  return k;
+}
+
+std::string describe_best_kernel() {
+  if (!supported()) return "none (no AVX2 + FMA: the experts run through BLAS)";
+  const char* env = std::getenv("HP_PACKED_GEMM_KERNEL");
+  const std::string name = best_kernel() == Kernel::kAvx512 ? "AVX-512" : "AVX2";
+  if (env && *env) return name + " (HP_PACKED_GEMM_KERNEL=" + env + ")";
+  return name + " (the CPU's best; HP_PACKED_GEMM_KERNEL unset)";
+}
+
 void pack(const float* b, std::int64_t K, std::int64_t N, std::int64_t sk, std::int64_t sn,
           float* panels) {
   require(N % kPanel == 0, "N must be a multiple of 16, please report");
@@ -276,7 +310,7 @@ void product_add(std::int64_t m, std::int64_t K, std::int64_t N, const float* x,
                  std::int64_t sk, const float* panels, float* out, std::int64_t ldo, Kernel kernel) {
   require(N % kPanel == 0, "N must be a multiple of 16, please report");
   require(supported(), "this CPU lacks AVX2 or FMA, please report");
-  if (kernel == Kernel::kBest) kernel = supports_avx512() ? Kernel::kAvx512 : Kernel::kAvx2;
+  if (kernel == Kernel::kBest) kernel = best_kernel();
   require(kernel != Kernel::kAvx512 || supports_avx512(), "this CPU lacks AVX-512F for the kAvx512 kernel");
 #ifdef HP_PACKED_GEMM_X86
   if (kernel == Kernel::kAvx512) {

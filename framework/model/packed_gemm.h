@@ -14,6 +14,7 @@
 // every output element is the same chain of FMAs in the same order. No
 // LibTorch here: plain float pointers.
 #include <cstdint>
+#include <string>
 
 namespace hp::packed_gemm {
 
@@ -23,13 +24,25 @@ inline constexpr std::int64_t kPanel = 16;
 /// Whether this CPU runs the kernel (AVX2 and FMA).
 bool supported();
 
-/// The instruction set product() runs on: kBest is kAvx512 where the CPU
-/// has AVX-512F, else kAvx2. The two give the same bits; choosing one is
-/// for tests and benchmarks.
+/// The instruction set product() runs on: kBest is best_kernel() (kAvx512
+/// where the CPU has AVX-512F, else kAvx2, unless HP_PACKED_GEMM_KERNEL
+/// says otherwise). The two give the same bits; choosing one is for tests
+/// and benchmarks.
 enum class Kernel { kBest, kAvx2, kAvx512 };
 
 /// Whether this CPU runs the AVX-512 kernel (AVX-512F, besides AVX2 and FMA).
 bool supports_avx512();
+
+/// The kernel kBest stands for: the CPU's best (kAvx512 where it has
+/// AVX-512F, else kAvx2), or the one the environment variable
+/// HP_PACKED_GEMM_KERNEL names (`avx2` or `avx512`), so that one AVX-512
+/// machine runs the layouts' parity tests on both. The weight gradients of
+/// the experts go through packed_gemm only when it is kAvx512 (BLAS else).
+/// Throws std::invalid_argument for another value, or `avx512` on a CPU
+/// without AVX-512F, naming the variable and the legal values.
+Kernel best_kernel();
+/// "AVX-512 (the CPU's best; HP_PACKED_GEMM_KERNEL unset)", for logs and dumps.
+std::string describe_best_kernel();
 
 /// Floats a packed [K, N] operand takes (N a multiple of kPanel).
 inline std::int64_t packed_size(std::int64_t K, std::int64_t N) { return K * N; }

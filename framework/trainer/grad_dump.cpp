@@ -27,15 +27,41 @@ std::vector<int> replicate_group(const dist::ProcessMesh& mesh, int rank, const 
   return out;
 }
 
-std::string write_grad_dump(const std::string& dir, std::int64_t step,
-                            const std::vector<ParamEntry>& grads, const dist::ProcessMesh& mesh,
-                            int rank) {
+namespace {
+
+/// Creates `dir` and returns "<dir>/<kind>-rank<RRRRR>.safetensors".
+std::string rank_file(const std::string& dir, const std::string& kind, int rank) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error && !std::filesystem::is_directory(dir)) {
-    throw std::runtime_error("cannot create the gradient dump directory " + dir + ": " +
-                             error.message());
+    throw std::runtime_error("cannot create the " + kind + " dump directory " + dir + ": " + error.message());
   }
+  char name[64];
+  std::snprintf(name, sizeof name, "-rank%05d.safetensors", rank);
+  return dir + "/" + kind + name;
+}
+
+}  // namespace
+
+std::string write_tensor_dump(const std::string& dir, const std::string& kind, std::int64_t step,
+                              const std::vector<std::pair<std::string, at::Tensor>>& records,
+                              const dist::ProcessMesh& mesh, int rank, const std::string& kernels) {
+  const std::string path = rank_file(dir, kind, rank);
+  ckpt::write_safetensors(path, records,
+                          {{"format", "hyperparallel tensor dump 1"},
+                           {"step", std::to_string(step)},
+                           {"rank", std::to_string(rank)},
+                           {"world_size", std::to_string(mesh.world_size())},
+                           {"mesh", mesh.shape()},
+                           {"tag", mesh.tag(rank)},
+                           {"kernels", kernels}});
+  return path;
+}
+
+std::string write_grad_dump(const std::string& dir, std::int64_t step,
+                            const std::vector<ParamEntry>& grads, const dist::ProcessMesh& mesh,
+                            int rank) {
+  const std::string path = rank_file(dir, "grads", rank);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   nlohmann::ordered_json placement = nlohmann::ordered_json::object();
   for (const auto& g : grads) {
@@ -55,9 +81,6 @@ std::string write_grad_dump(const std::string& dir, std::int64_t step,
                          {"placements", dist::describe(s.placements)},
                          {"replicas", replicate_group(mesh, rank, s)}};
   }
-  char name[64];
-  std::snprintf(name, sizeof name, "/grads-rank%05d.safetensors", rank);
-  const std::string path = dir + name;
   ckpt::write_safetensors(path, tensors,
                           {{"format", "hyperparallel gradient dump 1"},
                            {"step", std::to_string(step)},

@@ -23,6 +23,7 @@
 // equal, and compares with a reference dump of the same format.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/model/build_context.h"
@@ -36,6 +37,15 @@ class ProcessMesh;
 /// The sorted global ranks of `mesh` holding the same slice as `rank` does
 /// for a tensor described by `spec` (its split groups must be mesh groups).
 std::vector<int> replicate_group(const dist::ProcessMesh& mesh, int rank, const ShardSpec& spec);
+
+/// Writes this rank's tensor dump (framework/model/tensor_dump.h) of `step`:
+/// `<dir>/<kind>-rank<RRRRR>.safetensors` with the records by key and, in
+/// "__metadata__", the step, rank, world size, mesh and this rank's
+/// coordinates ("tag"), and the kernels that computed them ("kernels").
+/// Returns its path.
+std::string write_tensor_dump(const std::string& dir, const std::string& kind, std::int64_t step,
+                              const std::vector<std::pair<std::string, at::Tensor>>& records,
+                              const dist::ProcessMesh& mesh, int rank, const std::string& kernels);
 
 /// Writes this rank's file of the dump of `step` under `dir` (created when
 /// missing) and returns its path. Throws std::runtime_error naming the file

@@ -2,6 +2,9 @@
 
 #include "backends/dist/context.h"
 #include "framework/config/config.h"
+#include "framework/model/tensor_dump.h"
+
+#include <algorithm>
 
 namespace hp {
 
@@ -24,7 +27,15 @@ TrainingOptions TrainingOptions::from(const Config& c) {
   o.eval_samples = c.get_int("training.eval_samples");
   if (o.eval_samples == 0) o.eval_samples = c.get_int("training.global_batch_size");
   o.dump_grads_at = c.get_int("training.dump_grads_at_step");
+  o.dump_routing_at = c.get_int_list("training.dump_routing_steps");
+  o.dump_activations_at = c.get_int_list("training.dump_activations_steps");
   return o;
+}
+
+unsigned TrainingOptions::dumps_at(std::int64_t step) const {
+  auto has = [step](const std::vector<std::int64_t>& v) { return std::find(v.begin(), v.end(), step) != v.end(); };
+  return (has(dump_routing_at) ? tensor_dump::kRouting : 0u) |
+         (has(dump_activations_at) ? tensor_dump::kActivations : 0u);
 }
 
 dist::ContextOptions context_options(const Config& c) {

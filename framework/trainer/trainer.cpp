@@ -20,7 +20,9 @@
 #include "framework/logging/logging.h"
 #include "framework/model/extensions.h"
 #include "framework/model/model.h"
+#include "framework/model/packed_gemm.h"
 #include "framework/model/registry.h"
+#include "framework/model/tensor_dump.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"
 #include "framework/plugin/feature_runtime.h"
@@ -196,6 +198,7 @@ void TrainingRun::setup_process() {
   if (rank0()) {
     warn_if_reference_blas(*log);
     note_openblas_kernels(*log);
+    log->info("packed expert products: {}", packed_gemm::describe_best_kernel());
   }
   // glibc returns a freed block above its (adaptive, at most 32 MiB) mmap
   // threshold to the system, and trims the heap's top once 2x that is free:
@@ -254,6 +257,9 @@ void TrainingRun::setup_model() {
   const Config& c = setup_.config;
   at::manual_seed(run_.seed);
   desc_ = describe_model(c);
+  // Layers are wrapped to record their outputs only when a step asks for them.
+  tensor_dump::configure((train_.dump_routing_at.empty() ? 0u : unsigned{tensor_dump::kRouting}) |
+                         (train_.dump_activations_at.empty() ? 0u : unsigned{tensor_dump::kActivations}));
   BuildContext bctx(c, *ctx_, runtime_->model().layers(), run_.seed);
   runtime_->model().apply_to(bctx);
   model_ = build_model(desc_, bctx, executor_->place(desc_), executor_->computes_loss());
@@ -403,7 +409,21 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
   work.step = step;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
+  const unsigned dumps = train_.dumps_at(step + 1);
+  tensor_dump::begin_step(dumps);
   StepReport report = executor_->run(model_, work);
+  if (dumps) {
+    const auto records = tensor_dump::end_step();
+    const std::string kernels = "OpenBLAS " + openblas_kernels() + "; packed expert products " +
+                                packed_gemm::describe_best_kernel();
+    for (const char* kind : {"routing", "activations"}) {
+      const bool routing = kind[0] == 'r';
+      if (!(dumps & (routing ? tensor_dump::kRouting : tensor_dump::kActivations))) continue;
+      if (routing && (dumps & tensor_dump::kActivations)) continue;  // the activations hold it
+      write_tensor_dump(run_.output_dir + "/" + kind + "_step" + std::to_string(step + 1), kind, step + 1, records,
+                        setup_.mesh, env_.rank, kernels);
+    }
+  }
   // Reductions launched during backward are joined by the rest now, before
   // any hook or collective of the step's end.
   reducer_->backward_done();

@@ -53,6 +53,14 @@ std::string openblas_core() {
   return "";
 }
 
+std::string openblas_kernels() {
+  const std::string core = openblas_core();
+  if (core.empty()) return "";
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if (env && *env) return core + " (OPENBLAS_CORETYPE=" + env + ")";
+  return core + " (detected by OpenBLAS; OPENBLAS_CORETYPE unset)";
+}
+
 std::string openblas_kernel_hint() {
   const std::string core = openblas_core();
   if (core != "Haswell" && core != "Zen") return "";
@@ -69,6 +77,8 @@ std::string openblas_kernel_hint() {
 }
 
 void note_openblas_kernels(spdlog::logger& log) {
+  const std::string kernels = openblas_kernels();
+  if (!kernels.empty()) log.info("OpenBLAS kernels: {}", kernels);
   const std::string hint = openblas_kernel_hint();
   if (!hint.empty()) log.info("{}", hint);
 }

@@ -22,6 +22,14 @@ void warn_if_reference_blas(spdlog::logger& log);
 /// "Haswell", "Zen", "SkylakeX", ...); "" when OpenBLAS is not loaded.
 std::string openblas_core();
 
+/// Which OpenBLAS kernels run and who chose them: "SkylakeX (detected by
+/// OpenBLAS; OPENBLAS_CORETYPE unset)" or "Haswell (OPENBLAS_CORETYPE=
+/// Haswell)"; "" when OpenBLAS is not loaded. Unset, OpenBLAS picks by the
+/// CPU it detects: with Debian's 0.3.21, seen Cooperlake on an AMD EPYC with
+/// AVX512_BF16 and SkylakeX on an Intel Xeon with AVX512_BF16 (its model
+/// tables, not the feature flags, decide; docs/toolchain.md, section 4).
+std::string openblas_kernels();
+
 /// One line for a user when OpenBLAS runs its AVX2 kernels (Haswell, Zen)
 /// on a CPU with AVX-512F and OPENBLAS_CORETYPE is not set: Debian's
 /// OpenBLAS 0.3.21 does so on CPUs newer than it, at about 0.6 x the
@@ -29,7 +37,8 @@ std::string openblas_core();
 /// there is nothing to say.
 std::string openblas_kernel_hint();
 
-/// Logs openblas_kernel_hint() at info when it says something.
+/// Logs which OpenBLAS kernels run (openblas_kernels()) and
+/// openblas_kernel_hint() when it says something, at info.
 void note_openblas_kernels(spdlog::logger& log);
 
 }  // namespace hp

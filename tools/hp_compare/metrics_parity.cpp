@@ -121,11 +121,12 @@ Metrics read_metrics(const std::string& run_dir) {
 int compare_metrics(const Metrics& ref, const Metrics& run, const MetricsOptions& o) {
   std::vector<std::int64_t> steps;
   for (const auto& [step, values] : ref.steps) {
-    if (step >= o.from_step && run.steps.count(step)) steps.push_back(step);
+    if (step >= o.from_step && (o.to_step <= 0 || step <= o.to_step) && run.steps.count(step)) steps.push_back(step);
   }
   if (steps.empty()) {
-    std::fprintf(stderr, "hp-compare: no common steps to compare (from step %lld) in %s and %s\n",
-                 static_cast<long long>(o.from_step), ref.path.c_str(), run.path.c_str());
+    std::fprintf(stderr, "hp-compare: no common steps to compare (steps %lld to %s) in %s and %s\n",
+                 static_cast<long long>(o.from_step), o.to_step > 0 ? std::to_string(o.to_step).c_str() : "the last",
+                 ref.path.c_str(), run.path.c_str());
     return 2;
   }
   const std::string bars =

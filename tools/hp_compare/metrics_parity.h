@@ -30,6 +30,8 @@ struct MetricsOptions {
   /// When > 0, the bar for every grad_norm value instead of the loss bars.
   double norm_rtol = 0;
   std::int64_t from_step = 0;
+  /// When > 0, the last step compared.
+  std::int64_t to_step = 0;
   bool exact = false;
   std::string phase = "optimizer";
 };

@@ -51,12 +51,15 @@ int train(const std::string& config_file, const std::vector<std::string>& overri
 int run(int argc, char** argv) {
   CLI::App app{"hp-train: train a model with hyperparallel"};
   std::string config_file;
-  int nproc = 0;
+  int nproc = 0, threads_per_worker = 0;
   std::vector<std::string> overrides;
   bool dry_run = false, print_config = false, options_markdown = false, fault_points = false;
   app.add_option("config", config_file, "YAML config file");
   app.add_option("--nproc", nproc, "Launch this many local processes (through hp-launch)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--threads-per-worker", threads_per_worker,
+                 "With --nproc: intra-op threads of each process (default: the usable cores split among them)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--set", overrides, "Override a key: --set training.max_steps=10 (repeatable)");
   app.add_flag("--dry-run", dry_run,
                "Validate, load plugins, print the resolved config and the mesh, and exit");
@@ -130,6 +133,7 @@ int run(int argc, char** argv) {
     }
     hp::launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
+    lo.threads_per_worker = threads_per_worker;
     if (setup.config.get_bool("distributed.flight_recorder")) {
       lo.flight_dir = setup.config.get_string("run.output_dir") + "/flight";
     }
