@@ -52,6 +52,25 @@ d = max(x.get("moe_dropped_fraction_max", 0) for x in r)
 print(f"capacity factor 1.0: up to {d:.3f} of the assignments dropped in a step")
 sys.exit(0 if d > 0 else 1)
 PY
+# The comparison can fail: one token of the reference's step-1 dump sent to
+# another expert (far from a tie) is a flip the tool must refuse.
+mkdir -p "$WORK/bad/routing_step1"
+python3 - "$WORK/ref/routing_step1/routing-rank00000.safetensors" "$WORK/bad/routing_step1/routing-rank00000.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+key = next(k for k in header if k.startswith("blocks.0.moe:experts@s0"))
+begin = 8 + n + header[key]["data_offsets"][0]
+experts = list(struct.unpack("<2q", raw[begin:begin + 16]))  # token 0's two experts, ascending
+free = next(e for e in range(4) if e not in experts)
+changed = sorted([experts[0], free])
+open(sys.argv[2], "wb").write(raw[:begin] + struct.pack("<2q", *changed) + raw[begin + 16:])
+PY
+if python3 "$DUMP" routing "$WORK/ref" "$WORK/bad" --steps 1 > "$WORK/bad.routing"; then
+  cat "$WORK/bad.routing"; fail "a flip far from a tie was not refused"
+fi
+grep -q "not near-ties" "$WORK/bad.routing" || { cat "$WORK/bad.routing"; fail "the refusal does not say why"; }
 tokens=$((8 * 32))  # the global batch's tokens per step (small_config)
 for r in ep2 dp2 pp2 tp2 cp2; do
   equal=1

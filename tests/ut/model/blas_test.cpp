@@ -1,9 +1,11 @@
 // What the trainer says at start-up about the BLAS LibTorch calls: the
-// OpenBLAS kernel family is read from the library itself, and the hint to
+// OpenBLAS kernel family is read from the library itself and said with who
+// chose it (OpenBLAS's detection, or OPENBLAS_CORETYPE), and the hint to
 // select OpenBLAS's AVX-512 kernels appears exactly when its AVX2 kernels
-// run on a CPU with AVX-512F and OPENBLAS_CORETYPE is not set (this
-// project's machines set OPENBLAS_CORETYPE=Haswell: the test clears it
-// for its first question and puts it back).
+// run on a CPU with AVX-512F and OPENBLAS_CORETYPE is not set. The test
+// reads the texts with the variable unset and set, and puts back what the
+// machine had (the only test that touches it: the kernels were chosen when
+// the library loaded, so only the texts change).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +21,7 @@ TEST(BlasCheck, OpenBlasKernelFamilyAndHint) {
   if (blas.find("openblas") == std::string::npos) {
     EXPECT_EQ(core, "") << "no OpenBLAS mapped (" << blas << ") but a core name";
     EXPECT_EQ(hp::openblas_kernel_hint(), "");
+    EXPECT_EQ(hp::openblas_kernels(), "");
     return;
   }
   ASSERT_FALSE(core.empty()) << "OpenBLAS is mapped (" << blas << ") but openblas_get_corename gave nothing";
@@ -36,6 +39,7 @@ TEST(BlasCheck, OpenBlasKernelFamilyAndHint) {
   const bool expect_hint = avx2_core && avx512;
   const std::string hint = hp::openblas_kernel_hint();
   EXPECT_EQ(!hint.empty(), expect_hint) << "core " << core << ", hint: " << hint;
+  EXPECT_EQ(hp::openblas_kernels(), core + " (detected by OpenBLAS; OPENBLAS_CORETYPE unset)");
   if (expect_hint) {
     EXPECT_NE(hint.find("OPENBLAS_CORETYPE=SKYLAKEX"), std::string::npos) << hint;
     EXPECT_NE(hint.find(core), std::string::npos) << hint;
@@ -43,6 +47,7 @@ TEST(BlasCheck, OpenBlasKernelFamilyAndHint) {
   // Once the user chose a core type, nothing more to say.
   setenv("OPENBLAS_CORETYPE", "HASWELL", 1);
   EXPECT_EQ(hp::openblas_kernel_hint(), "");
+  EXPECT_EQ(hp::openblas_kernels(), core + " (OPENBLAS_CORETYPE=HASWELL)");
   if (saved.empty())
     unsetenv("OPENBLAS_CORETYPE");
   else
