@@ -104,6 +104,9 @@ def cmd_diff(args):
             ndiff = sum(1 for x, y in zip(a, b) if x != y)
             first = (name, shape, ndiff, len(a), max(diffs), max(diffs) / peak, rank, orank)
     print(f"{compared} tensors compared, {differing} differ, {missing + len(theirs)} on one side only or shaped differently")
+    if compared == 0:
+        print("hp_dump: the two dumps have no tensor in common (same key and shape): nothing was compared")
+        return 2
     if first is None:
         print("every compared tensor is bitwise equal")
         return 0

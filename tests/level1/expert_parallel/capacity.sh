@@ -5,6 +5,8 @@
 # difference. This test takes the routing of every step apart instead of
 # hoping no tie comes up:
 #
+# - one process and ep=2 dump every layer's output of step 1, which must be
+#   bitwise equal tensor by tensor (tools/hp_dump/hp_dump.py diff);
 # - every layout dumps its routing of every step (training.dump_routing_steps)
 #   and tools/hp_dump/hp_dump.py compares it token by token with one process:
 #   at ep=2, dp=2 and pp=2 step 1's decisions (top-k choice, capacity order,
@@ -34,10 +36,13 @@ common=(--set training.max_steps=20 --set training.dump_grads_at_step=1 --set mo
         --set model.moe.device_groups=2 --set model.moe.capacity_factor=1.0
         --set 'training.dump_routing_steps=[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]')
 on() { echo --set "features.$1.enabled=true" --set "features.$1.size=2"; }
-run ref 1 --threads-per-worker 1
+# The reference and ep=2 also dump every layer's output of step 1: the same
+# arithmetic on the same rows, bitwise equal tensor by tensor.
+acts=(--set 'training.dump_activations_steps=[1]')
+run ref 1 --threads-per-worker 1 "${acts[@]}"
 # shellcheck disable=SC2046
 {
-run ep2 2 $(on expert_parallel)
+run ep2 2 $(on expert_parallel) "${acts[@]}"
 run dp2 2
 HP_PACKED_GEMM_KERNEL=avx2 run pp2 2 $(on pipeline_parallel)
 run tp2 2 $(on tensor_parallel)
@@ -52,10 +57,14 @@ d = max(x.get("moe_dropped_fraction_max", 0) for x in r)
 print(f"capacity factor 1.0: up to {d:.3f} of the assignments dropped in a step")
 sys.exit(0 if d > 0 else 1)
 PY
-# The comparison can fail: one token of the reference's step-1 dump sent to
-# another expert (far from a tie) is a flip the tool must refuse.
-mkdir -p "$WORK/bad/routing_step1"
-python3 - "$WORK/ref/routing_step1/routing-rank00000.safetensors" "$WORK/bad/routing_step1/routing-rank00000.safetensors" <<'PY'
+python3 "$DUMP" diff "$WORK/ref" "$WORK/ep2" --step 1 > "$WORK/acts.diff" \
+  || { cat "$WORK/acts.diff"; fail "ep2's step 1 is not bitwise one process's, layer by layer"; }
+sed -n 3p "$WORK/acts.diff" | sed 's/^/ep2 against ref, step 1 activations: /'
+# The comparisons can fail: one token of the reference's step-2 routing sent
+# to another expert (far from a tie) is a flip the routing comparison must
+# refuse, and a tensor the activation comparison must name.
+mkdir -p "$WORK/bad/routing_step2"
+python3 - "$WORK/ref/routing_step2/routing-rank00000.safetensors" "$WORK/bad/routing_step2/routing-rank00000.safetensors" <<'PY'
 import json, struct, sys
 raw = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
@@ -67,10 +76,14 @@ free = next(e for e in range(4) if e not in experts)
 changed = sorted([experts[0], free])
 open(sys.argv[2], "wb").write(raw[:begin] + struct.pack("<2q", *changed) + raw[begin + 16:])
 PY
-if python3 "$DUMP" routing "$WORK/ref" "$WORK/bad" --steps 1 > "$WORK/bad.routing"; then
+if python3 "$DUMP" routing "$WORK/ref" "$WORK/bad" --steps 2 > "$WORK/bad.routing"; then
   cat "$WORK/bad.routing"; fail "a flip far from a tie was not refused"
 fi
 grep -q "not near-ties" "$WORK/bad.routing" || { cat "$WORK/bad.routing"; fail "the refusal does not say why"; }
+if python3 "$DUMP" diff "$WORK/ref" "$WORK/bad" --step 2 --kind routing > "$WORK/bad.diff"; then
+  cat "$WORK/bad.diff"; fail "a changed tensor was not found"
+fi
+grep -q "first to differ: blocks.0.moe:experts@s0" "$WORK/bad.diff" || { cat "$WORK/bad.diff"; fail "the wrong tensor named"; }
 tokens=$((8 * 32))  # the global batch's tokens per step (small_config)
 for r in ep2 dp2 pp2 tp2 cp2; do
   equal=1
