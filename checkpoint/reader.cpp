@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/detail/fs.h"
@@ -98,6 +99,19 @@ CheckpointReader::CheckpointReader(std::string step_dir) : impl_(std::make_uniqu
     if (!problem.empty()) {
       throw CheckpointError("bad manifest " + impl_->manifest_path + ": the shards of tensor '" +
                             name + "' do not tile its global shape: " + problem);
+    }
+  }
+  // Every file the manifest lists must be there before anything is read:
+  // a missing one is an incomplete checkpoint, said as such (not as the
+  // open error of whichever rank reads it first).
+  std::set<std::string> listed{kStateFileName};
+  if (!impl_->manifest.config_file.empty()) listed.insert(impl_->manifest.config_file);
+  for (const auto& [name, record] : impl_->manifest.tensors)
+    for (const auto& shard : record.shards) listed.insert(shard.file);
+  for (const auto& file : listed) {
+    if (!fs::exists(fs::path(impl_->dir) / file, ec)) {
+      throw CheckpointError("checkpoint " + impl_->dir + " is incomplete: " + file +
+                            ", listed in its manifest, is missing; resume from another step");
     }
   }
   const std::string state_path = (fs::path(impl_->dir) / kStateFileName).string();

@@ -82,10 +82,17 @@ void check_resume_config(const Config& config, const ModelInfo& model, ConfigErr
   std::string dir, stored;
   try {
     dir = CheckpointOptions::from(config).resume_dir();
-    if (dir.empty()) return;
-    stored = ckpt::CheckpointReader(dir).config_text();
   } catch (const std::exception&) {
-    return;  // the resume reports an unreadable checkpoint with its own error
+    return;  // the resume reports an unusable checkpoint.dir with its own error
+  }
+  if (dir.empty()) return;
+  try {
+    stored = ckpt::CheckpointReader(dir).config_text();
+  } catch (const std::exception& e) {
+    // Refused before any process starts: a missing or damaged file would
+    // otherwise stop whichever rank reads it first.
+    errors.add("checkpoint.resume", dir, e.what(), "another committed step directory, or never");
+    return;
   }
   if (stored.empty() || !config.get_bool("checkpoint.strict")) return;
   ConfigDiff diff;

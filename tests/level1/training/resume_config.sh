@@ -3,6 +3,8 @@
 # config.yaml), as a new user meets it:
 #  - a 4-layer checkpoint resumed with model.layers=2 is refused before any
 #    process starts, exit 2, naming model.layers and both values;
+#  - so is a checkpoint missing a file its manifest lists (config.yaml, a
+#    shard file), naming the file and saying the checkpoint is incomplete;
 #  - changed training/optimizer keys and free model keys are logged in one line;
 #  - the same resume from a checkpoint written before configs were stored is
 #    refused at the load, by the rank that checks first (each rank checks;
@@ -38,6 +40,20 @@ cat "$WORK/b.log"
 grep -q "^config error: checkpoint.resume = $ck: the checkpoint was written with other model options (checkpoint -> this run): model.layers 4 -> 2; " "$WORK/b.log" \
   || fail "the refusal does not name model.layers with both values"
 [[ ! -e "$WORK/b" ]] || fail "a process started"
+
+echo "== an incomplete checkpoint (a file its manifest lists deleted): refused before start"
+for gone in config.yaml model-rank00000.safetensors; do
+  cut="$WORK/cut_${gone%%.*}/step_00000004"
+  mkdir -p "$(dirname "$cut")" && cp -r "$ck" "$cut" && rm "$cut/$gone"
+  "$BIN/hp-train" "$WORK/c.yaml" "${pp2[@]}" --set model.layers=4 --set training.max_steps=5 \
+    --set checkpoint.resume="$cut" --set run.output_dir="$WORK/g" > "$WORK/g.log" 2>&1
+  rc=$?
+  cat "$WORK/g.log"
+  [[ $rc -eq 2 ]] || fail "without $gone: exit $rc, expected 2"
+  grep -q "^config error: checkpoint.resume = $cut: checkpoint $cut is incomplete: $gone, listed in its manifest, is missing; resume from another step" "$WORK/g.log" \
+    || fail "without $gone: the refusal does not name the missing file"
+  [[ ! -e "$WORK/g" ]] || fail "without $gone: a process started"
+done
 
 echo "== changed training, optimizer and free model keys: logged"
 "$BIN/hp-train" "$WORK/c.yaml" "${four[@]}" --set training.max_steps=5 --set optimizer.lr=0.001 \
