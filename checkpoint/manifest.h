@@ -2,7 +2,7 @@
 // The manifest of a committed checkpoint (manifest.json): what each tensor is
 // and which byte ranges of which files hold which parts of it. Its JSON:
 //
-//   {"format_version": 1, "step": 100, "config_hash": "<xxh64 of config.yaml>",
+//   {"format_version": 2, "step": 100, "config_hash": "<xxh64 of config.yaml>",
 //    "config_file": "config.yaml", "state_xxh64": "<xxh64 of state.json>",
 //    "checksum_file": "manifest.json.xxh64",
 //    "layout": {"pp": 2, "dp": 1, "tp": 2, "ep": 1},
@@ -10,11 +10,13 @@
 //       "shards": [{"file": "model-rank00000.safetensors",
 //                   "offsets": [0, 0], "lengths": [4, 4],
 //                   "byte_range": [123, 187], "xxh64": "0123456789abcdef"}],
-//       "split": {"dim": 0, "groups": ["tp"]}}}}
+//       "placements": [{"dim": "tp", "placement": "S(0)"}]}}}
 //
-// "split" says how the run that wrote the checkpoint split the tensor over
-// its ranks (absent: unknown, or whole). The shards need not follow it: a
-// gathered writer stores a split tensor whole.
+// "placements" says how the run that wrote the checkpoint laid the tensor
+// over its mesh, outermost first (absent: unknown, or whole; a placement as
+// dist::Placement::str() spells it). Version 1 wrote "split": {"dim": 0,
+// "groups": ["tp"]} instead, still read. The shards need not follow either:
+// a gathered writer stores a split tensor whole.
 // dtype names are those of safetensors; file names are relative to the step
 // directory; byte ranges are absolute within the file.
 //
@@ -25,8 +27,8 @@
 // it before parsing, so any damaged byte is refused in one line naming the
 // file. "checksum_file" says the manifest has one, so a lost checksum file is
 // refused too; a manifest without the key (written before checksums) loads
-// unchecked, as before. The format version stays 1: older builds ignore the
-// key and the extra file.
+// unchecked, as before. The checksum changed no format version: older builds
+// ignore the key and the extra file.
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>

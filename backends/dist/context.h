@@ -30,8 +30,9 @@ struct ContextOptions {
   std::chrono::milliseconds timeout{300000};
   /// Operations each rank keeps in its flight recorder (0: no recorder).
   std::size_t flight_entries = 4096;
-  /// All-reduces of float tensors inside a group whose members share a host
-  /// go through one shared-memory segment instead of Gloo's TCP loopback.
+  /// The collectives of a group whose members share a host (all-reduce,
+  /// reduce-scatter, all-gather, all-to-all) go through one shared-memory
+  /// segment instead of Gloo's TCP loopback (detail/shm_collectives.h).
   bool shm_collectives = true;
 
   ContextOptions& with_backend(std::string b) { backend = std::move(b); return *this; }
@@ -67,7 +68,7 @@ class DistributedContext {
   const std::map<std::string, std::unique_ptr<Group>>& groups() const { return groups_; }
   /// This rank's flight recorder (null when ContextOptions::flight_entries is 0).
   const std::shared_ptr<flight::Recorder>& recorder() const { return recorder_; }
-  /// This rank's groups whose float all-reduces go through shared memory.
+  /// This rank's groups whose collectives go through shared memory.
   const std::vector<std::string>& shm_groups() const { return shm_groups_; }
   /// This rank's groups left on Gloo although ContextOptions::shm_collectives
   /// asked for shared memory, each "group: why".

@@ -42,6 +42,14 @@ int role_rank(MeshRole r) {
 
 }  // namespace
 
+std::vector<std::string> order_dims(const std::string& order) {
+  std::vector<std::string> out;
+  if (order.empty()) return out;
+  std::stringstream ss(order);
+  for (std::string part; std::getline(ss, part, '-');) out.push_back(part);
+  return out;
+}
+
 const char* to_string(MeshRole role) {
   switch (role) {
     case MeshRole::kPartition: return "partition";
@@ -550,11 +558,9 @@ bool resolve_mesh(MeshPlan& plan, int world, int dp, ProcessMesh& mesh, MeshProb
       return a.name < b.name;
     });
   } else {
-    std::vector<std::string> want;
+    const std::vector<std::string> want = order_dims(plan.order);
     std::string all;
     for (const auto& d : dims) all += (all.empty() ? "" : ", ") + d.name;
-    std::stringstream ss(plan.order);
-    for (std::string part; std::getline(ss, part, '-');) want.push_back(part);
     std::vector<MeshDim> ordered;
     for (const auto& w : want) {
       auto it = std::find_if(dims.begin(), dims.end(), [&](const MeshDim& d) { return d.name == w; });

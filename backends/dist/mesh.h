@@ -155,6 +155,10 @@ class ProcessMesh {
 
 /// What features claim while planning the mesh; resolve_mesh turns it into a
 /// ProcessMesh once every feature has had its say.
+/// The dimension names of a mesh order string, innermost first:
+/// "tp-dp-pp" -> {"tp", "dp", "pp"}; "" -> {}.
+std::vector<std::string> order_dims(const std::string& order);
+
 struct MeshPlan {
   struct Claim {
     int size = 1;

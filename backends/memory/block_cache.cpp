@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -27,7 +28,7 @@ class BlockCache final : public c10::Allocator {
   explicit BlockCache(c10::Allocator* fallback) : fallback_(fallback) {}
 
   c10::DataPtr allocate(std::size_t n) const override {
-    if (n < min_bytes_) return fallback_->allocate(n);
+    if (n < min_bytes_.load(std::memory_order_relaxed)) return fallback_->allocate(n);
     const std::size_t size = (n + kPage - 1) / kPage * kPage;
     void* p = take(size);
     // The context is the pointer itself, as c10's own allocator does, so
@@ -36,7 +37,7 @@ class BlockCache final : public c10::Allocator {
   }
   c10::DeleterFnPtr raw_deleter() const override { return &BlockCache::free_any; }
 
-  void set_min(std::size_t n) { min_bytes_ = std::max<std::size_t>(n, kPage); }
+  void set_min(std::size_t n) { min_bytes_.store(std::max<std::size_t>(n, kPage), std::memory_order_relaxed); }
   void set_max_cached(std::size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     max_cached_ = n;
@@ -133,7 +134,9 @@ class BlockCache final : public c10::Allocator {
 
  private:
   c10::Allocator* fallback_;
-  std::size_t min_bytes_ = 1 << 20;
+  /// Read by every allocation on any thread, written by set_min: atomic
+  /// (relaxed: a threshold, no other memory is published through it).
+  std::atomic<std::size_t> min_bytes_{1 << 20};
   mutable std::mutex mu_;
   mutable std::map<std::size_t, FreeList> free_;
   mutable std::unordered_map<void*, std::size_t> live_;

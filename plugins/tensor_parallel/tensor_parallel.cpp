@@ -1,5 +1,7 @@
 // The `tensor_parallel` feature: split every layer kind's weights over
 // `size` ranks (the tp mesh dimension), with no change to model code.
+#include <algorithm>
+
 #include "backends/dist/mesh.h"
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
@@ -151,8 +153,10 @@ class TensorParallelFeature : public Feature {
       }
     }
     const std::string& order = ctx.mesh.order;
-    const auto tp_at = order.find("tp"), dp_at = order.find(dist::ProcessMesh::data_dim());
-    if (!order.empty() && tp_at != std::string::npos && dp_at != std::string::npos && dp_at < tp_at) {
+    const auto dims = dist::order_dims(order);
+    const auto tp_at = std::find(dims.begin(), dims.end(), "tp");
+    const auto dp_at = std::find(dims.begin(), dims.end(), dist::ProcessMesh::data_dim());
+    if (tp_at != dims.end() && dp_at != dims.end() && dp_at < tp_at) {
       e.add("distributed.mesh_order", order,
             "per-module tensor-parallel degrees need tp inside dp (a module's ranks are the stream's tp ranks "
             "of neighbouring data-parallel replicas)",

@@ -289,3 +289,11 @@ TEST(MeshPlan, ResolveRefusesWhatDoesNotFit) {
     EXPECT_EQ(problem.rule, "the flat group joins 'nowhere', which is not a mesh dimension");
   }
 }
+
+// An order string is cut at '-' into whole dimension names: "etp" is not
+// "tp" (the tensor_parallel check of tp inside dp once matched substrings).
+TEST(ProcessMesh, OrderDimsAreWholeNames) {
+  EXPECT_EQ(hp::dist::order_dims("tp-dp-pp"), (std::vector<std::string>{"tp", "dp", "pp"}));
+  EXPECT_EQ(hp::dist::order_dims("etp-dp"), (std::vector<std::string>{"etp", "dp"}));
+  EXPECT_TRUE(hp::dist::order_dims("").empty());
+}
