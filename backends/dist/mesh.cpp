@@ -254,27 +254,54 @@ std::vector<int> ProcessMesh::group_ranks(const std::string& name, int rank) con
     throw std::invalid_argument("mesh has no group '" + name + "' (it has " + join(group_names(), ", ") + ")");
   }
   // The ranks whose coordinates, in the group's coordinate system, equal
-  // `rank`'s on every dimension outside the group.
-  auto key = [&](int r) {
-    const auto base = base_coords(r);
-    std::vector<int> k;
-    if (w.view < 0) {
-      for (std::size_t i = 0; i < base.size(); ++i)
-        if (std::find(w.dims.begin(), w.dims.end(), static_cast<int>(i)) == w.dims.end()) k.push_back(base[i]);
-      return k;
-    }
-    const auto& view = views_[static_cast<std::size_t>(w.view)];
-    for (std::size_t i = 0; i < base.size(); ++i)
-      if (std::find(view.over.begin(), view.over.end(), dims_[i].name) == view.over.end()) k.push_back(base[i]);
-    const auto vc = view_coords(w.view, base);
-    for (std::size_t i = 0; i < vc.size(); ++i)
-      if (std::find(w.dims.begin(), w.dims.end(), static_cast<int>(i)) == w.dims.end()) k.push_back(vc[i]);
-    return k;
-  };
-  const auto mine = key(rank);
+  // `rank`'s on every dimension outside the group: `rank`'s coordinates
+  // with the group's dimensions run through every value (O(group size),
+  // not a scan of the world).
+  const auto base = base_coords(rank);
+  const auto sizes = sizes_of(w);
   std::vector<int> out;
-  for (int r = 0; r < world_; ++r)
-    if (key(r) == mine) out.push_back(r);
+  out.reserve(static_cast<std::size_t>(product(sizes)));
+  std::vector<int> at(w.dims.size(), 0);
+  std::vector<int> over_index;  // a view's covered base dimensions, in `over` order
+  std::vector<int> vc;
+  if (w.view >= 0) {
+    const auto& view = views_[static_cast<std::size_t>(w.view)];
+    for (const auto& o : view.over)
+      over_index.push_back(static_cast<int>(
+          std::find_if(dims_.begin(), dims_.end(), [&](const MeshDim& d) { return d.name == o; }) - dims_.begin()));
+    vc = view_coords(w.view, base);
+  }
+  while (true) {
+    auto b = base;
+    if (w.view < 0) {
+      for (std::size_t i = 0; i < w.dims.size(); ++i) b[static_cast<std::size_t>(w.dims[i])] = at[i];
+    } else {
+      // The view's coordinates with the group's changed, flattened (view
+      // dimensions innermost first) and cut back into the covered base
+      // dimensions (in `over` order, innermost first), as view_coords reads them.
+      auto c = vc;
+      for (std::size_t i = 0; i < w.dims.size(); ++i) c[static_cast<std::size_t>(w.dims[i])] = at[i];
+      const auto& view = views_[static_cast<std::size_t>(w.view)];
+      long long flat = 0, stride = 1;
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        flat += c[i] * stride;
+        stride *= view.dims[i].size;
+      }
+      for (int i : over_index) {
+        const int n = dims_[static_cast<std::size_t>(i)].size;
+        b[static_cast<std::size_t>(i)] = static_cast<int>(flat % n);
+        flat /= n;
+      }
+    }
+    out.push_back(rank_of(b));
+    std::size_t k = 0;
+    for (; k < at.size(); ++k) {
+      if (++at[k] < sizes[k]) break;
+      at[k] = 0;
+    }
+    if (k == at.size()) break;
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -409,7 +436,7 @@ std::string ProcessMesh::tag(int rank) const {
   return join(parts, " ");
 }
 
-std::string ProcessMesh::describe() const {
+std::string ProcessMesh::describe(bool all_ranks) const {
   std::ostringstream os;
   os << "mesh " << shape() << " (world " << world_ << "), order " << order() << " (innermost first)\n";
   for (const auto& d : dims_) {
@@ -422,6 +449,21 @@ std::string ProcessMesh::describe() const {
     os << " (" << v.by << ")\n";
   }
   for (const auto& f : flats_) os << "  flat group " << f.name << " = " << join(f.dims, " x ") << " (" << f.by << ")\n";
+  // A few members of a group, for lines that must stay readable at any size.
+  auto some = [](const std::vector<int>& g) {
+    if (g.size() <= 8) return ranks_text(g);
+    return ranks_text({g.begin(), g.begin() + 4}) + ",...," + ranks_text({g.end() - 2, g.end()});
+  };
+  for (const auto& g : group_names()) {
+    if (g == kWorld) continue;
+    const int size = group_size(g);
+    os << "  groups " << g << ": " << world_ / size << " of " << size << "; rank 0 in [" << some(group_ranks(g, 0))
+       << "], rank " << world_ - 1 << " in [" << some(group_ranks(g, world_ - 1)) << "]\n";
+  }
+  if (!all_ranks && world_ > kRankLines) {
+    os << "  (" << world_ << " ranks: one line each with --dry-run --all-ranks)\n";
+    return os.str();
+  }
   for (int r = 0; r < world_; ++r) {
     const auto base = base_coords(r);
     os << "  rank " << r << " ->";

@@ -130,8 +130,13 @@ class ProcessMesh {
 
   /// "pp=1 dp=2 tp=2 ep=1 edp=2": base dimensions outermost first, then views.
   std::string shape() const;
-  /// One line for the layout, then one per rank: coordinates -> group members.
-  std::string describe() const;
+  /// One line for the layout, one per dimension, view and flat group, one
+  /// per group kind (how many groups of which size, the first and the last
+  /// rank's), then one per rank (coordinates -> group members) when `all_ranks`
+  /// or the world has at most kRankLines ranks. O(world x group kinds).
+  std::string describe(bool all_ranks = false) const;
+  /// Worlds up to this size list every rank in describe() by default.
+  static constexpr int kRankLines = 64;
   /// "pp0 dp1 tp0" for log tags (base dimensions, outermost first).
   std::string tag(int rank) const;
 

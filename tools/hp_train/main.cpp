@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "backends/dist/env.h"
+#include "backends/dist/mesh.h"
 #include "backends/fault/fault.h"
 #include "framework/config/config.h"
 #include "framework/runtime/setup.h"
@@ -17,6 +18,9 @@
 #include "tools/hp_launch/launcher.h"
 
 namespace {
+
+/// Local processes `--nproc` starts at most (one machine's worth and more).
+constexpr int kMaxLocalProcesses = 4096;
 
 std::string self_exe() {
   std::error_code ec;
@@ -55,14 +59,20 @@ int run(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false, print_config = false, options_markdown = false, fault_points = false;
   app.add_option("config", config_file, "YAML config file");
-  app.add_option("--nproc", nproc, "Launch this many local processes (through hp-launch)")
-      ->check(CLI::Range(1, 4096));
+  bool all_ranks = false;
+  app.add_option("--nproc", nproc,
+                 "Launch this many local processes (through hp-launch; at most " +
+                     std::to_string(kMaxLocalProcesses) + "); with --dry-run, any world size to check")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads-per-worker", threads_per_worker,
                  "With --nproc: intra-op threads of each process (default: the usable cores split among them)")
       ->check(CLI::PositiveNumber);
   app.add_option("--set", overrides, "Override a key: --set training.max_steps=10 (repeatable)");
   app.add_flag("--dry-run", dry_run,
                "Validate, load plugins, print the resolved config and the mesh, and exit");
+  app.add_flag("--all-ranks", all_ranks,
+               "With --dry-run: one line per rank (coordinates and groups) at any world size (default: up to " +
+                   std::to_string(hp::dist::ProcessMesh::kRankLines) + " ranks)");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("--options-markdown", options_markdown,
                "Print the option table (core + features named in the config) as Markdown");
@@ -76,6 +86,13 @@ int run(int argc, char** argv) {
     return rc == 0 ? 0 : hp::kConfigErrorExitCode;
   }
 
+  if (nproc > kMaxLocalProcesses && !dry_run) {
+    std::fprintf(stderr,
+                 "hp-train: --nproc %d: at most %d local processes can be started (--dry-run checks any world "
+                 "size; for more processes use several nodes with hp-launch)\n",
+                 nproc, kMaxLocalProcesses);
+    return hp::kConfigErrorExitCode;
+  }
   if (fault_points) {
     for (const auto& p : hp::fault::points()) {
       std::printf("%-26s %-5s %s\n", p.name, hp::fault::action_name(p.action), p.where);
@@ -115,7 +132,7 @@ int run(int argc, char** argv) {
     if (!dry_run) return 0;
     std::cout << "---\n";
     print_features(setup);
-    std::cout << setup.mesh.describe();
+    std::cout << setup.mesh.describe(all_ranks);
     std::cout << "dry run: config valid for " << world << " process" << (world == 1 ? "" : "es")
               << "; nothing was started\n";
     return 0;

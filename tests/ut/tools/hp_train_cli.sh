@@ -18,6 +18,26 @@ grep -q "^  lr: 0.001$" <<<"$out" || fail "defaults not filled in: $out"
 grep -q "mesh dp=4 (world 4)" <<<"$out" || fail "mesh missing: $out"
 grep -q "rank 3 -> dp 3 ->" <<<"$out" || fail "rank table missing: $out"
 grep -q "hp-launch" <<<"$out" && fail "dry-run launched workers: $out"
+grep -q "^  groups dp: 1 of 4; rank 0 in \[0,1,2,3\], rank 3 in \[0,1,2,3\]$" <<<"$out" || fail "group summary missing: $out"
+
+# A dry run starts nothing, so it checks any world size: 16,384 ranks
+# (pp 8 x dp 256 x tp 8) print the summary, not 16,384 rank lines (those on
+# request); resolving the mesh is O(world), so it takes about what 4 ranks take.
+big=(--nproc 16384 --set model.layers=16 --set model.heads=8 --set training.global_batch_size=2048
+     --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=8
+     --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=8)
+out=$("$HP_TRAIN" "$dir/ok.yaml" "${big[@]}" --dry-run 2>&1); rc=$?
+[[ $rc -eq 0 ]] || fail "dry-run at 16384 ranks: exit $rc: $out"
+grep -q "mesh pp=8 dp=256 tp=8 (world 16384)" <<<"$out" || fail "16384-rank mesh missing: $out"
+grep -q "^  groups dp: 64 of 256; rank 0 in \[0,8,16,24,...,2032,2040\]" <<<"$out" || fail "dp summary: $out"
+grep -q "^  (16384 ranks: one line each with --dry-run --all-ranks)$" <<<"$out" || fail "no note on --all-ranks: $out"
+grep -q "^  rank " <<<"$out" && fail "rank lines without --all-ranks at 16384 ranks"
+n=$("$HP_TRAIN" "$dir/ok.yaml" "${big[@]}" --dry-run --all-ranks 2>&1 | grep -c "^  rank ")
+[[ $n -eq 16384 ]] || fail "--all-ranks printed $n rank lines, expected 16384"
+# Started for real, that many local processes is refused, exit 2.
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 5000 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "--nproc 5000: expected exit 2, got $rc: $out"
+grep -qF "hp-train: --nproc 5000: at most 4096 local processes can be started" <<<"$out" || fail "$out"
 
 # Three different mistakes: unknown key, wrong type, cross-field rule.
 out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 4 --dry-run --set model.layerz=3 \
