@@ -1,7 +1,7 @@
 #include "framework/trainer/run_report.h"
 
 #include "framework/logging/logging.h"
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 namespace hp {
 

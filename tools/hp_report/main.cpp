@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hp-report: write RUN_DIR/report.html, a self-contained page of a run's curves and config"};

@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 namespace hp::report {
 namespace {

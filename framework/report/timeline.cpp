@@ -9,7 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 namespace hp::report {
 namespace {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 namespace hp::report {
 namespace {

@@ -7,7 +7,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "tools/hp_report/report.h"
+#include "framework/report/report.h"
 
 namespace hp::report {
 namespace {
