@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/dist/env.h"
+#include "backends/comm/env.h"
 #include "framework/data/dataset.h"
 #include "framework/trainer/trainer.h"
 #include "framework/trainer/training_metrics.h"

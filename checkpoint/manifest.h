@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/mesh.h"
-#include "backends/dist/placement.h"
+#include "backends/comm/mesh.h"
+#include "backends/comm/placement.h"
 
 namespace hp::ckpt {
 

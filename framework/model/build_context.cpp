@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/config/config.h"
 
 namespace hp {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/placement.h"
+#include "backends/comm/placement.h"
 #include "framework/model/activations.h"
 #include "framework/model/sequence_layout.h"
 #include "framework/model/shard_spec.h"
@@ -64,7 +64,7 @@ struct BlockObserver {
 };
 
 /// [offset, length) of part `index` when `total` is split into `parts`
-/// nearly equal pieces (backends/dist/slice.h).
+/// nearly equal pieces (backends/comm/slice.h).
 using dist::split_range;
 
 class BuildContext {

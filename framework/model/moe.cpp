@@ -12,7 +12,7 @@
 #include <mutex>
 #include <utility>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/config/schema.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/placement.h"
+#include "backends/comm/placement.h"
 
 namespace hp {
 

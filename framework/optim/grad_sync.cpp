@@ -12,8 +12,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "backends/dist/context.h"
-#include "backends/dist/group.h"
+#include "backends/comm/context.h"
+#include "backends/comm/group.h"
 #include "framework/optim/buckets.h"
 #include "framework/optim/sum_squares.h"
 

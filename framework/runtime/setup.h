@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "framework/config/config.h"
 #include "framework/plugin/loader.h"
 

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "backends/dist/context.h"
-#include "backends/dist/gather.h"
+#include "backends/comm/context.h"
+#include "backends/comm/gather.h"
 #include "checkpoint/checkpoint.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"

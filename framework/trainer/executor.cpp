@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/flight_recorder.h"
 #include "backends/profile/trace.h"
 #include "framework/model/aux_loss.h"
 

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp {

@@ -1,6 +1,6 @@
 #include "framework/trainer/options.h"
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/config/config.h"
 #include "framework/model/tensor_dump.h"
 

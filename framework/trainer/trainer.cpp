@@ -11,8 +11,8 @@
 
 #include <malloc.h>
 
-#include "backends/dist/context.h"
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/context.h"
+#include "backends/comm/flight_recorder.h"
 #include "backends/fault/stop.h"
 #include "backends/profile/trace.h"
 #include "checkpoint/safetensors.h"

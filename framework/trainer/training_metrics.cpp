@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/config/config.h"
 #include "framework/metrics/metrics.h"
 

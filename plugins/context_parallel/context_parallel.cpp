@@ -8,8 +8,8 @@
 // rows, dropout masks by global position, the loss summed over cp).
 #include <string>
 
-#include "backends/dist/context.h"
-#include "backends/dist/mesh.h"
+#include "backends/comm/context.h"
+#include "backends/comm/mesh.h"
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
 #include "framework/model/model_info.h"

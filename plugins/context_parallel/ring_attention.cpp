@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "backends/dist/group.h"
-#include "backends/dist/placement.h"
+#include "backends/comm/group.h"
+#include "backends/comm/placement.h"
 #include "backends/profile/trace.h"
 #include "framework/model/block_attention.h"
 

@@ -13,9 +13,9 @@
 // router's over dp (and cp).
 #include <ATen/ATen.h>
 
-#include "backends/dist/autograd.h"
-#include "backends/dist/context.h"
-#include "backends/dist/mesh.h"
+#include "backends/comm/autograd.h"
+#include "backends/comm/context.h"
+#include "backends/comm/mesh.h"
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
 #include "framework/model/model_info.h"

@@ -13,10 +13,10 @@
 #include <numeric>
 #include <optional>
 
-#include "backends/dist/context.h"
-#include "backends/dist/flight_recorder.h"
-#include "backends/dist/group.h"
-#include "backends/dist/mesh.h"
+#include "backends/comm/context.h"
+#include "backends/comm/flight_recorder.h"
+#include "backends/comm/group.h"
+#include "backends/comm/mesh.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/logging/logging.h"

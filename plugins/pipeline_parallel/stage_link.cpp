@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "backends/dist/group.h"
+#include "backends/comm/group.h"
 #include "backends/profile/trace.h"
 
 namespace hp::pipeline {

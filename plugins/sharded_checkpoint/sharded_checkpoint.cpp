@@ -20,9 +20,9 @@
 #include <fstream>
 #include <thread>
 
-#include "backends/dist/context.h"
-#include "backends/dist/gather.h"
-#include "backends/dist/group.h"
+#include "backends/comm/context.h"
+#include "backends/comm/gather.h"
+#include "backends/comm/group.h"
 #include "backends/fault/fault.h"
 #include "backends/fault/stop.h"
 #include "checkpoint/checkpoint.h"

@@ -5,9 +5,9 @@
 #include <tuple>
 #include <utility>
 
-#include "backends/dist/autograd.h"
-#include "backends/dist/context.h"
-#include "backends/dist/group.h"
+#include "backends/comm/autograd.h"
+#include "backends/comm/context.h"
+#include "backends/comm/group.h"
 #include "framework/model/dropout.h"
 #include "framework/model/moe.h"
 #include "framework/config/config.h"

@@ -2,7 +2,7 @@
 // `size` ranks (the tp mesh dimension), with no change to model code.
 #include <algorithm>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "framework/config/config.h"
 #include "framework/model/extensions.h"
 #include "framework/model/model_info.h"

@@ -28,9 +28,9 @@
 #include <optional>
 #include <set>
 
-#include "backends/dist/context.h"
-#include "backends/dist/gather.h"
-#include "backends/dist/group.h"
+#include "backends/comm/context.h"
+#include "backends/comm/gather.h"
+#include "backends/comm/group.h"
 #include "backends/memory/block_cache.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"

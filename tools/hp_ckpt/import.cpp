@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 
 namespace hp::ckpt_tool {
 

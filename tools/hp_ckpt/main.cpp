@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "checkpoint/error.h"
 #include "tools/exit_now.h"
 #include "tools/hp_ckpt/hp_ckpt.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "checkpoint/manifest.h"
 
 namespace hp::ckpt_tool {

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <map>
 
-#include "backends/dist/flight_analysis.h"
+#include "backends/comm/flight_analysis.h"
 
 namespace fs = std::filesystem;
 namespace flight = hp::dist::flight;

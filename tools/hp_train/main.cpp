@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <iostream>
 
-#include "backends/dist/env.h"
-#include "backends/dist/mesh.h"
+#include "backends/comm/env.h"
+#include "backends/comm/mesh.h"
 #include "backends/fault/fault.h"
 #include "framework/config/config.h"
 #include "framework/runtime/setup.h"

@@ -12,7 +12,7 @@
 #include <set>
 #include <vector>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/model/block_attention.h"
 #include "framework/model/layers.h"
 #include "framework/model/moe.h"

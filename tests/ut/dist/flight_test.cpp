@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/dist/flight_analysis.h"
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/flight_analysis.h"
+#include "backends/comm/flight_recorder.h"
 
 namespace flight = hp::dist::flight;
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 #include "tools/hp_ckpt/layout.h"
 
 using hp::dist::MeshPlan;

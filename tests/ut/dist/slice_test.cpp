@@ -1,8 +1,8 @@
-// backends/dist/slice.h: the one cut of a global tensor into the ranks'
+// backends/comm/slice.h: the one cut of a global tensor into the ranks'
 // slices. Cutting along every dimension into 1 to 4 parts, even and uneven,
 // and concatenating the parts back is bitwise the identity; the boxes tile
 // the dimension in order.
-#include "backends/dist/slice.h"
+#include "backends/comm/slice.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/dist/group.h"
+#include "backends/comm/group.h"
 #include "backends/profile/trace.h"
 #include "tests/support/multi_rank.h"
 

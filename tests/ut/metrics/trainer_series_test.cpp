@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/context.h"
-#include "backends/dist/group.h"
+#include "backends/comm/context.h"
+#include "backends/comm/group.h"
 #include "framework/config/config.h"
 #include "framework/metrics/exposition.h"
 #include "framework/metrics/registry.h"

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
 #include "framework/data/registry.h"

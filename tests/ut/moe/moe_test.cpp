@@ -12,7 +12,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"
 #include "framework/model/build_context.h"

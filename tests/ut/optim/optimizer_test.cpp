@@ -8,8 +8,8 @@
 #include <thread>
 #include <torch/torch.h>
 
-#include "backends/dist/context.h"
-#include "backends/dist/group.h"
+#include "backends/comm/context.h"
+#include "backends/comm/group.h"
 #include "framework/model/extensions.h"
 #include "framework/model/layers.h"
 #include "framework/config/config.h"

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 #include "framework/config/config.h"
 #include "framework/optim/grad_sync.h"
 #include "framework/optim/optimizer.h"

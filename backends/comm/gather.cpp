@@ -1,4 +1,4 @@
-#include "backends/dist/gather.h"
+#include "backends/comm/gather.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "backends/dist/group.h"
+#include "backends/comm/group.h"
 
 namespace hp::dist {
 

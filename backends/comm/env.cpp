@@ -1,4 +1,4 @@
-#include "backends/dist/env.h"
+#include "backends/comm/env.h"
 
 #include <sched.h>
 #include <unistd.h>

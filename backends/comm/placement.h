@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/slice.h"
+#include "backends/comm/slice.h"
 
 namespace hp::dist {
 

@@ -1,4 +1,4 @@
-#include "backends/dist/context.h"
+#include "backends/comm/context.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
-#include "backends/dist/detail/pg_handle.h"
-#include "backends/dist/detail/shm_collectives.h"
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/detail/pg_handle.h"
+#include "backends/comm/detail/shm_collectives.h"
+#include "backends/comm/flight_recorder.h"
 
 namespace hp::dist {
 

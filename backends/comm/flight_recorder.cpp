@@ -1,4 +1,4 @@
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/flight_recorder.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "backends/dist/flight_analysis.h"
+#include "backends/comm/flight_analysis.h"
 
 namespace hp::dist::flight {
 

@@ -1,8 +1,8 @@
-#include "backends/dist/autograd.h"
+#include "backends/comm/autograd.h"
 
 #include <torch/autograd.h>
 
-#include "backends/dist/group.h"
+#include "backends/comm/group.h"
 
 namespace hp::dist {
 

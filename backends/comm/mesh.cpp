@@ -1,4 +1,4 @@
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 
 #include <algorithm>
 #include <numeric>

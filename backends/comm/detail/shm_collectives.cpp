@@ -1,4 +1,4 @@
-#include "backends/dist/detail/shm_collectives.h"
+#include "backends/comm/detail/shm_collectives.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>

@@ -1,11 +1,11 @@
-#include "backends/dist/placement.h"
+#include "backends/comm/placement.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "backends/dist/mesh.h"
+#include "backends/comm/mesh.h"
 
 namespace hp::dist {
 

@@ -1,4 +1,4 @@
-#include "backends/dist/slice.h"
+#include "backends/comm/slice.h"
 
 #include <ATen/ATen.h>
 

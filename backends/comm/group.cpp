@@ -1,9 +1,9 @@
-#include "backends/dist/group.h"
+#include "backends/comm/group.h"
 
 #include <ATen/ATen.h>
-#include "backends/dist/detail/pg_handle.h"
-#include "backends/dist/detail/shm_collectives.h"
-#include "backends/dist/flight_recorder.h"
+#include "backends/comm/detail/pg_handle.h"
+#include "backends/comm/detail/shm_collectives.h"
+#include "backends/comm/flight_recorder.h"
 #include "backends/profile/trace.h"
 
 #include <algorithm>

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/dist/env.h"
-#include "backends/dist/group.h"
-#include "backends/dist/mesh.h"
+#include "backends/comm/env.h"
+#include "backends/comm/group.h"
+#include "backends/comm/mesh.h"
 
 namespace hp::dist {
 

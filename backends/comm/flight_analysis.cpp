@@ -1,4 +1,4 @@
-#include "backends/dist/flight_analysis.h"
+#include "backends/comm/flight_analysis.h"
 
 #include <algorithm>
 #include <cstdio>
