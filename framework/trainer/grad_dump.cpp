@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <system_error>
@@ -41,20 +42,26 @@ std::string rank_file(const std::string& dir, const std::string& kind, int rank)
   return dir + "/" + kind + name;
 }
 
+/// What every dump file says of where it comes from, besides its format.
+std::map<std::string, std::string> origin(const std::string& format, std::int64_t step,
+                                          const dist::ProcessMesh& mesh, int rank) {
+  return {{"format", format},
+          {"step", std::to_string(step)},
+          {"rank", std::to_string(rank)},
+          {"world_size", std::to_string(mesh.world_size())},
+          {"mesh", mesh.shape()}};
+}
+
 }  // namespace
 
 std::string write_tensor_dump(const std::string& dir, const std::string& kind, std::int64_t step,
                               const std::vector<std::pair<std::string, at::Tensor>>& records,
                               const dist::ProcessMesh& mesh, int rank, const std::string& kernels) {
   const std::string path = rank_file(dir, kind, rank);
-  ckpt::write_safetensors(path, records,
-                          {{"format", "hyperparallel tensor dump 1"},
-                           {"step", std::to_string(step)},
-                           {"rank", std::to_string(rank)},
-                           {"world_size", std::to_string(mesh.world_size())},
-                           {"mesh", mesh.shape()},
-                           {"tag", mesh.tag(rank)},
-                           {"kernels", kernels}});
+  auto meta = origin("hyperparallel tensor dump 1", step, mesh, rank);
+  meta["tag"] = mesh.tag(rank);
+  meta["kernels"] = kernels;
+  ckpt::write_safetensors(path, records, meta);
   return path;
 }
 
@@ -81,13 +88,9 @@ std::string write_grad_dump(const std::string& dir, std::int64_t step,
                          {"placements", dist::describe(s.placements)},
                          {"replicas", replicate_group(mesh, rank, s)}};
   }
-  ckpt::write_safetensors(path, tensors,
-                          {{"format", "hyperparallel gradient dump 1"},
-                           {"step", std::to_string(step)},
-                           {"rank", std::to_string(rank)},
-                           {"world_size", std::to_string(mesh.world_size())},
-                           {"mesh", mesh.shape()},
-                           {"placement", placement.dump()}});
+  auto meta = origin("hyperparallel gradient dump 1", step, mesh, rank);
+  meta["placement"] = placement.dump();
+  ckpt::write_safetensors(path, tensors, meta);
   return path;
 }
 

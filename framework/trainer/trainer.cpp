@@ -410,19 +410,15 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.step = step;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   const unsigned dumps = train_.dumps_at(step + 1);
-  tensor_dump::begin_step(dumps);
+  if (dumps) tensor_dump::begin_step(dumps);
   StepReport report = executor_->run(model_, work);
   if (dumps) {
-    const auto records = tensor_dump::end_step();
-    const std::string kernels = "OpenBLAS " + openblas_kernels() + "; packed expert products " +
-                                packed_gemm::describe_best_kernel();
-    for (const char* kind : {"routing", "activations"}) {
-      const bool routing = kind[0] == 'r';
-      if (!(dumps & (routing ? tensor_dump::kRouting : tensor_dump::kActivations))) continue;
-      if (routing && (dumps & tensor_dump::kActivations)) continue;  // the activations hold it
-      write_tensor_dump(run_.output_dir + "/" + kind + "_step" + std::to_string(step + 1), kind, step + 1, records,
-                        setup_.mesh, env_.rank, kernels);
-    }
+    // One file per rank: an activation dump holds the routing too.
+    const std::string kind = (dumps & tensor_dump::kActivations) ? "activations" : "routing";
+    write_tensor_dump(run_.output_dir + "/" + kind + "_step" + std::to_string(step + 1), kind, step + 1,
+                      tensor_dump::end_step(), setup_.mesh, env_.rank,
+                      "OpenBLAS " + openblas_kernels() + "; packed expert products " +
+                          packed_gemm::describe_best_kernel());
   }
   // Reductions launched during backward are joined by the rest now, before
   // any hook or collective of the step's end.

@@ -59,7 +59,9 @@ def load_dump(run, kind, step):
         # A routing dump taken with the activations lives in their file.
         if kind == "routing":
             return load_dump(run, "activations", step)
-        sys.exit(f"hp_dump: no {kind} dump of step {step} in {run} (expected {d}/{kind}-rank*.safetensors)")
+        print(f"hp_dump: no {kind} dump of step {step} in {run} (expected {d}/{kind}-rank*.safetensors; "
+              f"training.dump_{kind}_steps takes the steps)", file=sys.stderr)
+        sys.exit(2)
     records, metas = [], []
     for path in files:
         meta, tensors = read_safetensors(path)

@@ -12,6 +12,7 @@
 #include "backends/comm/mesh.h"
 #include "backends/fault/fault.h"
 #include "framework/config/config.h"
+#include "framework/model/packed_gemm.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
 #include "tools/exit_now.h"
@@ -120,6 +121,14 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     std::fprintf(stderr, "hp-train: the config was refused (%zu problem%s); nothing was started\n",
                  e.issues().size(), e.issues().size() == 1 ? "" : "s");
+    return hp::kConfigErrorExitCode;
+  }
+  // The environment every rank inherits: a bad kernel choice is refused here,
+  // before any process starts, not by each rank at its first MoE layer.
+  try {
+    hp::packed_gemm::best_kernel();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "hp-train: %s; nothing was started\n", e.what());
     return hp::kConfigErrorExitCode;
   }
 

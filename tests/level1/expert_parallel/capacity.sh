@@ -84,6 +84,20 @@ if python3 "$DUMP" diff "$WORK/ref" "$WORK/bad" --step 2 --kind routing > "$WORK
   cat "$WORK/bad.diff"; fail "a changed tensor was not found"
 fi
 grep -q "first to differ: blocks.0.moe:experts@s0" "$WORK/bad.diff" || { cat "$WORK/bad.diff"; fail "the wrong tensor named"; }
+# Bad input is refused with exit 2: a step that was not dumped, and two
+# dumps with no tensor in common.
+python3 "$DUMP" diff "$WORK/ref" "$WORK/ep2" --step 7 > /dev/null 2> "$WORK/nostep.err"; rc=$?
+[[ $rc -eq 2 ]] && grep -qF "hp_dump: no activations dump of step 7 in $WORK/ref" "$WORK/nostep.err" \
+  || { cat "$WORK/nostep.err"; fail "a step without a dump: exit $rc"; }
+mkdir -p "$WORK/other/routing_step2"
+python3 - "$WORK/other/routing_step2/routing-rank00000.safetensors" <<'PY'
+import json, struct, sys
+header = json.dumps({"unrelated": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header + struct.pack("<f", 1.0))
+PY
+python3 "$DUMP" diff "$WORK/ref" "$WORK/other" --step 2 --kind routing > "$WORK/other.diff"; rc=$?
+[[ $rc -eq 2 ]] && grep -qF "nothing was compared" "$WORK/other.diff" \
+  || { cat "$WORK/other.diff"; fail "dumps with nothing in common: exit $rc"; }
 tokens=$((8 * 32))  # the global batch's tokens per step (small_config)
 for r in ep2 dp2 pp2 tp2 cp2; do
   equal=1

@@ -31,28 +31,31 @@ assert len(m["config_hash"]) == 16 and all(c in "0123456789abcdef" for c in m["c
 PY
 "$BIN/hp-ckpt" verify "$ck" | grep -q "config.yaml matches its checksum" || fail "hp-ckpt verify does not check config.yaml"
 
+# refused_before_start NAME LINE ARGS...: hp-train ARGS (pp=2, output in
+# $WORK/NAME) exits 2 with a line starting with LINE, and starts nothing.
+refused_before_start() {
+  local name=$1 line=$2 rc; shift 2
+  "$BIN/hp-train" "$WORK/c.yaml" "${pp2[@]}" --set training.max_steps=5 "$@" --set run.output_dir="$WORK/$name" \
+    > "$WORK/$name.log" 2>&1
+  rc=$?
+  cat "$WORK/$name.log"
+  [[ $rc -eq 2 ]] || fail "$name: exit $rc, expected 2"
+  awk -v l="$line" 'index($0, l) == 1 { found = 1 } END { exit !found }' "$WORK/$name.log" \
+    || fail "$name: no line starting '$line'"
+  [[ ! -e "$WORK/$name" ]] || fail "$name: a process started"
+}
+
 echo "== model.layers=2 from the 4-layer checkpoint: refused before start"
-"$BIN/hp-train" "$WORK/c.yaml" "${pp2[@]}" --set model.layers=2 --set training.max_steps=5 \
-  --set checkpoint.resume="$ck" --set run.output_dir="$WORK/b" > "$WORK/b.log" 2>&1
-rc=$?
-cat "$WORK/b.log"
-[[ $rc -eq 2 ]] || fail "exit $rc, expected 2"
-grep -q "^config error: checkpoint.resume = $ck: the checkpoint was written with other model options (checkpoint -> this run): model.layers 4 -> 2; " "$WORK/b.log" \
-  || fail "the refusal does not name model.layers with both values"
-[[ ! -e "$WORK/b" ]] || fail "a process started"
+refused_before_start b "config error: checkpoint.resume = $ck: the checkpoint was written with other model options (checkpoint -> this run): model.layers 4 -> 2; " \
+  --set model.layers=2 --set checkpoint.resume="$ck"
 
 echo "== an incomplete checkpoint (a file its manifest lists deleted): refused before start"
 for gone in config.yaml model-rank00000.safetensors; do
   cut="$WORK/cut_${gone%%.*}/step_00000004"
   mkdir -p "$(dirname "$cut")" && cp -r "$ck" "$cut" && rm "$cut/$gone"
-  "$BIN/hp-train" "$WORK/c.yaml" "${pp2[@]}" --set model.layers=4 --set training.max_steps=5 \
-    --set checkpoint.resume="$cut" --set run.output_dir="$WORK/g" > "$WORK/g.log" 2>&1
-  rc=$?
-  cat "$WORK/g.log"
-  [[ $rc -eq 2 ]] || fail "without $gone: exit $rc, expected 2"
-  grep -q "^config error: checkpoint.resume = $cut: checkpoint $cut is incomplete: $gone, listed in its manifest, is missing; resume from another step" "$WORK/g.log" \
-    || fail "without $gone: the refusal does not name the missing file"
-  [[ ! -e "$WORK/g" ]] || fail "without $gone: a process started"
+  refused_before_start "g_${gone%%.*}" \
+    "config error: checkpoint.resume = $cut: checkpoint $cut is incomplete: $gone, listed in its manifest, is missing; resume from another step" \
+    --set model.layers=4 --set checkpoint.resume="$cut"
 done
 
 echo "== changed training, optimizer and free model keys: logged"

@@ -92,6 +92,7 @@ runs = {
     "gnorm_over": scaled(BASE, 3, "grad_norm", 1 + 2e-4), "gnorm_under": scaled(BASE, 3, "grad_norm", 1 + 0.9e-4),
     "ulp": scaled(BASE, 3, "loss", value=math.nextafter(2.0, 3.0)),
     "early_bad": scaled(scaled(BASE, 1, "loss", 1.5), 1, "grad_norm", float("nan")),
+    "late_bad": scaled(BASE, 3, "loss", 1.5),
     "no_eval": [{k: v for k, v in l.items() if k != "eval_loss"} for l in BASE],
 }
 for name, lines in runs.items():
@@ -160,6 +161,11 @@ FAIL: first value over the bar: loss at step 1" ref early_bad
 expect 0 "compared 2 steps of loss
 compared 2 steps of grad_norm
 ^PASS" ref early_bad --from-step 2 --exact
+# --to-step: later steps are not compared; no step left is bad input.
+expect 1 "FAIL: first value over the bar: loss at step 3" ref late_bad
+expect 0 "compared 2 steps of loss
+^PASS" ref late_bad --to-step 2 --exact
+expect 2 "no common steps to compare \(steps 3 to 2\)" ref late_bad --from-step 3 --to-step 2
 # Gradients: bar 1e-5 on max|a-b| / (max|ref| + 1e-12).
 expect 1 "FAIL: first gradient over the bar: ln \(rel. error [12]\.[0-9]*e-05 > 1.0e-05\)" ref grad_over --grads-step 1
 expect 0 "^PASS" ref grad_under --grads-step 1

@@ -34,6 +34,24 @@ grep -q "^  (16384 ranks: one line each with --dry-run --all-ranks)$" <<<"$out" 
 grep -q "^  rank " <<<"$out" && fail "rank lines without --all-ranks at 16384 ranks"
 n=$("$HP_TRAIN" "$dir/ok.yaml" "${big[@]}" --dry-run --all-ranks 2>&1 | grep -c "^  rank ")
 [[ $n -eq 16384 ]] || fail "--all-ranks printed $n rank lines, expected 16384"
+# The experts' kernel chosen from the environment: a bad choice is refused
+# before anything starts, exit 2, naming the variable and the legal values.
+out=$(HP_PACKED_GEMM_KERNEL=avx3 "$HP_TRAIN" "$dir/ok.yaml" --nproc 2 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "HP_PACKED_GEMM_KERNEL=avx3: expected exit 2, got $rc: $out"
+grep -qxF "hp-train: HP_PACKED_GEMM_KERNEL='avx3' is not a packed expert kernel (legal: avx2, avx512; unset: the CPU's best); nothing was started" <<<"$out" || fail "$out"
+grep -q "hp-launch" <<<"$out" && fail "a bad kernel choice started workers: $out"
+if ! grep -qw avx512f /proc/cpuinfo; then
+  out=$(HP_PACKED_GEMM_KERNEL=avx512 "$HP_TRAIN" "$dir/ok.yaml" --dry-run 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "HP_PACKED_GEMM_KERNEL=avx512 without AVX-512F: expected exit 2, got $rc: $out"
+  grep -qF "HP_PACKED_GEMM_KERNEL=avx512: this CPU lacks AVX-512F" <<<"$out" || fail "$out"
+fi
+# Threads per worker must be positive; dump steps are steps (from 1).
+out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 2 --threads-per-worker 0 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "--threads-per-worker 0: expected exit 2, got $rc: $out"
+grep -q "threads-per-worker" <<<"$out" || fail "--threads-per-worker 0: $out"
+out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set 'training.dump_routing_steps=[0,2]' 2>&1); rc=$?
+[[ $rc -eq 2 ]] || fail "dump_routing_steps [0,2]: expected exit 2, got $rc: $out"
+grep -q "^config error: training.dump_routing_steps = \[0, 2\]" <<<"$out" || fail "$out"
 # Started for real, that many local processes is refused, exit 2.
 out=$("$HP_TRAIN" "$dir/ok.yaml" --nproc 5000 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "--nproc 5000: expected exit 2, got $rc: $out"
