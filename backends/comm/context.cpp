@@ -169,7 +169,20 @@ Group& DistributedContext::group(MeshRole role) {
     const auto dim = mesh_.partition_dim();
     return dim.empty() ? *self_ : group(dim);
   }
-  if (role == MeshRole::kReplicate) return group(ProcessMesh::data_dim());
+  if (role == MeshRole::kReplicate) {
+    // Every base replicate dimension (the data dimension and any a feature
+    // claims): the one larger than 1, or the mesh's flat group joining them.
+    const auto dims = mesh_.replicate_dims();
+    const std::string name = mesh_.flat_over(dims);
+    if (!name.empty()) return group(name);
+    for (const auto& d : dims) {
+      if (mesh_.group_size(d) > 1) {
+        throw std::logic_error("internal error: no group joins the replicate dimensions of mesh " + mesh_.shape() +
+                               ", please report");
+      }
+    }
+    return group(ProcessMesh::data_dim());
+  }
   throw std::logic_error(std::string("internal error: the ") + to_string(role) +
                          " role has several groups (ProcessMesh::dims_with), please report");
 }

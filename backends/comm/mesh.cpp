@@ -140,6 +140,54 @@ ProcessMesh::ProcessMesh(std::vector<MeshDim> dims, std::vector<MeshView> views,
     }
     if (f.dims.empty()) throw std::invalid_argument("flat group '" + f.name + "' joins no dimension");
   }
+  add_role_flats(names);
+}
+
+void ProcessMesh::add_role_flats(std::set<std::string>& names) {
+  // Every role is served by one group even when several dimensions have it:
+  // the replicate dimensions (sums over the replicas), and the replicate
+  // with the sequence dimensions (gradient sums), of the base and of each
+  // view. A set of one dimension is that dimension's group; dimensions of
+  // size 1 take no part.
+  auto wanted = [](const std::vector<MeshDim>& ds, bool with_sequence) {
+    std::vector<std::string> out;
+    for (const auto& d : ds) {
+      if (d.size > 1 && (d.role == MeshRole::kReplicate || (with_sequence && d.role == MeshRole::kSequence)))
+        out.push_back(d.name);
+    }
+    return out;
+  };
+  std::vector<std::vector<std::string>> sets;
+  for (bool seq : {false, true}) {
+    sets.push_back(wanted(dims_, seq));
+    for (const auto& v : views_) sets.push_back(wanted(v.dims, seq));
+  }
+  for (const auto& set : sets) {
+    if (set.size() < 2 || !flat_over(set).empty()) continue;
+    const std::string name = join(set, "_");
+    if (names.count(name) != 0) continue;  // a name taken: the dimensions are summed one after another
+    names.insert(name);
+    flats_.push_back(MeshFlat{name, set, ""});
+  }
+}
+
+std::string ProcessMesh::flat_over(const std::vector<std::string>& dims) const {
+  std::vector<std::string> want;
+  for (const auto& d : dims) {
+    if (group_size(d) > 1) want.push_back(d);
+  }
+  if (want.empty()) return "";
+  if (want.size() == 1) return want[0];
+  std::sort(want.begin(), want.end());
+  for (const auto& f : flats_) {
+    std::vector<std::string> have;
+    for (const auto& d : f.dims) {
+      if (group_size(d) > 1) have.push_back(d);
+    }
+    std::sort(have.begin(), have.end());
+    if (have == want) return f.name;
+  }
+  return "";
 }
 
 std::string ProcessMesh::order() const {
@@ -351,6 +399,13 @@ std::vector<std::string> ProcessMesh::data_dims() const {
   return out;
 }
 
+std::vector<std::string> ProcessMesh::replicate_dims() const {
+  std::vector<std::string> out;
+  for (const auto& d : dims_)
+    if (d.role == MeshRole::kReplicate) out.push_back(d.name);
+  return out;
+}
+
 std::vector<std::string> ProcessMesh::grad_sync_dims(const std::vector<std::string>& shard_dims) const {
   std::vector<std::string> out;
   std::vector<const MeshView*> along;
@@ -448,7 +503,8 @@ std::string ProcessMesh::describe(bool all_ranks) const {
     for (const auto& d : v.dims) os << " " << d.name << " = " << d.size << " " << to_string(d.role) << ";";
     os << " (" << v.by << ")\n";
   }
-  for (const auto& f : flats_) os << "  flat group " << f.name << " = " << join(f.dims, " x ") << " (" << f.by << ")\n";
+  for (const auto& f : flats_) os << "  flat group " << f.name << " = " << join(f.dims, " x ") << " ("
+                              << (f.by.empty() ? std::string("the mesh: one role") : f.by) << ")\n";
   // A few members of a group, for lines that must stay readable at any size.
   auto some = [](const std::vector<int>& g) {
     if (g.size() <= 8) return ranks_text(g);

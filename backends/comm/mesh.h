@@ -18,6 +18,7 @@
 //
 // Framework code works from roles and never names a dimension.
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,13 @@ class ProcessMesh {
   /// every rank (by the lowest member).
   std::vector<std::vector<int>> all_groups(const std::string& name) const;
 
+  /// The group that runs one collective over all of `dims` at once: the
+  /// one of them larger than 1, or a flat group joining exactly those
+  /// larger than 1; "" when all have size 1 or no group joins them (the
+  /// caller then runs one collective per dimension). The mesh joins the
+  /// replicate dimensions, and the replicate with the sequence ones, of the
+  /// base and of each view, whenever two or more are larger than 1.
+  std::string flat_over(const std::vector<std::string>& dims) const;
   /// Base and view dimensions with `role`, base first, in mesh order.
   std::vector<std::string> dims_with(MeshRole role) const;
   /// The partition dimension, or "" when there is none (one stage).
@@ -110,6 +118,9 @@ class ProcessMesh {
   /// The dimensions a replicated parameter's gradient is summed over: the
   /// base dimensions with the replicate or sequence role, in mesh order.
   std::vector<std::string> data_dims() const;
+  /// The base dimensions with the replicate role, in mesh order (the
+  /// samples are split over them).
+  std::vector<std::string> replicate_dims() const;
   /// The dimensions the gradient of a parameter sharded over `shard_dims`
   /// is summed over: data_dims(), where a view one of `shard_dims` belongs
   /// to replaces the base dimensions it covers by its own replicate and
@@ -155,6 +166,7 @@ class ProcessMesh {
   std::vector<MeshDim> dims_;
   std::vector<MeshView> views_;
   std::vector<MeshFlat> flats_;
+  void add_role_flats(std::set<std::string>& names);
   int world_ = 1;
 };
 

@@ -83,8 +83,11 @@ at::Tensor BuildContext::param_at(torch::nn::Module& module, const std::string& 
   ShardSpec spec;
   spec.name = global_name;
   spec.global_shape = global_shape;
-  spec.grad_sync = std::move(partial_grad);
-  for (const auto& d : dist_->mesh().grad_sync_dims(dist::shard_dims(placements))) spec.grad_sync.push_back(d);
+  spec.grad = placements;
+  for (const auto& d : partial_grad) spec.grad.push_back({d, dist::Placement::partial()});
+  for (const auto& d : dist_->mesh().grad_sync_dims(dist::shard_dims(placements))) {
+    spec.grad.push_back({d, dist::Placement::partial()});
+  }
   spec.placements = std::move(placements);
   spec.box = part.boxes[0];
   at::Tensor full = initial_value(seed_, global_name, global_shape, init);

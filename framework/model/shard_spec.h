@@ -20,16 +20,25 @@ struct ShardSpec {
   dist::Placements placements;
   /// The box of the global tensor this rank holds (empty: the whole tensor).
   dist::Box box;
-  /// The mesh dimensions the gradient is summed over after backward, in
-  /// order: a dimension of the parameter's own feature first when its ranks
-  /// see different positions (sequence parallel), then the data dimensions
-  /// (BuildContext derives them from the mesh's roles).
-  std::vector<std::string> grad_sync;
+  /// The gradient's layout right after backward: the parameter's own
+  /// placements, then a partial sum over each mesh dimension it must be
+  /// summed over, in order: a dimension of the parameter's own feature
+  /// first when its ranks see different positions (sequence parallel),
+  /// then the data dimensions (BuildContext derives them from the mesh's
+  /// roles). The reducers turn it into the parameter's layout (or a ZeRO
+  /// slice's) with dist::Redistributor.
+  dist::Placements grad;
 
+  /// The dimensions `grad` is a partial sum over, in order.
+  std::vector<std::string> partial_dims() const {
+    std::vector<std::string> out;
+    for (const auto& p : grad)
+      if (p.placement.kind == dist::Placement::Kind::kPartial) out.push_back(p.dim);
+    return out;
+  }
   bool sharded() const { return !dist::shard_dims(placements).empty(); }
   /// The mesh dimensions that shard it, outermost first.
   std::vector<std::string> split_groups() const { return dist::shard_dims(placements); }
-  const std::vector<std::string>& grad_sync_groups() const { return grad_sync; }
   /// The one tensor dimension its shards cut, -1 when whole.
   int split_dim() const {
     for (const auto& p : placements) {

@@ -14,6 +14,7 @@
 
 #include "backends/comm/context.h"
 #include "backends/comm/group.h"
+#include "backends/comm/redistribute.h"
 #include "framework/optim/buckets.h"
 #include "framework/optim/sum_squares.h"
 
@@ -138,36 +139,41 @@ class BucketedReducer : public GradReducer {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     }
     // Reverse order: the last layers' gradients are ready first (as DDP
-    // does). One set per list of groups; one queue per first group, in the
-    // sets' order.
+    // does). One set per list of partial dimensions (the gradients a
+    // redistribution of the same steps turns into their parameters'
+    // layout); one queue per group of the first step, in the sets' order.
     std::map<std::vector<std::string>, std::vector<std::size_t>> by_set;
-    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.grad_sync].push_back(i);
+    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.partial_dims()].push_back(i);
     std::vector<std::vector<std::size_t>> buckets, queues;
-    std::vector<dist::Group*> queue_group;
-    for (const auto& [names, idx] : by_set) {
-      Set set;
-      set.groups = groups_to_sum(dist_, names);
-      if (set.groups.empty()) continue;
+    std::vector<std::string> queue_group;
+    for (const auto& [dims, idx] : by_set) {
+      const auto& first = params_[idx.front()].spec;
+      const auto steps = dist::plan_redistribute(dist_.mesh(), first.grad, first.placements);
+      if (steps.empty()) continue;  // summed over dimensions of size 1 only
       std::size_t q = 0;
-      while (q < queue_group.size() && queue_group[q] != set.groups[0]) ++q;
+      while (q < queue_group.size() && queue_group[q] != steps[0].group) ++q;
       if (q == queue_group.size()) {
-        queue_group.push_back(set.groups[0]);
+        queue_group.push_back(steps[0].group);
         queues.emplace_back();
       }
       std::vector<at::Tensor> grads;
       for (auto i : idx) grads.push_back(params_[i].tensor.grad());
       for (const auto& run : buckets_of(grads, o.bucket_bytes)) {
         std::vector<std::size_t> members;
-        for (auto k : run) members.push_back(idx[k]);
-        set.buckets.push_back(buckets.size());
+        std::vector<dist::RedistributeItem> items;
+        for (auto k : run) {
+          const auto& spec = params_[idx[k]].spec;
+          members.push_back(idx[k]);
+          items.push_back({spec.global_shape, spec.grad, spec.placements});
+        }
+        order_.push_back(buckets.size());
         queues[q].push_back(buckets.size());
-        set_of_.push_back(sets_.size());
+        redist_.emplace_back(dist_, std::move(items));
         buckets.push_back(std::move(members));
       }
-      sets_.push_back(std::move(set));
     }
     members_ = buckets;
-    works_.resize(buckets.size());
+    pending_.resize(buckets.size());
     flats_.resize(buckets.size());
     for (std::size_t b = 0; b < buckets.size(); ++b) bind_to_flat(b);
     launcher_ = std::make_unique<BucketLauncher>(params_, std::move(buckets), std::move(queues),
@@ -180,15 +186,11 @@ class BucketedReducer : public GradReducer {
   void reduce() override {
     c10::NoGradGuard no_grad;
     launcher_->flush();
-    // Waited in the sets' order; the list's other groups after its first.
-    for (const auto& set : sets_) {
-      for (auto b : set.buckets) {
-        at::Tensor flat = works_[b]->wait();
-        for (std::size_t k = 1; k < set.groups.size(); ++k) set.groups[k]->all_reduce(flat);
-        // Gradients that are views of the bucket were reduced in place.
-        if (!flat.is_same(flats_[b])) unflatten(flat, grads_of(b));
-        works_[b].reset();
-      }
+    // Waited in the sets' order; a redistribution's later steps (the
+    // dimensions no one group joins) run as it is waited.
+    for (auto b : order_) {
+      // Gradients that are views of the bucket were summed in place.
+      redist_[b].finish(std::move(pending_[b]), grads_of(b));
     }
     launcher_->end_step();
   }
@@ -214,12 +216,6 @@ class BucketedReducer : public GradReducer {
   }
 
  private:
-  /// Parameters with one grad_sync_group list.
-  struct Set {
-    std::vector<dist::Group*> groups;
-    std::vector<std::size_t> buckets;
-  };
-
   std::vector<at::Tensor> grads_of(std::size_t b) const {
     std::vector<at::Tensor> out;
     for (auto i : members_[b]) out.push_back(params_[i].tensor.grad());
@@ -269,16 +265,15 @@ class BucketedReducer : public GradReducer {
 
   void launch(std::size_t b) {
     c10::NoGradGuard no_grad;
-    auto& group = *sets_[set_of_[b]].groups[0];
-    works_[b] = group.all_reduce_async(bound(b) ? flats_[b] : flatten(grads_of(b)));
+    pending_[b] = redist_[b].start(grads_of(b), bound(b) ? flats_[b] : at::Tensor());
   }
 
   std::vector<ParamEntry> params_;
   dist::DistributedContext& dist_;
-  std::vector<Set> sets_;
-  std::vector<std::size_t> set_of_;                 ///< per bucket
+  std::vector<std::size_t> order_;                  ///< buckets in the order they are waited
   std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
-  std::vector<std::unique_ptr<dist::Work>> works_;  ///< per bucket: its first group's all-reduce
+  std::vector<dist::Redistributor> redist_;         ///< per bucket: partial sums to the parameters' layout
+  std::vector<std::unique_ptr<dist::Redistributor::Pending>> pending_;  ///< per bucket: its first collective
   std::vector<at::Tensor> flats_;                   ///< per bucket: the flat tensor its gradients view (or undefined)
   std::unique_ptr<BucketLauncher> launcher_;
 };

@@ -31,6 +31,7 @@
 #include "backends/comm/context.h"
 #include "backends/comm/gather.h"
 #include "backends/comm/group.h"
+#include "backends/comm/redistribute.h"
 #include "backends/memory/block_cache.h"
 #include "backends/profile/trace.h"
 #include "framework/config/config.h"
@@ -55,10 +56,14 @@ const char* kPerMicroBatch = "features.zero.reduce_per_micro_batch";
 /// dimension, each member's range along it, and this rank's slice.
 struct Cut {
   ParamEntry param;
-  std::vector<std::string> pre_groups;  ///< summed (all-reduce) before the scatter
+  /// Its gradient's partial dimensions: the cuts of one list, sharded over
+  /// one group, share a redistribution.
+  std::vector<std::string> partial;
   std::string shard_group;
   int dim = 0;
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  ///< per member: offset, length (local)
+  /// Per member of shard_group: the offset and length along `dim`, in the
+  /// parameter's local tensor, of the part slice_spec's placements give it.
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   int me = 0;
   ShardSpec slice_spec;
   at::Tensor slice_grad;
@@ -93,25 +98,53 @@ struct Shards {
 
   Shards(const std::vector<ParamEntry>& params, dist::DistributedContext& d, int zero_stage)
       : dist(&d), stage(zero_stage) {
+    const auto& mesh = d.mesh();
     for (const auto& p : params) {
       Cut c;
       c.param = p;
-      auto groups = p.spec.grad_sync_groups();
-      c.shard_group = groups.back();
-      groups.pop_back();
-      c.pre_groups = groups;
+      c.partial = p.spec.partial_dims();
+      // Sharded over the data dimensions among them (replicate and
+      // sequence: the ranks holding the same values), as one group when
+      // the mesh joins them (cp x dp); otherwise over the last, the others
+      // summed first. A feature's own partial dimension (tp under sequence
+      // parallel) is summed first too.
+      std::vector<std::string> data;
+      for (const auto& dim : c.partial) {
+        const auto* md = mesh.find(dim);
+        if (md && md->size > 1 && (md->role == dist::MeshRole::kReplicate || md->role == dist::MeshRole::kSequence))
+          data.push_back(dim);
+      }
+      std::vector<std::string> over = data;
+      c.shard_group = mesh.flat_over(data);
+      if (c.shard_group.empty()) {
+        c.shard_group = c.partial.empty() ? dist::ProcessMesh::data_dim() : c.partial.back();
+        over = {c.shard_group};
+      }
       c.dim = p.spec.sharded() ? p.spec.split_dim() : 0;
       auto& g = d.group(c.shard_group);
       c.me = g.rank();
-      const std::int64_t len = p.tensor.size(c.dim);
-      for (int m = 0; m < g.size(); ++m) c.ranges.push_back(split_range(len, g.size(), m));
       c.slice_spec = p.spec;
-      if (g.size() > 1) {
-        // The parameter's placements, cut once more over the shard group.
-        c.slice_spec.placements.push_back({c.shard_group, dist::Placement::shard(c.dim)});
-        const auto& pl = c.slice_spec.placements;
-        c.slice_spec.box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(d.mesh(), pl, d.rank())).boxes.at(0);
+      c.slice_spec.grad.clear();
+      // The parameter's placements, cut once more over the shard group's
+      // dimensions, outermost first (so the members' parts follow their ranks).
+      for (auto it = mesh.dims().rbegin(); it != mesh.dims().rend(); ++it) {
+        if (std::find(over.begin(), over.end(), it->name) != over.end() && it->size > 1)
+          c.slice_spec.placements.push_back({it->name, dist::Placement::shard(c.dim)});
       }
+      for (const auto& v : mesh.views()) {
+        for (auto it = v.dims.rbegin(); it != v.dims.rend(); ++it) {
+          if (std::find(over.begin(), over.end(), it->name) != over.end() && it->size > 1)
+            c.slice_spec.placements.push_back({it->name, dist::Placement::shard(c.dim)});
+        }
+      }
+      const auto& pl = c.slice_spec.placements;
+      const auto local = p.spec.offsets();
+      for (int r : g.global_ranks()) {
+        const auto box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(mesh, pl, r)).boxes.at(0);
+        const auto at = static_cast<std::size_t>(c.dim);
+        c.ranges.emplace_back(box.offsets[at] - local[at], box.lengths[at]);
+      }
+      c.slice_spec.box = dist::part_of(p.spec.global_shape, pl, dist::coords_of(mesh, pl, d.rank())).boxes.at(0);
       // Stage 1 keeps every full gradient from the start; stages 2 and 3
       // make them in backward (none is held before the first step).
       if (stage < 2 && !p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
@@ -123,46 +156,45 @@ struct Shards {
     }
   }
 
-  /// One bucket of cuts: one shard group, and either no pre-sum or one list
-  /// of pre-sum groups.
+  /// One bucket of cuts: their gradients go from partial sums to this
+  /// rank's slices by one redistribution (a reduce-scatter over the shard
+  /// group, after an all-reduce over any dimension summed first).
   struct Bucket {
     std::vector<std::size_t> cuts;
     std::string group;
-    bool pre = false;
+    /// Only a reduce-scatter: launched from backward's hooks. Buckets summed
+    /// over another group first launch after backward, so every rank issues
+    /// those sums in one order beside the feature's own collectives.
+    bool hooked = false;
+    std::shared_ptr<dist::Redistributor> redist;
   };
 
-  /// Buckets of cut indices in reverse model order (last layers first),
-  /// per shard group, cuts with a pre-sum (tp for sequence-parallel
-  /// replicated parameters) in buckets of their own; cut by the reducer's
-  /// rule (cut_buckets) at bucket_bytes.
+  /// Buckets of cut indices in reverse model order (last layers first), per
+  /// list of partial dimensions and shard group; cut by the reducer's rule
+  /// (cut_buckets) at bucket_bytes.
   std::vector<Bucket> buckets() const {
-    std::map<std::pair<bool, std::string>, std::vector<std::size_t>> by_group;
-    for (std::size_t i = cuts.size(); i-- > 0;) by_group[{!cuts[i].pre_groups.empty(), cuts[i].shard_group}].push_back(i);
+    std::map<std::pair<std::vector<std::string>, std::string>, std::vector<std::size_t>> by_group;
+    for (std::size_t i = cuts.size(); i-- > 0;) by_group[{cuts[i].partial, cuts[i].shard_group}].push_back(i);
     std::vector<Bucket> out;
     for (const auto& [key, idx] : by_group) {
       std::vector<double> bytes;
       for (std::size_t i : idx) bytes.push_back(static_cast<double>(cuts[i].param.tensor.nbytes()));
       for (const auto& run : cut_buckets(bytes, bucket_bytes)) {
-        Bucket b{{}, key.second, key.first};
-        for (std::size_t k : run) b.cuts.push_back(idx[k]);
+        Bucket b;
+        b.group = key.second;
+        std::vector<dist::RedistributeItem> items;
+        for (std::size_t k : run) {
+          const Cut& c = cuts[idx[k]];
+          b.cuts.push_back(idx[k]);
+          items.push_back({c.param.spec.global_shape, c.param.spec.grad, c.slice_spec.placements});
+        }
+        b.redist = std::make_shared<dist::Redistributor>(*dist, std::move(items));
+        const auto& steps = b.redist->steps();
+        b.hooked = steps.size() == 1 && steps[0].op == dist::CommOp::kReduceScatter;
         out.push_back(std::move(b));
       }
     }
     return out;
-  }
-
-  /// Sums the gradients of cuts with pre-sum groups over those groups (tp
-  /// for sequence-parallel replicated parameters), before their scatter.
-  void pre_sum() {
-    c10::NoGradGuard no_grad;
-    std::map<std::vector<std::string>, std::vector<at::Tensor>> pre;
-    for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {
-      if (it->pre_groups.empty()) continue;
-      auto& p = it->param.tensor;
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);  // stage 2: none reached it
-      pre[it->pre_groups].push_back(p.grad());
-    }
-    for (auto& [groups, grads] : pre) all_reduce_bucketed(*dist, groups, grads, bucket_bytes);
   }
 
   /// Stage 2: drops the full gradients of a bucket's parameters (its
@@ -171,50 +203,32 @@ struct Shards {
     for (std::size_t i : bucket.cuts) cuts[i].param.tensor.mutable_grad() = at::Tensor();
   }
 
-  /// Starts the reduce-scatter of one bucket: every member's slices
-  /// (member-major, bucket order; member m's chunk is counts[m] elements),
-  /// summed in member order so every replica adds in the same order; null
-  /// for a group of one.
-  std::unique_ptr<dist::Work> launch_scatter(const Bucket& bucket) {
+  /// Starts the redistribution of one bucket's gradients (every member's
+  /// slices packed member-major, summed in member order, so every replica
+  /// adds in the same order).
+  std::unique_ptr<dist::Redistributor::Pending> launch_scatter(const Bucket& bucket) {
     c10::NoGradGuard no_grad;
-    auto& g = dist->group(bucket.group);
-    const int n = g.size();
-    if (n == 1) return nullptr;
-    std::vector<at::Tensor> parts;
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 0);
+    std::vector<at::Tensor> grads;
     for (std::size_t i : bucket.cuts) {
       // Stage 2 starts a step without gradients: one no backward reached has none.
       auto& p = cuts[i].param.tensor;
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
     }
-    for (int m = 0; m < n; ++m) {
-      for (std::size_t i : bucket.cuts) {
-        parts.push_back(cuts[i].slice_of(cuts[i].param.tensor.grad(), m).reshape({-1}));
-        counts[static_cast<std::size_t>(m)] += cuts[i].numel_of(m);
-      }
-    }
-    return g.reduce_scatter_async(at::cat(parts), counts);
+    return bucket.redist->start(grads);
   }
 
-  /// Waits a bucket's reduce-scatter; the slices' gradients are views into
-  /// the summed bucket (no copy).
-  void finish_scatter(const Bucket& bucket, std::unique_ptr<dist::Work> work) {
+  /// Waits a bucket's redistribution; the slices' gradients are views into
+  /// the summed bucket (no copy), or the full gradients for a group of one.
+  void finish_scatter(const Bucket& bucket, std::unique_ptr<dist::Redistributor::Pending> work) {
     c10::NoGradGuard no_grad;
-    if (!work) {
-      for (std::size_t i : bucket.cuts) cuts[i].slice_grad = cuts[i].param.tensor.grad();
-      return;
-    }
-    const at::Tensor sum = work->wait();
-    std::int64_t off = 0;
-    for (std::size_t i : bucket.cuts) {
-      auto& c = cuts[i];
-      const std::int64_t k = c.numel_of(c.me);
-      const at::Tensor part = sum.narrow(0, off, k).view(c.slice_grad.sizes());
+    const auto parts = bucket.redist->finish(std::move(work));
+    for (std::size_t k = 0; k < bucket.cuts.size(); ++k) {
+      auto& c = cuts[bucket.cuts[k]];
       // A later round of the step (reduce_per_micro_batch) adds to the sum.
-      if (c.summed) c.slice_grad.add_(part);
-      else c.slice_grad = part;
+      if (c.summed) c.slice_grad.add_(parts[k]);
+      else c.slice_grad = parts[k];
       c.summed = true;
-      off += k;
     }
   }
 
@@ -706,7 +720,7 @@ class ZeroReducer : public GradReducer {
       std::vector<std::size_t> params;
       for (auto i : plan_[b].cuts) params.push_back(i);
       members.push_back(params);
-      const bool hook = !plan_[b].pre && s_->dist->group(plan_[b].group).size() > 1;
+      const bool hook = plan_[b].hooked;
       queue_of.emplace(std::make_pair(!hook, plan_[b].group), 0);
     }
     for (auto& [key, q] : queue_of) {
@@ -715,7 +729,7 @@ class ZeroReducer : public GradReducer {
       hooked.push_back(!key.first);
     }
     for (std::size_t b = 0; b < plan_.size(); ++b) {
-      const bool hook = !plan_[b].pre && s_->dist->group(plan_[b].group).size() > 1;
+      const bool hook = plan_[b].hooked;
       queues[queue_of.at({!hook, plan_[b].group})].push_back(b);
     }
     works_.resize(plan_.size());
@@ -754,7 +768,6 @@ class ZeroReducer : public GradReducer {
     launched_.clear();
     finished_.assign(plan_.size(), false);
     for (auto& c : s_->cuts) c.summed = false;
-    pre_summed_ = false;
     launcher_->end_step();
     s_->release_all();
     memory::trim_block_cache();
@@ -817,15 +830,10 @@ class ZeroReducer : public GradReducer {
     if (works_[b] && !finished_[b]) finish(b);
     finished_[b] = false;
     ++launches_;
-    if (plan_[b].pre && !pre_summed_) {
-      // Buckets with a pre-sum launch only after backward, after every
-      // other bucket: the pre-sum over their groups happens once, here.
-      s_->pre_sum();
-      pre_summed_ = true;
-    }
     works_[b] = s_->launch_scatter(plan_[b]);
-    // Stage 2: the scatter holds its own copy of the bucket's gradients.
-    if (s_->stage >= 2 && works_[b]) s_->release_grads(plan_[b]);
+    // Stage 2: the redistribution holds its own copy of the bucket's
+    // gradients (a group of one has none to send and keeps them).
+    if (s_->stage >= 2 && !plan_[b].redist->steps().empty()) s_->release_grads(plan_[b]);
     // At most kInFlight buckets travel at once: each holds a flat copy of
     // its gradients, a receive buffer of the same size and its sum, so
     // launching every bucket before waiting any held three times the
@@ -850,9 +858,8 @@ class ZeroReducer : public GradReducer {
   std::vector<bool> finished_;
   std::shared_ptr<Shards> s_;
   std::vector<Shards::Bucket> plan_;
-  std::vector<std::unique_ptr<dist::Work>> works_;
+  std::vector<std::unique_ptr<dist::Redistributor::Pending>> works_;
   std::unique_ptr<BucketLauncher> launcher_;
-  bool pre_summed_ = false;
 };
 
 class ZeroOptimizer : public NamedStateOptimizer {

@@ -222,7 +222,6 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
     hp::ParamEntry e;
     e.spec.name = name;
     e.spec.global_shape = whole.sizes().vec();
-    e.spec.grad_sync = std::move(sync);
     torch::Tensor local = whole;
     if (dim >= 0 && T > 1) {
       auto [off, len] = hp::split_range(whole.size(dim), T, t);
@@ -230,6 +229,8 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
       e.spec.box = hp::dist::range_box(e.spec.global_shape, dim, off, len);
       local = whole.narrow(dim, off, len);
     }
+    e.spec.grad = e.spec.placements;
+    for (const auto& g : sync) e.spec.grad.push_back({g, hp::dist::Placement::partial()});
     e.tensor = local.clone().requires_grad_(true);
     out.push_back(e);
   };

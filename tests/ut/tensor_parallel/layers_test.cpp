@@ -300,15 +300,15 @@ TEST_P(SequenceParallelKinds, GptModelAgainstDense) {
 INSTANTIATE_TEST_SUITE_P(T, SequenceParallelKinds, ::testing::Values(2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
-// The gradient sync sums each parameter over its grad_sync dimensions; tp
-// then dp for sequence parallel's replicated parameters.
+// The gradient sync sums each parameter over the dimensions its gradient
+// is partial over; tp then dp for sequence parallel's replicated parameters.
 TEST(GradSyncGroups, SumsOverEachNamedGroup) {
   hp::test::run_ranks(hp::test::grid(1, 2, 2), [](hp::dist::DistributedContext& d) {
     std::vector<hp::ParamEntry> params;
     for (const std::vector<std::string>& groups : {std::vector<std::string>{"dp"}, {"tp"}, {"tp", "dp"}}) {
       hp::ParamEntry e;
       e.spec.name = groups.size() == 1 ? groups[0] : "tp then dp";
-      e.spec.grad_sync = groups;
+      for (const auto& g : groups) e.spec.grad.push_back({g, hp::dist::Placement::partial()});
       e.tensor = torch::zeros({3}).requires_grad_(true);
       e.tensor.mutable_grad() = torch::full({3}, static_cast<double>(d.rank() + 1));
       params.push_back(e);
