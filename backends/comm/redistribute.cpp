@@ -145,20 +145,115 @@ at::Tensor piece(const at::Tensor& t, const Box& b) {
 
 }  // namespace
 
-std::vector<CommStep> plan_redistribute(const ProcessMesh& mesh, const Placements& from, const Placements& to) {
-  const auto changes = changes_of(mesh, from, to);
+namespace {
+
+/// The steps with the local changes `early` before the collectives and the
+/// others after them.
+std::vector<CommStep> ordered_steps(const ProcessMesh& mesh, const std::vector<Change>& changes,
+                                    const std::vector<bool>& early) {
   std::vector<CommStep> steps;
+  std::vector<std::string> first, last;
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    if (op_of(changes[i]) == CommOp::kLocal) (early[i] ? first : last).push_back(changes[i].dim);
+  }
+  if (!first.empty()) steps.push_back({CommOp::kLocal, first, ""});
   for (CommOp op : {CommOp::kAllReduce, CommOp::kReduceScatter, CommOp::kAllToAll, CommOp::kAllGather}) {
     std::vector<std::string> dims;
     for (const auto& c : changes)
       if (op_of(c) == op) dims.push_back(c.dim);
     split_into_groups(mesh, op, dims, steps);
   }
-  std::vector<std::string> local;
-  for (const auto& c : changes)
-    if (op_of(c) == CommOp::kLocal) local.push_back(c.dim);
-  if (!local.empty()) steps.push_back({CommOp::kLocal, local, ""});
+  if (!last.empty()) steps.push_back({CommOp::kLocal, last, ""});
   return steps;
+}
+
+/// Whether every step moves parts that nest, on every rank, for a tensor
+/// whose every dimension splits unevenly: a reduce-scatter's new parts lie
+/// inside the part each member holds, a gather's or all-to-all's pieces tile
+/// the new part, a cut lies inside the part held.
+bool nests(const ProcessMesh& mesh, const std::vector<Change>& changes, const std::vector<CommStep>& steps) {
+  int ndim = 1;
+  for (const auto& c : changes) ndim = std::max({ndim, c.from.dim + 1, c.to.dim + 1});
+  const std::vector<std::int64_t> shape(static_cast<std::size_t>(ndim), 2 * mesh.world_size() + 1);
+  std::vector<std::string> done;
+  for (const auto& step : steps) {
+    const Placements before = state_after(changes, done);
+    done.insert(done.end(), step.dims.begin(), step.dims.end());
+    const Placements after = state_after(changes, done);
+    for (int r = 0; r < mesh.world_size(); ++r) {
+      const Box b = box_at(mesh, shape, before, r), a = box_at(mesh, shape, after, r);
+      if (step.op == CommOp::kLocal || step.op == CommOp::kAllReduce) {
+        if (numel(relative_overlap(a, b, b)) != numel(a)) return false;
+        continue;
+      }
+      std::int64_t got = 0;
+      for (int m : mesh.group_ranks(step.group, r)) {
+        if (step.op == CommOp::kReduceScatter) {
+          const Box am = box_at(mesh, shape, after, m);
+          if (numel(relative_overlap(am, b, b)) != numel(am)) return false;
+        } else {
+          got += numel(relative_overlap(box_at(mesh, shape, before, m), a, a));
+        }
+      }
+      if (step.op != CommOp::kReduceScatter && got != numel(a)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<CommStep> plan_redistribute(const ProcessMesh& mesh, const Placements& from, const Placements& to) {
+  const auto changes = changes_of(mesh, from, to);
+  bool only_sums = true;
+  std::size_t first_collective = changes.size();
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const auto op = op_of(changes[i]);
+    if (!op || *op == CommOp::kLocal) continue;
+    first_collective = std::min(first_collective, i);
+    only_sums = only_sums && (*op == CommOp::kAllReduce || *op == CommOp::kReduceScatter);
+  }
+  // Local changes first when they make a partial from a replica, or cut
+  // outside the dimensions of collectives that are all sums (shards nest in
+  // `to`'s order, so the sums then work inside the cut part, on less data);
+  // the others after the collectives, cutting what they left.
+  std::vector<bool> early(changes.size(), false);
+  for (std::size_t i = 0; i < changes.size(); ++i)
+    early[i] = changes[i].to.kind == Placement::Kind::kPartial || (only_sums && i < first_collective);
+  auto steps = ordered_steps(mesh, changes, early);
+  // Where a change is outside (before) another dimension whose shards cut
+  // the same tensor dimension, in another step, the order of the steps
+  // decides which ranges the shards cover: that order is checked on every
+  // rank, and the first order of the steps that nests is taken (the same
+  // on every rank: it depends on the placements and the mesh only). What
+  // nests in no order is a move no step here makes.
+  auto step_of = [&](const std::string& dim) {
+    for (std::size_t k = 0; k < steps.size(); ++k)
+      if (std::find(steps[k].dims.begin(), steps[k].dims.end(), dim) != steps[k].dims.end()) return int(k);
+    return -1;
+  };
+  auto cuts = [](const Change& c, int d) {
+    return (c.from.shards() && c.from.dim == d) || (c.to.shards() && c.to.dim == d);
+  };
+  bool interacts = false;
+  for (std::size_t j = 0; j < changes.size() && !interacts; ++j) {
+    for (std::size_t i = 0; i < j && !interacts; ++i) {
+      if (changes[i].from == changes[i].to || step_of(changes[i].dim) == step_of(changes[j].dim)) continue;
+      for (const Placement& p : {changes[j].from, changes[j].to})
+        if (p.shards() && cuts(changes[i], p.dim)) interacts = true;
+    }
+  }
+  if (!interacts) return steps;
+  std::vector<std::size_t> order(steps.size());
+  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+  do {
+    std::vector<CommStep> candidate;
+    for (auto k : order) candidate.push_back(steps[k]);
+    if (nests(mesh, changes, candidate)) return candidate;
+  } while (std::next_permutation(order.begin(), order.end()));
+  throw std::invalid_argument("redistribute " + describe(from) + " -> " + describe(to) +
+                              ": the shards nest in another order before and after (a shard inside one that comes "
+                              "or goes along the same tensor dimension); no order of steps makes that move");
 }
 
 /// Per step and item: what each member sends and receives.
@@ -221,14 +316,38 @@ Redistributor::Redistributor(DistributedContext& ctx, std::vector<RedistributeIt
       is.before = box_at(mesh, item.global_shape, before, ctx.rank());
       is.after = box_at(mesh, item.global_shape, after, ctx.rank());
       if (steps_[s].op == CommOp::kLocal) {
-        is.zero = part_of(item.global_shape, after, coords_of(mesh, after, ctx.rank())).partial_zero &&
-                  !part_of(item.global_shape, before, coords_of(mesh, before, ctx.rank())).partial_zero;
+        // A partial made from a replica: the member at index 0 of each such
+        // dimension keeps the value, the others hold zeros.
+        for (const auto& c : changes) {
+          const auto& dims = steps_[s].dims;
+          if (c.to.kind == Placement::Kind::kPartial && std::find(dims.begin(), dims.end(), c.dim) != dims.end())
+            is.zero = is.zero || mesh.group_index(c.dim, ctx.rank()) != 0;
+        }
         is.send.push_back(relative_overlap(is.after, is.before, is.before));
+        if (numel(is.send[0]) != numel(is.after)) {
+          throw std::invalid_argument("redistribute " + describe(item.from) + " -> " + describe(item.to) +
+                                      ": the cut is not inside the part held (shards nest in the order given)");
+        }
       } else {
         for (int r : ranks) {
           const Box b = box_at(mesh, item.global_shape, before, r), a = box_at(mesh, item.global_shape, after, r);
           is.send.push_back(relative_overlap(is.before, a, is.before));
           is.recv.push_back(relative_overlap(b, is.after, is.after));
+        }
+      }
+      if (steps_[s].op != CommOp::kLocal && steps_[s].op != CommOp::kAllReduce) {
+        // What the members send must be what each receives, piece by piece:
+        // the parts tile (a reduce-scatter: every member's new part inside
+        // the part each holds).
+        std::int64_t got = 0;
+        for (const auto& b : is.recv) got += numel(b);
+        const bool tiles = steps_[s].op == CommOp::kReduceScatter
+                               ? numel(is.send[static_cast<std::size_t>(step.me)]) == numel(is.after)
+                               : got == numel(is.after);
+        if (!tiles) {
+          throw std::invalid_argument("redistribute " + describe(item.from) + " -> " + describe(item.to) + ": " +
+                                      to_string(steps_[s].op) + " over " + steps_[s].group +
+                                      " would not tile the parts (shards nest in the order given)");
         }
       }
       step.items.push_back(std::move(is));

@@ -187,6 +187,35 @@ TEST(ProcessMesh, GradientSumsFollowTheRolesAndTheViews) {
   EXPECT_EQ(m.group_size("edp"), 4);  // cp x dp = 8 ranks hold the same parameters, ep = 2 of them split experts
 }
 
+// Every role has one group even when several dimensions have it: the mesh
+// joins the replicate dimensions (a feature's own with dp) and the data
+// dimensions (replicate and sequence) into flat groups, so one collective
+// sums over all of them; dimensions of size 1 take no part, and where no
+// group joins a set (a view's and a base dimension) flat_over says so.
+TEST(ProcessMesh, RoleFlatGroupsJoinTheDimensionsOfOneRole) {
+  MeshPlan plan;
+  plan.claim("rp", 2, "test_replicas", MeshRole::kReplicate);
+  plan.claim("cp", 2, "context_parallel", MeshRole::kSequence);
+  plan.claim("tp", 1, "tensor_parallel", MeshRole::kSplit);
+  plan.view({"ffn", {"tp", "dp"}, {{"ffn_tp", 1, MeshRole::kSplit, "t"}, {"ffn_dp", 0, MeshRole::kReplicate, "t"}}, "t"});
+  const ProcessMesh m = resolved(plan, 8);
+  using V = std::vector<std::string>;
+  EXPECT_EQ(m.replicate_dims(), (V{"rp", "dp"}));  // mesh order: a claimed replica inside dp
+  const std::string rep = m.flat_over({"dp", "rp"});
+  ASSERT_FALSE(rep.empty());
+  EXPECT_EQ(m.group_size(rep), 4);
+  EXPECT_EQ(m.flat_over({"rp", "dp"}), rep);  // any order
+  const std::string data = m.flat_over({"cp", "dp", "rp"});
+  ASSERT_FALSE(data.empty());
+  EXPECT_EQ(m.group_size(data), 8);
+  EXPECT_EQ(m.flat_over({"tp", "cp", "dp", "rp"}), data);  // tp has size 1
+  EXPECT_EQ(m.flat_over({"dp"}), "dp");
+  EXPECT_EQ(m.flat_over({"tp"}), "");
+  EXPECT_EQ(m.flat_over({"cp", "ffn_dp"}), "");  // base and view: no group joins them
+  // The replicas' group holds exactly the ranks that share cp's coordinate.
+  for (int r : m.group_ranks(rep, 0)) EXPECT_EQ(m.group_index("cp", r), m.group_index("cp", 0));
+}
+
 // ZeRO over a flattened dp x cp: one shard group joining both.
 TEST(ProcessMesh, FlatGroupJoinsReplicateDimensions) {
   MeshPlan plan;
