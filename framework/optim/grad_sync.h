@@ -23,7 +23,9 @@ class DistributedContext;
 struct ReducerOptions {
   double bucket_bytes = 25.0 * 1024 * 1024;
   /// Launch each bucket's reduction during backward, as soon as its last
-  /// gradient is accumulated (false: all of them after backward).
+  /// gradient is accumulated (false: all of them after backward). The
+  /// trainer sets it from `distributed.overlap`, whose default is true; false
+  /// here is for a caller that builds a reducer itself and runs no hooks.
   bool overlap = false;
 };
 
