@@ -46,7 +46,7 @@ for lay in ("dp2", "pp2"):
 # The recorder's own cost: operations recorded per step (from the stall
 # run's rank-0 heartbeat) times the measured cost of one.
 ns = float(re.search(r"([0-9.]+) ns per recorded operation", ops).group(1))
-hb = json.load(open(f"{w}/stall/flight/heartbeat-rank0.json"))
+hb = json.load(open(f"{w}/stall/flight/heartbeat-rank00000.json"))
 steps = hb["action"]["step"] + 1
 n = sum(g["issued"] + sum(g["sent"].values()) + sum(g["received"].values()) for g in hb["groups"].values())
 off = sum(step(f"dp2_false_{r}") for r in (1, 2)) / 2

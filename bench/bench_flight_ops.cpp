@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/flight_recorder.h"
+#include "hp/comm/flight_recorder.h"
 
 namespace flight = hp::dist::flight;
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "backends/profile/trace.h"
+#include "hp/profile/trace.h"
 
 namespace {
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <thread>
 
-#include "backends/comm/env.h"
-#include "framework/data/dataset.h"
+#include "hp/comm/env.h"
+#include "hp/data/dataset.h"
 #include "framework/trainer/trainer.h"
-#include "framework/trainer/training_metrics.h"
+#include "hp/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
 
 namespace {

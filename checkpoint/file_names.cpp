@@ -1,19 +1,19 @@
-#include "checkpoint/file_names.h"
+#include "hp/checkpoint/file_names.h"
 
 #include <cstdio>
 #include <filesystem>
 
+#include "backends/comm/rank_files.h"
+
 namespace hp::ckpt {
 namespace {
 
-constexpr const char* kPartPrefix = "shards-rank";
+constexpr const char* kPartStem = "shards-";
 constexpr const char* kPartSuffix = ".json";
 
 /// "<kind>-rank00003<suffix>"
 std::string rank_file(const char* kind, int rank, const char* suffix) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-rank%05d%s", kind, rank, suffix);
-  return buf;
+  return dist::rank_file_name(std::string(kind) + "-", rank, suffix);
 }
 
 }  // namespace
@@ -34,18 +34,6 @@ bool is_optimizer_file(const std::string& file_name) { return file_name.rfind("o
 std::string part_file_name(int rank) { return rank_file("shards", rank, kPartSuffix); }
 std::string failed_file_name(int rank) { return rank_file("failed", rank, ".txt"); }
 
-int part_file_rank(const std::string& name) {
-  const std::string prefix = kPartPrefix;
-  const std::string suffix = kPartSuffix;
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    return -1;
-  }
-  const auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
-    return -1;
-  }
-  return std::stoi(digits);
-}
+int part_file_rank(const std::string& name) { return dist::rank_of_file_name(name, kPartStem, kPartSuffix); }
 
 }  // namespace hp::ckpt

@@ -1,4 +1,4 @@
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/manifest.h"
 
 #include <xxhash.h>
 

@@ -11,7 +11,7 @@
 
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
-#include "checkpoint/file_names.h"
+#include "hp/checkpoint/file_names.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp::ckpt {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/manifest.h"
 
 namespace hp::ckpt {
 

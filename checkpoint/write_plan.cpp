@@ -1,4 +1,4 @@
-#include "checkpoint/write_plan.h"
+#include "hp/checkpoint/write_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "checkpoint/writer.h"
+#include "hp/checkpoint/writer.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "backends/fault/fault.h"
+#include "hp/fault/fault.h"
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
-#include "checkpoint/file_names.h"
+#include "hp/checkpoint/file_names.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp::ckpt {

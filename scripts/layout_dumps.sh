@@ -27,14 +27,14 @@ cp2dp2 4 $cp
 ep2 2 $moe $ep
 ep2dp2 4 $moe $ep
 z1 2 $z=1
-z2 2 $z=2
-z3 2 $z=3
+z2 2 $z=2 --set features.zero.reduce_per_micro_batch=false
+z3 2 $z=3 --set features.zero.reduce_per_micro_batch=false
 z3pmb 2 $z=3 --set features.zero.reduce_per_micro_batch=true
 z1tp2sp 4 $z=1 $tp --set features.tensor_parallel.sequence_parallel=true
-z2cp2dp2 4 $z=2 $cp
-z3cp2dp2 4 $z=3 $cp
-z2ep2dp2 4 $z=2 $moe $ep
-z3pp2dp2 4 $z=3 $pp
+z2cp2dp2 4 $z=2 $cp --set features.zero.reduce_per_micro_batch=false
+z3cp2dp2 4 $z=3 $cp --set features.zero.reduce_per_micro_batch=false
+z2ep2dp2 4 $z=2 $moe $ep --set features.zero.reduce_per_micro_batch=false
+z3pp2dp2 4 $z=3 $pp --set features.zero.reduce_per_micro_batch=false
 L
 }
 case $mode in

@@ -1,8 +1,8 @@
-#include "backends/comm/autograd.h"
+#include "hp/comm/autograd.h"
 
 #include <torch/autograd.h>
 
-#include "backends/comm/group.h"
+#include "hp/comm/group.h"
 
 namespace hp::dist {
 

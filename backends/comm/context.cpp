@@ -1,4 +1,4 @@
-#include "backends/comm/context.h"
+#include "hp/comm/context.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -9,7 +9,7 @@
 
 #include "backends/comm/detail/pg_handle.h"
 #include "backends/comm/detail/shm_collectives.h"
-#include "backends/comm/flight_recorder.h"
+#include "hp/comm/flight_recorder.h"
 
 namespace hp::dist {
 

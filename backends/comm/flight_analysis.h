@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/flight_recorder.h"
+#include "hp/comm/flight_recorder.h"
 
 namespace hp::dist::flight {
 

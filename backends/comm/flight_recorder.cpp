@@ -1,4 +1,4 @@
-#include "backends/comm/flight_recorder.h"
+#include "hp/comm/flight_recorder.h"
 
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "backends/comm/flight_analysis.h"
+#include "backends/comm/rank_files.h"
 
 namespace hp::dist::flight {
 
@@ -328,7 +329,7 @@ Watchdog::Watchdog(std::shared_ptr<Recorder> recorder, WatchOptions options,
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
   // A record left by an earlier run in this directory would be misread as this run's.
-  std::filesystem::remove(o_.dir + "/rank" + std::to_string(rec_->rank()) + ".json", ec);
+  std::filesystem::remove(o_.dir + "/" + rank_file_name("", rec_->rank(), ".json"), ec);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -342,7 +343,7 @@ Watchdog::~Watchdog() {
 }
 
 std::string Watchdog::dump(const std::string& reason) const {
-  const std::string path = o_.dir + "/rank" + std::to_string(rec_->rank()) + ".json";
+  const std::string path = o_.dir + "/" + rank_file_name("", rec_->rank(), ".json");
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
   write_atomically(path, record_json(*rec_, reason, o_.heartbeat_seconds));
@@ -350,7 +351,7 @@ std::string Watchdog::dump(const std::string& reason) const {
 }
 
 void Watchdog::beat() const {
-  write_atomically(o_.dir + "/heartbeat-rank" + std::to_string(rec_->rank()) + ".json", to_json(rec_->heartbeat()));
+  write_atomically(o_.dir + "/" + rank_file_name("heartbeat-", rec_->rank(), ".json"), to_json(rec_->heartbeat()));
 }
 
 std::vector<std::string> Watchdog::check() const {
@@ -364,7 +365,7 @@ std::vector<std::string> Watchdog::check() const {
     std::map<int, Heartbeat> others;
     for (int m : g.members) {
       if (m == me.rank) continue;
-      std::ifstream in(o_.dir + "/heartbeat-rank" + std::to_string(m) + ".json");
+      std::ifstream in(o_.dir + "/" + rank_file_name("heartbeat-", m, ".json"));
       if (!in) continue;
       std::stringstream text;
       text << in.rdbuf();

@@ -1,4 +1,4 @@
-#include "backends/comm/gather.h"
+#include "hp/comm/gather.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "backends/comm/group.h"
+#include "hp/comm/group.h"
 
 namespace hp::dist {
 

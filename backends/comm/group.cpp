@@ -1,10 +1,10 @@
-#include "backends/comm/group.h"
+#include "hp/comm/group.h"
 
 #include <ATen/ATen.h>
 #include "backends/comm/detail/pg_handle.h"
 #include "backends/comm/detail/shm_collectives.h"
-#include "backends/comm/flight_recorder.h"
-#include "backends/profile/trace.h"
+#include "hp/comm/flight_recorder.h"
+#include "hp/profile/trace.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,11 +1,11 @@
-#include "backends/comm/placement.h"
+#include "hp/comm/placement.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 
 namespace hp::dist {
 

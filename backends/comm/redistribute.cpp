@@ -1,4 +1,4 @@
-#include "backends/comm/redistribute.h"
+#include "hp/comm/redistribute.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "backends/comm/context.h"
-#include "backends/comm/gather.h"
-#include "backends/comm/group.h"
-#include "backends/comm/mesh.h"
+#include "hp/comm/context.h"
+#include "hp/comm/gather.h"
+#include "hp/comm/group.h"
+#include "hp/comm/mesh.h"
 
 namespace hp::dist {
 

@@ -1,4 +1,4 @@
-#include "backends/comm/slice.h"
+#include "hp/comm/slice.h"
 
 #include <ATen/ATen.h>
 
@@ -12,24 +12,6 @@ std::pair<std::int64_t, std::int64_t> split_range(std::int64_t total, std::int64
   const std::int64_t length = base + (index < extra ? 1 : 0);
   const std::int64_t offset = index * base + std::min(index, extra);
   return {offset, length};
-}
-
-Box range_box(const std::vector<std::int64_t>& global_shape, int dim, std::int64_t offset,
-              std::int64_t length) {
-  Box b{std::vector<std::int64_t>(global_shape.size(), 0), global_shape};
-  if (dim >= 0) {
-    b.offsets[static_cast<std::size_t>(dim)] = offset;
-    b.lengths[static_cast<std::size_t>(dim)] = length;
-  }
-  return b;
-}
-
-Box slice_box(const std::vector<std::int64_t>& global_shape, int dim, std::int64_t parts,
-              std::int64_t index) {
-  if (dim < 0) return range_box(global_shape, -1, 0, 0);
-  const auto [offset, length] =
-      split_range(global_shape.at(static_cast<std::size_t>(dim)), parts, index);
-  return range_box(global_shape, dim, offset, length);
 }
 
 at::Tensor slice_of(const at::Tensor& full, const Box& box) {

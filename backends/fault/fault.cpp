@@ -1,4 +1,4 @@
-#include "backends/fault/fault.h"
+#include "hp/fault/fault.h"
 
 #include <csignal>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "backends/fault/stop.h"
+#include "hp/fault/stop.h"
 
 #include <fcntl.h>
 #include <unistd.h>

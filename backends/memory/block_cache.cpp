@@ -1,4 +1,4 @@
-#include "backends/memory/block_cache.h"
+#include "hp/memory/block_cache.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

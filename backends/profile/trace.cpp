@@ -1,4 +1,4 @@
-#include "backends/profile/trace.h"
+#include "hp/profile/trace.h"
 
 #include <algorithm>
 #include <chrono>

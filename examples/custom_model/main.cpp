@@ -5,8 +5,8 @@
 // unchanged, and features check their splits against the sizes it states.
 #include <cstdio>
 
-#include "framework/model/layers.h"
-#include "framework/model/model.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
 #include "framework/model/registry.h"
 #include "framework/trainer/trainer.h"
 

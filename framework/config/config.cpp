@@ -1,4 +1,4 @@
-#include "framework/config/config.h"
+#include "hp/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -2,8 +2,8 @@
 // `features.<name>.` when they are loaded.
 #include <filesystem>
 
-#include "framework/config/config.h"
-#include "framework/config/schema.h"
+#include "hp/config/config.h"
+#include "hp/config/schema.h"
 #include "framework/data/registry.h"
 #include "framework/model/registry.h"
 #include "framework/util/build_info.h"
@@ -121,6 +121,13 @@ void declare_core_options(Schema& s) {
                 "(from the second step; the first counts each parameter's gradients); false reduces every bucket after "
                 "backward. Bitwise the same numbers either way.")
       .note("false keeps the blocking path, for comparison");
+  s.add_bool("distributed.rebuild_buckets", true)
+      .describe("With distributed.overlap: after the first step, cut the gradient buckets again in the order the "
+                "gradients arrived in (as PyTorch DDP rebuilds its buckets), so each bucket completes as early as the "
+                "backward allows; every replica checks it cut the same buckets, otherwise none rebuilds. Bitwise "
+                "the same numbers at dp=2 (a sum of two terms in any order); at more replicas a ring's order of "
+                "terms follows the buckets' layout: within the parity bars. The zero feature's buckets keep the "
+                "declared order.");
   s.add_bool("distributed.shm_collectives", true)
       .describe("Sums (all-reduce, reduce-scatter) of float tensors, all-gathers and all-to-alls inside a group whose "
                 "ranks share a host go through one shared-memory segment per group (gradient buckets, zero's shards, "
@@ -129,7 +136,7 @@ void declare_core_options(Schema& s) {
       .note("false keeps every collective on Gloo");
   s.add_bool("distributed.flight_recorder", true)
       .describe("Record every collective and stage message (a ring per rank), publish heartbeats to "
-                "<run.output_dir>/flight/, name the rank behind on a stall, and write flight/rank<R>.json on a failure.");
+                "<run.output_dir>/flight/, name the rank behind on a stall, and write flight/rank<RRRRR>.json on a failure.");
   s.add_int("distributed.flight_entries", 4096).range(16, 1e7)
       .describe("Operations each rank's flight recorder keeps (the oldest are overwritten).");
   s.add_float("distributed.heartbeat_seconds", 1.0).range(0.05, 60.0)

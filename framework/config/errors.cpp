@@ -1,4 +1,4 @@
-#include "framework/config/errors.h"
+#include "hp/config/errors.h"
 
 namespace hp {
 

@@ -1,4 +1,4 @@
-#include "framework/config/schema.h"
+#include "hp/config/schema.h"
 
 #include <cmath>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "framework/config/value.h"
+#include "hp/config/value.h"
 
 #include <sstream>
 

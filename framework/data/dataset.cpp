@@ -1,4 +1,4 @@
-#include "framework/data/dataset.h"
+#include "hp/data/dataset.h"
 
 #include <cmath>
 #include <ATen/ATen.h>
@@ -9,10 +9,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "framework/config/config.h"
-#include "framework/config/errors.h"
+#include "hp/config/config.h"
+#include "hp/config/errors.h"
 #include "framework/data/registry.h"
-#include "framework/model/model_info.h"
+#include "hp/model/model_info.h"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "framework/logging/logging.h"
+#include "hp/logging/logging.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 
 namespace hp::metrics {
 

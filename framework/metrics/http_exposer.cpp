@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "framework/metrics/exposition.h"
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 
 namespace hp::metrics {
 namespace {

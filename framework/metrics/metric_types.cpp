@@ -1,4 +1,4 @@
-#include "framework/metrics/metric_types.h"
+#include "hp/metrics/metric_types.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>

@@ -4,6 +4,6 @@
 #include "framework/metrics/exposition.h"
 #include "framework/metrics/http_exposer.h"
 #include "framework/metrics/jsonl_writer.h"
-#include "framework/metrics/metric_types.h"
+#include "hp/metrics/metric_types.h"
 #include "framework/metrics/naming.h"
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"

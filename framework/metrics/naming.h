@@ -5,7 +5,7 @@
 // each check throws std::invalid_argument naming the name, the rule and a fix.
 #include <string>
 
-#include "framework/metrics/metric_types.h"
+#include "hp/metrics/metric_types.h"
 
 namespace hp::metrics {
 

@@ -1,4 +1,4 @@
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>

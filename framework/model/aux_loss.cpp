@@ -1,4 +1,4 @@
-#include "framework/model/aux_loss.h"
+#include "hp/model/aux_loss.h"
 
 #include <ATen/ATen.h>
 

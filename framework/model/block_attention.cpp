@@ -1,4 +1,4 @@
-#include "framework/model/block_attention.h"
+#include "hp/model/block_attention.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

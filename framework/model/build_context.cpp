@@ -1,4 +1,4 @@
-#include "framework/model/build_context.h"
+#include "hp/model/build_context.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "backends/comm/context.h"
-#include "framework/config/config.h"
+#include "hp/comm/context.h"
+#include "hp/config/config.h"
 
 namespace hp {
 

@@ -1,4 +1,4 @@
-#include "framework/model/dropout.h"
+#include "hp/model/dropout.h"
 
 #include <stdexcept>
 #include <string>

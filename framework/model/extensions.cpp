@@ -1,4 +1,4 @@
-#include "framework/model/extensions.h"
+#include "hp/model/extensions.h"
 
 #include <stdexcept>
 

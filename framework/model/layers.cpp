@@ -1,8 +1,8 @@
-#include "framework/model/layers.h"
+#include "hp/model/layers.h"
 
-#include "framework/model/block_attention.h"
-#include "framework/model/dropout.h"
-#include "framework/model/moe.h"
+#include "hp/model/block_attention.h"
+#include "hp/model/dropout.h"
+#include "hp/model/moe.h"
 #include "framework/model/tensor_dump.h"
 
 #include <ATen/ATen.h>
@@ -54,7 +54,7 @@ class DenseEmbedding : public Layer {
 };
 
 /// Dropout with probability spec.dropout while training, its mask a
-/// function of the site and the layer's global name (framework/model/dropout.h).
+/// function of the site and the layer's global name (include/hp/model/dropout.h).
 class DenseDropout : public Layer {
  public:
   DenseDropout(const LayerSpec& s, BuildContext& ctx)

@@ -1,4 +1,4 @@
-#include "framework/model/model.h"
+#include "hp/model/model.h"
 
 #include <ATen/ATen.h>
 

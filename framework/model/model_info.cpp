@@ -1,6 +1,6 @@
-#include "framework/model/model_info.h"
+#include "hp/model/model_info.h"
 
-#include "framework/config/errors.h"
+#include "hp/config/errors.h"
 
 namespace hp {
 

@@ -1,4 +1,4 @@
-#include "framework/model/moe.h"
+#include "hp/model/moe.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,17 +12,17 @@
 #include <mutex>
 #include <utility>
 
-#include "backends/comm/context.h"
-#include "backends/profile/trace.h"
-#include "framework/config/config.h"
-#include "framework/config/schema.h"
-#include "framework/logging/logging.h"
+#include "hp/comm/context.h"
+#include "hp/profile/trace.h"
+#include "hp/config/config.h"
+#include "hp/config/schema.h"
+#include "hp/logging/logging.h"
 #include "framework/metrics/metrics.h"
-#include "framework/model/aux_loss.h"
-#include "framework/model/build_context.h"
+#include "hp/model/aux_loss.h"
+#include "hp/model/build_context.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/model/tensor_dump.h"
-#include "framework/plugin/feature_runtime.h"
+#include "hp/plugin/feature_runtime.h"
 
 namespace hp {
 

@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-#include "framework/model/model_info.h"
+#include "hp/model/model_info.h"
 #include "framework/util/registry.h"
 
 namespace hp {

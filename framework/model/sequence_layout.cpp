@@ -1,4 +1,4 @@
-#include "framework/model/sequence_layout.h"
+#include "hp/model/sequence_layout.h"
 
 #include <ATen/ATen.h>
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <mutex>
 
-#include "framework/model/aux_loss.h"
-#include "framework/model/dropout.h"
+#include "hp/model/aux_loss.h"
+#include "hp/model/dropout.h"
 
 namespace hp::tensor_dump {
 

@@ -44,7 +44,7 @@ std::vector<std::pair<std::string, at::Tensor>> end_step();
 
 /// Whether the current thread's forward should record `what` now: a
 /// collection of it is open and this is a training forward that is not a
-/// replay (framework/model/aux_loss.h).
+/// replay (include/hp/model/aux_loss.h).
 bool recording(What what);
 
 /// Records a detached, contiguous copy of `t` as "<name>:<what>@s<first sample>"

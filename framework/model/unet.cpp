@@ -9,10 +9,10 @@
 // two tensors ("h" and "skip") of different shapes.
 #include <ATen/ATen.h>
 
-#include "framework/config/config.h"
-#include "framework/config/schema.h"
-#include "framework/model/layers.h"
-#include "framework/model/model.h"
+#include "hp/config/config.h"
+#include "hp/config/schema.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
 #include "framework/model/registry.h"
 
 namespace hp {

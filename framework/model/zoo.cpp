@@ -5,13 +5,13 @@
 
 #include <stdexcept>
 
-#include "backends/profile/trace.h"
-#include "framework/config/config.h"
-#include "framework/config/schema.h"
-#include "framework/model/block_attention.h"
-#include "framework/model/layers.h"
-#include "framework/model/model.h"
-#include "framework/model/moe.h"
+#include "hp/profile/trace.h"
+#include "hp/config/config.h"
+#include "hp/config/schema.h"
+#include "hp/model/block_attention.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
+#include "hp/model/moe.h"
 #include "framework/model/registry.h"
 
 namespace hp {

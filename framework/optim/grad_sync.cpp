@@ -1,4 +1,4 @@
-#include "framework/optim/grad_sync.h"
+#include "hp/optim/grad_sync.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -12,10 +12,10 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "backends/comm/redistribute.h"
-#include "framework/optim/buckets.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/comm/redistribute.h"
+#include "hp/optim/buckets.h"
 #include "framework/optim/sum_squares.h"
 
 namespace hp {
@@ -132,55 +132,122 @@ namespace {
 class BucketedReducer : public GradReducer {
  public:
   BucketedReducer(const ReducerOptions& o, std::vector<ParamEntry> params, dist::DistributedContext& dist)
-      : params_(std::move(params)), dist_(dist) {
+      : options_(o), params_(std::move(params)), dist_(dist) {
     for (auto& p : params_) {
       // Every parameter gets a gradient buffer up front so buckets have a
       // fixed layout even when a parameter was not used this step.
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     }
     // Reverse order: the last layers' gradients are ready first (as DDP
-    // does). One set per list of partial dimensions (the gradients a
-    // redistribution of the same steps turns into their parameters'
-    // layout); one queue per group of the first step, in the sets' order.
-    std::map<std::vector<std::string>, std::vector<std::size_t>> by_set;
-    for (std::size_t i = params_.size(); i-- > 0;) by_set[params_[i].spec.partial_dims()].push_back(i);
+    // does), until the first step has shown the order they arrive in.
+    std::vector<std::size_t> declared;
+    for (std::size_t i = params_.size(); i-- > 0;) declared.push_back(i);
+    apply(cut(declared));
+  }
+
+ private:
+  /// Buckets of parameters cut from `order`: one set per list of partial
+  /// dimensions (the gradients a redistribution of the same steps turns
+  /// into their parameters' layout), each cut at options_.bucket_bytes in
+  /// `order`; one queue per group of the first step, in the sets' order.
+  struct Layout {
     std::vector<std::vector<std::size_t>> buckets, queues;
     std::vector<std::string> queue_group;
+  };
+  Layout cut(const std::vector<std::size_t>& order) const {
+    Layout l;
+    std::map<std::vector<std::string>, std::vector<std::size_t>> by_set;
+    for (auto i : order) by_set[params_[i].spec.partial_dims()].push_back(i);
     for (const auto& [dims, idx] : by_set) {
       const auto& first = params_[idx.front()].spec;
       const auto steps = dist::plan_redistribute(dist_.mesh(), first.grad, first.placements);
       if (steps.empty()) continue;  // summed over dimensions of size 1 only
       std::size_t q = 0;
-      while (q < queue_group.size() && queue_group[q] != steps[0].group) ++q;
-      if (q == queue_group.size()) {
-        queue_group.push_back(steps[0].group);
-        queues.emplace_back();
+      while (q < l.queue_group.size() && l.queue_group[q] != steps[0].group) ++q;
+      if (q == l.queue_group.size()) {
+        l.queue_group.push_back(steps[0].group);
+        l.queues.emplace_back();
       }
       std::vector<at::Tensor> grads;
       for (auto i : idx) grads.push_back(params_[i].tensor.grad());
-      for (const auto& run : buckets_of(grads, o.bucket_bytes)) {
+      for (const auto& run : buckets_of(grads, options_.bucket_bytes)) {
         std::vector<std::size_t> members;
-        std::vector<dist::RedistributeItem> items;
-        for (auto k : run) {
-          const auto& spec = params_[idx[k]].spec;
-          members.push_back(idx[k]);
-          items.push_back({spec.global_shape, spec.grad, spec.placements});
-        }
-        order_.push_back(buckets.size());
-        queues[q].push_back(buckets.size());
-        redist_.emplace_back(dist_, std::move(items));
-        buckets.push_back(std::move(members));
+        for (auto k : run) members.push_back(idx[k]);
+        l.queues[q].push_back(l.buckets.size());
+        l.buckets.push_back(std::move(members));
       }
     }
-    members_ = buckets;
-    pending_.resize(buckets.size());
-    flats_.resize(buckets.size());
-    for (std::size_t b = 0; b < buckets.size(); ++b) bind_to_flat(b);
-    launcher_ = std::make_unique<BucketLauncher>(params_, std::move(buckets), std::move(queues),
-                                                 std::vector<bool>(queue_group.size(), true), o.overlap, dist_.rank(),
-                                                 [this](std::size_t b) { launch(b); });
+    return l;
+  }
+  /// Makes `l` the reducer's buckets: their redistributions, their flat
+  /// tensors (the gradients' values copied in) and a launcher, which keeps
+  /// the counts `counts` learned (empty: it counts the next step).
+  void apply(Layout l, const std::vector<int>& counts = {}) {
+    c10::NoGradGuard no_grad;
+    order_.clear();
+    redist_.clear();
+    for (const auto& members : l.buckets) {
+      std::vector<dist::RedistributeItem> items;
+      for (auto i : members) {
+        const auto& spec = params_[i].spec;
+        items.push_back({spec.global_shape, spec.grad, spec.placements});
+      }
+      order_.push_back(redist_.size());
+      redist_.emplace_back(dist_, std::move(items));
+    }
+    members_ = l.buckets;
+    pending_.clear();
+    pending_.resize(members_.size());
+    flats_.assign(members_.size(), at::Tensor());
+    for (std::size_t b = 0; b < members_.size(); ++b) bind_to_flat(b);
+    launcher_.reset();  // its hooks go quiet before the new ones are added
+    launcher_ = std::make_unique<BucketLauncher>(params_, std::move(l.buckets), std::move(l.queues),
+                                                 std::vector<bool>(l.queue_group.size(), true), options_.overlap,
+                                                 dist_.rank(), [this](std::size_t b) { launch(b); });
+    if (!counts.empty()) launcher_->learn_counts(counts);
+    queue_group_ = std::move(l.queue_group);
   }
 
+  /// After the first step (overlap on): the buckets cut again in the order
+  /// the gradients first arrived in (parameters that got none keep the
+  /// declared order, after the rest), as DDP rebuilds its buckets. Every
+  /// replica must cut the same buckets: each group the reductions run over
+  /// checks that its members agree, and every rank then rebuilds, or none.
+  void rebuild() {
+    const auto& arrived = launcher_->first_arrivals();
+    if (arrived.empty()) return;  // no hooks: nothing was observed
+    std::vector<bool> seen(params_.size(), false);
+    std::vector<std::size_t> order;
+    for (auto i : arrived) {
+      if (!seen[i]) order.push_back(i);
+      seen[i] = true;
+    }
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      if (!seen[i]) order.push_back(i);
+    }
+    Layout next = cut(order);
+    const bool changed = next.buckets != members_;
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the buckets' members
+    for (const auto& b : next.buckets) {
+      for (auto i : b) h = (h ^ (i + 1)) * 1099511628211ull;
+      h = (h ^ 0xffffull) * 1099511628211ull;
+    }
+    const auto mine = static_cast<std::int64_t>(h >> 2);
+    bool agree = true;
+    for (const auto& g : next.queue_group) {
+      at::Tensor t = at::tensor({mine, -mine}, at::kLong);
+      dist_.group(g).all_reduce(t, dist::ReduceKind::kMax);
+      agree = agree && t[0].item<std::int64_t>() == mine && t[1].item<std::int64_t>() == -mine;
+    }
+    at::Tensor all = at::tensor({std::int64_t{agree ? 0 : 1}, std::int64_t{changed ? 1 : 0}}, at::kLong);
+    dist_.group("world").all_reduce(all, dist::ReduceKind::kMax);
+    const bool someone_disagrees = all[0].item<std::int64_t>() != 0;
+    const bool someone_changed = all[1].item<std::int64_t>() != 0;
+    rebuilt_ = someone_changed && !someone_disagrees;
+    if (rebuilt_ && changed) apply(std::move(next), launcher_->counts());
+  }
+
+ public:
   void backward_done() override { launcher_->flush(); }
 
   void reduce() override {
@@ -193,6 +260,10 @@ class BucketedReducer : public GradReducer {
       redist_[b].finish(std::move(pending_[b]), grads_of(b));
     }
     launcher_->end_step();
+    if (options_.rebuild_buckets && options_.overlap && !checked_) {
+      checked_ = true;
+      rebuild();
+    }
   }
 
   double clip(double max_norm) override {
@@ -213,6 +284,8 @@ class BucketedReducer : public GradReducer {
     // Launched during backward, from the hooks (0 in the first step and
     // without overlap).
     figures["grad_buckets_early"] = static_cast<double>(launcher_->early());
+    // 1 once the buckets were cut again in the gradients' arrival order.
+    if (options_.rebuild_buckets && options_.overlap) figures["grad_buckets_rebuilt"] = rebuilt_ ? 1 : 0;
   }
 
  private:
@@ -268,8 +341,12 @@ class BucketedReducer : public GradReducer {
     pending_[b] = redist_[b].start(grads_of(b), bound(b) ? flats_[b] : at::Tensor());
   }
 
+  ReducerOptions options_;
   std::vector<ParamEntry> params_;
   dist::DistributedContext& dist_;
+  bool checked_ = false;  ///< the first step's arrival order was looked at
+  bool rebuilt_ = false;  ///< and the buckets were cut again from it
+  std::vector<std::string> queue_group_;
   std::vector<std::size_t> order_;                  ///< buckets in the order they are waited
   std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
   std::vector<dist::Redistributor> redist_;         ///< per bucket: partial sums to the parameters' layout
@@ -352,6 +429,7 @@ BucketLauncher::~BucketLauncher() {
 
 void BucketLauncher::accumulated(std::size_t i) {
   fires_[i] += 1;
+  if (!learned_ && fires_[i] == 1) arrivals_.push_back(i);
   if (!learned_ && !provisional_) return;
   const auto b = static_cast<std::size_t>(bucket_of_[i]);
   const auto q = static_cast<std::size_t>(queue_of_[b]);
@@ -471,6 +549,12 @@ void BucketLauncher::end_step() {
     }
     queue_rounds_[q] = std::max(1, rounds);
   }
+}
+
+void BucketLauncher::learn_counts(const std::vector<int>& counts) {
+  if (learned_ || !hooks_->token || counts.size() != fires_.size()) return;
+  fires_ = counts;
+  end_step();
 }
 
 std::unique_ptr<GradReducer> make_bucketed_reducer(const ReducerOptions& options, const std::vector<ParamEntry>& params,

@@ -1,11 +1,11 @@
-#include "framework/optim/optimizer.h"
+#include "hp/optim/optimizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
 
-#include "framework/config/config.h"
+#include "hp/config/config.h"
 #include "framework/optim/adam_kernel.h"
 
 namespace hp {

@@ -1,10 +1,11 @@
-#include "framework/plugin/feature_runtime.h"
+#include "hp/plugin/feature_runtime.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "framework/model/extensions.h"
-#include "framework/trainer/executor.h"
+#include "hp/model/extensions.h"
+#include "framework/plugin/loader.h"
+#include "hp/trainer/executor.h"
 
 namespace hp {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "framework/plugin/api_hash.h"
+#include "hp/plugin/api_hash.h"
 #include "framework/util/build_info.h"
 #include "framework/util/strings.h"
 

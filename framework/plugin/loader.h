@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/plugin/feature.h"
+#include "hp/plugin/feature.h"
 
 namespace hp {
 
@@ -18,12 +18,6 @@ namespace hp {
 class PluginError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
-};
-
-struct LoadedFeature {
-  std::string name;
-  std::string path;
-  std::shared_ptr<Feature> feature;  ///< keeps the library loaded
 };
 
 class PluginLoader {

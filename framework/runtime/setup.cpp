@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <set>
 
-#include "backends/fault/fault.h"
+#include "hp/fault/fault.h"
 #include "framework/model/registry.h"
-#include "framework/plugin/feature.h"
+#include "hp/plugin/feature.h"
 #include "framework/trainer/resume_check.h"
 #include "framework/util/strings.h"
 

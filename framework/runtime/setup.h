@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/mesh.h"
-#include "framework/config/config.h"
+#include "hp/comm/mesh.h"
+#include "hp/config/config.h"
 #include "framework/plugin/loader.h"
 
 namespace hp {

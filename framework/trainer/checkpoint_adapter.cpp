@@ -1,4 +1,4 @@
-#include "framework/trainer/checkpoint_adapter.h"
+#include "hp/trainer/checkpoint_adapter.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,11 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "backends/comm/context.h"
-#include "backends/comm/gather.h"
+#include "hp/comm/context.h"
+#include "hp/comm/gather.h"
 #include "checkpoint/checkpoint.h"
-#include "framework/config/config.h"
-#include "framework/logging/logging.h"
+#include "hp/config/config.h"
+#include "hp/logging/logging.h"
 
 namespace hp {
 

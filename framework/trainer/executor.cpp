@@ -1,13 +1,13 @@
-#include "framework/trainer/executor.h"
+#include "hp/trainer/executor.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
 #include <optional>
 
-#include "backends/comm/flight_recorder.h"
-#include "backends/profile/trace.h"
-#include "framework/model/aux_loss.h"
+#include "hp/comm/flight_recorder.h"
+#include "hp/profile/trace.h"
+#include "hp/model/aux_loss.h"
 
 namespace hp {
 

@@ -10,7 +10,8 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
+#include "backends/comm/rank_files.h"
 #include "checkpoint/safetensors.h"
 
 namespace hp {
@@ -37,9 +38,7 @@ std::string rank_file(const std::string& dir, const std::string& kind, int rank)
   if (error && !std::filesystem::is_directory(dir)) {
     throw std::runtime_error("cannot create the " + kind + " dump directory " + dir + ": " + error.message());
   }
-  char name[64];
-  std::snprintf(name, sizeof name, "-rank%05d.safetensors", rank);
-  return dir + "/" + kind + name;
+  return dir + "/" + dist::rank_file_name(kind + "-", rank, ".safetensors");
 }
 
 /// What every dump file says of where it comes from, besides its format.

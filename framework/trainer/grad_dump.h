@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/model/build_context.h"
+#include "hp/model/build_context.h"
 
 namespace hp {
 

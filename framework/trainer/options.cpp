@@ -1,7 +1,7 @@
 #include "framework/trainer/options.h"
 
-#include "backends/comm/context.h"
-#include "framework/config/config.h"
+#include "hp/comm/context.h"
+#include "hp/config/config.h"
 #include "framework/model/tensor_dump.h"
 
 #include <algorithm>

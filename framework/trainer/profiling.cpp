@@ -2,16 +2,15 @@
 
 #include <cstdio>
 
-#include "backends/profile/trace.h"
-#include "framework/config/config.h"
+#include "backends/comm/rank_files.h"
+#include "hp/profile/trace.h"
+#include "hp/config/config.h"
 
 namespace hp {
 
 namespace {
 std::string rank_file(const std::string& dir, int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "/trace/rank%05d.json", rank);
-  return dir + name;
+  return dir + "/trace/" + dist::rank_file_name("", rank, ".json");
 }
 }  // namespace
 

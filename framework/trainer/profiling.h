@@ -1,6 +1,6 @@
 #pragma once
-// run.profile: which steps the trainer records (backends/profile/trace.h)
-// and where the trace goes. Each rank writes <run.output_dir>/trace/rank<R>.json
+// run.profile: which steps the trainer records (include/hp/profile/trace.h)
+// and where the trace goes. Each rank writes <run.output_dir>/trace/rank<RRRRR>.json
 // after its last step; after the run's last barrier rank 0 merges them into
 // <run.output_dir>/trace.json (one process track per rank). Across nodes
 // the run directory must be on a shared file system, as for checkpoints.
@@ -21,7 +21,7 @@ class RunProfiler {
   void begin_step(std::int64_t step);
   /// Recording off (after the step's evaluation and checkpoint save).
   void end_step();
-  /// This rank's events to <output_dir>/trace/rank<R>.json; returns its path.
+  /// This rank's events to <output_dir>/trace/rank<RRRRR>.json; returns its path.
   std::string write_rank_file();
   /// Rank 0, once every rank has written: the merged <output_dir>/trace.json.
   /// Returns its path; ranks whose file is missing are named in `missing`.

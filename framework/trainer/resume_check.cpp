@@ -3,10 +3,10 @@
 #include <map>
 
 #include "checkpoint/reader.h"
-#include "framework/config/config.h"
-#include "framework/model/model_info.h"
+#include "hp/config/config.h"
+#include "hp/model/model_info.h"
 #include "framework/model/registry.h"
-#include "framework/trainer/checkpoint_adapter.h"
+#include "hp/trainer/checkpoint_adapter.h"
 
 namespace hp {
 

@@ -1,6 +1,6 @@
 #include "framework/trainer/run_report.h"
 
-#include "framework/logging/logging.h"
+#include "hp/logging/logging.h"
 #include "framework/report/report.h"
 
 namespace hp {

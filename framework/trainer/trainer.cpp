@@ -11,31 +11,31 @@
 
 #include <malloc.h>
 
-#include "backends/comm/context.h"
-#include "backends/comm/flight_recorder.h"
-#include "backends/fault/stop.h"
-#include "backends/profile/trace.h"
+#include "hp/comm/context.h"
+#include "hp/comm/flight_recorder.h"
+#include "hp/fault/stop.h"
+#include "hp/profile/trace.h"
 #include "checkpoint/safetensors.h"
-#include "framework/data/dataset.h"
-#include "framework/logging/logging.h"
-#include "framework/model/extensions.h"
-#include "framework/model/model.h"
+#include "hp/data/dataset.h"
+#include "hp/logging/logging.h"
+#include "hp/model/extensions.h"
+#include "hp/model/model.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/model/registry.h"
 #include "framework/model/tensor_dump.h"
-#include "framework/optim/grad_sync.h"
-#include "framework/optim/optimizer.h"
-#include "framework/plugin/feature_runtime.h"
+#include "hp/optim/grad_sync.h"
+#include "hp/optim/optimizer.h"
+#include "hp/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
-#include "framework/trainer/checkpoint_adapter.h"
-#include "framework/trainer/executor.h"
+#include "hp/trainer/checkpoint_adapter.h"
+#include "hp/trainer/executor.h"
 #include "framework/trainer/grad_dump.h"
 #include "framework/trainer/options.h"
 #include "framework/trainer/profiling.h"
 #include "framework/trainer/resume_check.h"
 #include "framework/trainer/run_report.h"
 #include "framework/trainer/throughput.h"
-#include "framework/trainer/training_metrics.h"
+#include "hp/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
 
 namespace hp {
@@ -125,7 +125,7 @@ class TrainingRun {
   CheckpointOptions ckpt_;
   std::shared_ptr<dist::DistributedContext> ctx_;
   std::unique_ptr<dist::flight::Watchdog> watchdog_;
-  // What a SIGTERM's line says about this rank (backends/fault/stop.h):
+  // What a SIGTERM's line says about this rank (include/hp/fault/stop.h):
   // the action, then where the flight record went. Removed before what
   // they read.
   std::unique_ptr<stop::Note> action_note_, flight_note_;
@@ -282,6 +282,7 @@ void TrainingRun::setup_model() {
   ReducerOptions ro;
   ro.bucket_bytes = c.get_float("distributed.bucket_size_mb") * 1024 * 1024;
   ro.overlap = c.get_bool("distributed.overlap");
+  ro.rebuild_buckets = c.get_bool("distributed.rebuild_buckets");
   const auto& red = runtime_->grad_reducer_factory();
   reducer_ = red ? red(ro, model_.params, *ctx_) : make_bucketed_reducer(ro, model_.params, *ctx_);
   const auto& io = runtime_->checkpoint_io_factory();

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/config/config.h"
+#include "hp/config/config.h"
 
 namespace hp {
 

@@ -1,11 +1,11 @@
-#include "framework/trainer/training_metrics.h"
+#include "hp/trainer/training_metrics.h"
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
-#include "backends/comm/context.h"
-#include "framework/config/config.h"
+#include "hp/comm/context.h"
+#include "hp/config/config.h"
 #include "framework/metrics/metrics.h"
 
 namespace hp {

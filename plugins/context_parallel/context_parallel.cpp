@@ -8,13 +8,13 @@
 // rows, dropout masks by global position, the loss summed over cp).
 #include <string>
 
-#include "backends/comm/context.h"
-#include "backends/comm/mesh.h"
-#include "framework/config/config.h"
-#include "framework/model/extensions.h"
-#include "framework/model/model_info.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
+#include "hp/comm/context.h"
+#include "hp/comm/mesh.h"
+#include "hp/config/config.h"
+#include "hp/model/extensions.h"
+#include "hp/model/model_info.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
 #include "plugins/context_parallel/ring_attention.h"
 
 namespace hp::context_parallel {

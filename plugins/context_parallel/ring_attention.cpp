@@ -11,10 +11,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "backends/comm/group.h"
-#include "backends/comm/placement.h"
-#include "backends/profile/trace.h"
-#include "framework/model/block_attention.h"
+#include "hp/comm/group.h"
+#include "hp/comm/placement.h"
+#include "hp/profile/trace.h"
+#include "hp/model/block_attention.h"
 
 namespace hp::context_parallel {
 

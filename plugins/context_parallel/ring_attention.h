@@ -3,7 +3,7 @@
 // split: the sequence is cut into 2 x cp chunks and member r holds chunks r
 // and 2 cp - 1 - r. Keys and values go round the ring (posted one step
 // ahead of use), each member adds the blocks its queries may see to an
-// online softmax (framework/model/block_attention.h, block_step), and in
+// online softmax (include/hp/model/block_attention.h, block_step), and in
 // backward the key and value gradients travel round the ring with them
 // back to their owner. See docs/rfc/0012-context-parallel.md.
 #include <ATen/core/Tensor.h>
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "framework/model/sequence_layout.h"
+#include "hp/model/sequence_layout.h"
 
 namespace hp::dist {
 class Group;

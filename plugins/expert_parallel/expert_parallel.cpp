@@ -2,7 +2,7 @@
 // over `size` ranks (the ep mesh dimension, carved out of the data-parallel
 // ranks and, with context parallel, the cp ranks: Megatron's folding of
 // experts over what attention sees as cp x dp). Each rank routes its own tokens exactly as one
-// process would (framework/model/moe.h), sends each kept assignment to the
+// process would (include/hp/model/moe.h), sends each kept assignment to the
 // rank of its expert with an uneven all-to-all (counts exchanged first),
 // runs its experts on what it received, and gets the outputs back with the
 // reverse all-to-all; the backward of each exchange is the other. A token's
@@ -13,15 +13,15 @@
 // router's over dp (and cp).
 #include <ATen/ATen.h>
 
-#include "backends/comm/autograd.h"
-#include "backends/comm/context.h"
-#include "backends/comm/mesh.h"
-#include "framework/config/config.h"
-#include "framework/model/extensions.h"
-#include "framework/model/model_info.h"
-#include "framework/model/moe.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
+#include "hp/comm/autograd.h"
+#include "hp/comm/context.h"
+#include "hp/comm/mesh.h"
+#include "hp/config/config.h"
+#include "hp/model/extensions.h"
+#include "hp/model/model_info.h"
+#include "hp/model/moe.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
 
 namespace hp::expert_parallel {
 

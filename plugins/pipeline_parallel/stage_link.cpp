@@ -6,8 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "backends/comm/group.h"
-#include "backends/profile/trace.h"
+#include "hp/comm/group.h"
+#include "hp/profile/trace.h"
 
 namespace hp::pipeline {
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/model/activations.h"
+#include "hp/model/activations.h"
 #include "plugins/pipeline_parallel/stage_message.h"
 
 namespace hp::dist {

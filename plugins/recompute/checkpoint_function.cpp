@@ -5,8 +5,8 @@
 
 #include <atomic>
 
-#include "framework/model/aux_loss.h"
-#include "framework/model/dropout.h"
+#include "hp/model/aux_loss.h"
+#include "hp/model/dropout.h"
 
 namespace hp::recompute {
 

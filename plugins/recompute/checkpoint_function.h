@@ -6,7 +6,7 @@
 // back-propagates through the fresh graph.
 #include <cstdint>
 
-#include "framework/model/build_context.h"
+#include "hp/model/build_context.h"
 
 namespace hp::recompute {
 

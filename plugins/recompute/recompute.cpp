@@ -5,11 +5,11 @@
 //   blocks: all | N        -> every block, or the first N
 #include <cstdlib>
 
-#include "framework/config/config.h"
-#include "framework/model/extensions.h"
-#include "framework/model/model_info.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
+#include "hp/config/config.h"
+#include "hp/model/extensions.h"
+#include "hp/model/model_info.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
 #include "plugins/recompute/checkpoint_function.h"
 
 namespace hp::recompute {

@@ -1,7 +1,7 @@
 // The `sharded_checkpoint` feature: every rank writes the slices it holds,
 // with no gather; a slice held by several replicas (data-parallel or
 // expert-data-parallel copies) is written by one of them, the replicas
-// sharing the bytes (checkpoint/write_plan.h). The manifest records each
+// sharing the bytes (include/hp/checkpoint/write_plan.h). The manifest records each
 // slice's global offsets and file, and the commit refuses a step whose slices do not
 // tile every tensor. With `async: true` the slices are copied in memory at
 // the step boundary and written by a background thread while training goes
@@ -20,19 +20,20 @@
 #include <fstream>
 #include <thread>
 
-#include "backends/comm/context.h"
-#include "backends/comm/gather.h"
-#include "backends/comm/group.h"
-#include "backends/fault/fault.h"
-#include "backends/fault/stop.h"
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/write_plan.h"
-#include "framework/config/config.h"
-#include "framework/logging/logging.h"
-#include "framework/metrics/metrics.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
-#include "framework/trainer/checkpoint_adapter.h"
+#include "hp/comm/context.h"
+#include "hp/comm/gather.h"
+#include "hp/comm/group.h"
+#include "hp/fault/fault.h"
+#include "hp/fault/stop.h"
+#include "hp/checkpoint/file_names.h"
+#include "hp/checkpoint/writer.h"
+#include "hp/checkpoint/write_plan.h"
+#include "hp/config/config.h"
+#include "hp/logging/logging.h"
+#include "hp/metrics/registry.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
+#include "hp/trainer/checkpoint_adapter.h"
 #include "plugins/sharded_checkpoint/background_job.h"
 
 namespace hp::sharded_checkpoint {

@@ -5,12 +5,12 @@
 #include <tuple>
 #include <utility>
 
-#include "backends/comm/autograd.h"
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "framework/model/dropout.h"
-#include "framework/model/moe.h"
-#include "framework/config/config.h"
+#include "hp/comm/autograd.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/model/dropout.h"
+#include "hp/model/moe.h"
+#include "hp/config/config.h"
 
 namespace hp::tensor_parallel {
 
@@ -227,7 +227,7 @@ class SequencePositions : public Layer {
 
 /// Under sequence parallel only: dropout on this rank's slice of the
 /// sequence with the mask elements one process draws at those positions
-/// (framework/model/dropout.h: a function of the global position).
+/// (include/hp/model/dropout.h: a function of the global position).
 class SequenceDropout : public Layer {
  public:
   SequenceDropout(const LayerSpec& s, BuildContext& ctx)

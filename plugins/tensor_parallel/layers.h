@@ -35,7 +35,7 @@
 #include <map>
 #include <string>
 
-#include "framework/model/layers.h"
+#include "hp/model/layers.h"
 
 namespace hp::tensor_parallel {
 

@@ -2,12 +2,12 @@
 // `size` ranks (the tp mesh dimension), with no change to model code.
 #include <algorithm>
 
-#include "backends/comm/mesh.h"
-#include "framework/config/config.h"
-#include "framework/model/extensions.h"
-#include "framework/model/model_info.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
+#include "hp/comm/mesh.h"
+#include "hp/config/config.h"
+#include "hp/model/extensions.h"
+#include "hp/model/model_info.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
 #include "plugins/tensor_parallel/layers.h"
 
 namespace hp::tensor_parallel {

@@ -5,9 +5,9 @@
 
 #include <deque>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "backends/memory/block_cache.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/memory/block_cache.h"
 
 namespace hp::zero {
 
@@ -51,7 +51,7 @@ class GradSlicer : public GradReducer {
     // reduce_per_micro_batch (stages 2 and 3: what a launch sent is
     // released, so each round carries its own micro-batch's gradients).
     // The rounds (micro-batches) are learned from the first step's counts.
-    if (release() && s_->options.per_micro_batch) launcher_->learn_rounds();
+    if (s_->options.rounds()) launcher_->learn_rounds();
   }
   // Stages 2 and 3 release what a launch sent, so the first step can launch
   // on a guess (one gradient per micro-batch) instead of holding every full
@@ -65,7 +65,7 @@ class GradSlicer : public GradReducer {
     if (s_->options.block_cache_bytes > 0 && micro_batches != micro_batches_) {
       micro_batches_ = micro_batches;
       std::size_t full = 0;
-      if (micro_batches > 1 && !s_->options.per_micro_batch) {
+      if (micro_batches > 1 && !s_->options.rounds()) {
         for (const auto& c : s_->cuts) full += static_cast<std::size_t>(c.param.tensor.numel()) * c.param.tensor.element_size();
       }
       memory::use_block_cache(kBlockCacheMin, s_->options.block_cache_bytes + full);

@@ -10,7 +10,7 @@
 // sent as soon as its backward made them, the slices adding up.
 #include <memory>
 
-#include "framework/optim/grad_sync.h"
+#include "hp/optim/grad_sync.h"
 #include "plugins/zero/param_residency.h"
 #include "plugins/zero/slices.h"
 

@@ -9,11 +9,11 @@
 #include <optional>
 #include <set>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "backends/memory/block_cache.h"
-#include "backends/profile/trace.h"
-#include "framework/model/aux_loss.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/memory/block_cache.h"
+#include "hp/profile/trace.h"
+#include "hp/model/aux_loss.h"
 
 namespace hp::zero {
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "framework/model/activations.h"
+#include "hp/model/activations.h"
 #include "plugins/zero/slices.h"
 
 namespace hp::zero {

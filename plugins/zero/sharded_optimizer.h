@@ -6,7 +6,7 @@
 // optimizer, and hands them to the parameters' residency.
 #include <memory>
 
-#include "framework/optim/optimizer.h"
+#include "hp/optim/optimizer.h"
 #include "plugins/zero/param_residency.h"
 #include "plugins/zero/slices.h"
 

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <map>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "backends/comm/mesh.h"
-#include "framework/optim/buckets.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/comm/mesh.h"
+#include "hp/optim/buckets.h"
 
 namespace hp::zero {
 

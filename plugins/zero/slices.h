@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "backends/comm/gather.h"
-#include "backends/comm/redistribute.h"
-#include "framework/model/build_context.h"
+#include "hp/comm/gather.h"
+#include "hp/comm/redistribute.h"
+#include "hp/model/build_context.h"
 
 namespace hp::dist {
 class DistributedContext;
@@ -44,11 +44,14 @@ struct ZeroOptions {
   int prefetch = 1;
   bool reshard_after_forward = true;
   /// reduce_per_micro_batch: reduce-scatter once per micro-batch (rounds).
-  bool per_micro_batch = false;
+  bool per_micro_batch = true;
   /// Stage 3's block cache: block_cache_mb in bytes (installed with it), 0: no cache.
   std::size_t block_cache_bytes = 0;
   double bucket_bytes = 25.0 * 1024 * 1024;
   bool overlap = true;
+  /// Whether the gradients go once per micro-batch: asked for, released
+  /// once sent (stages 2 and 3), and launched from backward (overlap).
+  bool rounds() const { return per_micro_batch && parts.release_full_grads && overlap; }
 };
 
 /// Stage 3's block cache serves blocks of at least this many bytes.

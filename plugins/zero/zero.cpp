@@ -11,12 +11,12 @@
 //    slices gathered after the step (stages 1 and 2), or released between
 //    uses and gathered per block with prefetch (stage 3).
 // The numbers are stage 1's at every stage, bitwise (the same sums).
-#include "backends/memory/block_cache.h"
-#include "framework/config/config.h"
-#include "framework/metrics/metrics.h"
-#include "framework/model/extensions.h"
-#include "framework/plugin/feature_runtime.h"
-#include "framework/plugin/plugin_export.h"
+#include "hp/memory/block_cache.h"
+#include "hp/config/config.h"
+#include "hp/metrics/registry.h"
+#include "hp/model/extensions.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/plugin/plugin_export.h"
 #include "plugins/zero/grad_slicer.h"
 #include "plugins/zero/param_residency.h"
 #include "plugins/zero/sharded_optimizer.h"
@@ -35,8 +35,9 @@ class ZeroFeature : public Feature {
     s.add_int(prefix + "stage", 1).range(1, 3)
         .describe("ZeRO stage: 1 shards the optimizer state over the data-parallel replicas; 2 also the gradients "
                   "(a rank keeps only its slices' gradients once they are reduce-scattered); 3 also the parameters "
-                  "(each block's are gathered before its forward and its backward, and released after). The "
-                  "numbers are the same at every stage, bitwise.");
+                  "(each block's are gathered before its forward and its backward, and released after). Every "
+                  "stage computes stage 1's numbers bitwise when the gradients are reduced once a step "
+                  "(reduce_per_micro_batch: false); per micro-batch (the default) within the parity bars.");
     s.add_int(prefix + "prefetch", 1).range(0, 64)
         .describe("Stage 3: how many blocks ahead (in forward; behind, in backward) a block's parameter gather is "
                   "issued while the current block computes.");
@@ -45,7 +46,7 @@ class ZeroFeature : public Feature {
                   "activations) from mappings of their own, freed ones kept for reuse by exact size, instead of "
                   "glibc's heap, where blocks gathered and freed between the activations fragment it and the "
                   "process holds far more than it uses.")
-        .note("12 x 768 GPT, dp=2: peak resident memory 2152 -> 1487 MiB (RFC 0006)");
+        .note("12 x 768 GPT, dp=2: peak resident memory 2152 -> 1487 MiB (bench/results/bench_zero.md)");
     s.add_int(prefix + "block_cache_mb", 256)
         .range(0, 1 << 20)
         .describe("Stage 3 with block_cache: at most this many MiB of freed blocks kept for reuse (the oldest are "
@@ -54,13 +55,16 @@ class ZeroFeature : public Feature {
                   "several micro-batches (reduce_per_micro_batch: false) the cache keeps their bytes on top: they "
                   "are in use at the peak anyway, and otherwise they are faulted in anew every step.")
         .note("12 x 768 GPT, dp=2: step 1.10-1.21x -> 1.00-1.05x plain dp's with the gradients kept on top, "
-              "peak unchanged (RFC 0006)");
-    s.add_bool(prefix + "reduce_per_micro_batch", false)
+              "peak unchanged (bench/results/bench_zero.md)");
+    s.add_bool(prefix + "reduce_per_micro_batch", true)
         .describe("Stages 2 and 3: reduce-scatter each micro-batch's gradients as soon as its backward has produced "
                   "them and add the slices up (as DeepSpeed and FSDP do), so no rank holds full gradients across "
-                  "micro-batches; false sums the micro-batches locally first and reduces once, stage 1's numbers "
-                  "bitwise. The sums then run in another order: within the parity bars, not bitwise. Needs "
-                  "distributed.overlap (the rounds are launched from backward).");
+                  "micro-batches: the sums run in another order than stage 1's, within the parity bars, not bitwise. "
+                  "false sums the micro-batches locally first and reduces once: stage 1's numbers bitwise, the full "
+                  "gradients held until the last micro-batch. Stage 1 (which keeps the full gradients) and "
+                  "distributed.overlap: false (the rounds are launched from backward) reduce once.")
+        .note("12 x 768 GPT, dp=2, 2 micro-batches a rank: training peak 0.92x -> 0.7x plain dp's at stage 2 "
+              "(bench/results/bench_zero.md)");
     s.add_bool(prefix + "reshard_after_forward", true)
         .describe("Stage 3: release a block's gathered parameters after its forward (gathered again for its "
                   "backward); false keeps them until the step's end: less communication, more memory.");
@@ -69,7 +73,7 @@ class ZeroFeature : public Feature {
   void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
     const Config& c = ctx.config;
     if (!c.ok({kStage, kPerMicroBatch})) return;
-    if (c.get_bool(kPerMicroBatch) && c.get_int(kStage) < 2) {
+    if (c.is_set(kPerMicroBatch) && c.get_bool(kPerMicroBatch) && c.get_int(kStage) < 2) {
       e.add(kPerMicroBatch, "true",
             "stage 1 keeps every full gradient, so reducing per micro-batch would only add communication",
             "features.zero.stage: 2 or 3, or reduce_per_micro_batch: false");

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <functional>
 
-#include "backends/comm/context.h"
+#include "hp/comm/context.h"
 #include "tools/hp_ckpt/layout.h"
 
 namespace hp::test {

@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "checkpoint/error.h"
-#include "checkpoint/file_names.h"
+#include "hp/checkpoint/file_names.h"
 #include "checkpoint/reader.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 

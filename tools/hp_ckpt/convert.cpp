@@ -1,7 +1,7 @@
 // hp-ckpt convert DIR --to OUT: an offline re-shard into a committed
 // checkpoint of the target layout, written by one CheckpointWriter per target
 // rank. Each piece of the target layout is written once, by one of its
-// holders, chosen by the sharded writer's rule (checkpoint/write_plan.h), so
+// holders, chosen by the sharded writer's rule (include/hp/checkpoint/write_plan.h), so
 // replicas share the writing as they do in a run.
 #include <ATen/ATen.h>
 
@@ -11,8 +11,8 @@
 
 #include "checkpoint/error.h"
 #include "checkpoint/reader.h"
-#include "checkpoint/write_plan.h"
-#include "checkpoint/writer.h"
+#include "hp/checkpoint/write_plan.h"
+#include "hp/checkpoint/writer.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"
 #include "tools/hp_ckpt/recut.h"
@@ -36,7 +36,7 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
 
   // Plan every piece before writing anything, so a bad size fails first:
   // each target rank lists the piece of every tensor it holds, and the
-  // sharded writer's rule (checkpoint/write_plan.h) picks one writer each.
+  // sharded writer's rule (include/hp/checkpoint/write_plan.h) picks one writer each.
   std::vector<std::vector<Piece>> held(static_cast<std::size_t>(world));
   std::vector<std::vector<ckpt::SliceDesc>> by_rank(static_cast<std::size_t>(world));
   for (const auto& [name, record] : manifest.tensors) {

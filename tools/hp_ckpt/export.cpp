@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/comm/rank_files.h"
 #include "checkpoint/error.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
@@ -107,8 +108,7 @@ int run_per_rank(const std::string& dir, const std::string& out, const TargetLay
       tensors.emplace_back(name, reader.read(name, p.offsets, p.lengths));
       slices[name] = {{"global_shape", record.global_shape}, {"offsets", p.offsets}};
     }
-    char sub[32];
-    std::snprintf(sub, sizeof sub, "rank_%05d", r);
+    const std::string sub = dist::rank_file_name("", r, "");
     const fs::path rank_dir = fs::path(out) / sub;
     make_dir(rank_dir);
     ckpt::write_safetensors((rank_dir / "model.safetensors").string(), tensors,

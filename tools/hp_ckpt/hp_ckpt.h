@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/manifest.h"
 
 namespace hp::ckpt_tool {
 

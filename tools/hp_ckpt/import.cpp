@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 #include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
-#include "checkpoint/writer.h"
+#include "hp/checkpoint/writer.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"
 

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "checkpoint/detail/fs.h"
-#include "checkpoint/file_names.h"
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/file_names.h"
+#include "hp/checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 

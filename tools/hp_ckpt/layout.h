@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 
 namespace hp::ckpt_tool {
 

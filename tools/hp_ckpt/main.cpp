@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 #include "checkpoint/error.h"
 #include "tools/exit_now.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
@@ -34,7 +34,7 @@ loads any other.
 tensor whole, by global name; optimizer state, i.e. tensors stored in optim-*
 files, is left out) and config.json (step, layout, config hash, state step).
 
---per-rank: OUT is a new directory with rank_NNNNN/model.safetensors per
+--per-rank: OUT is a new directory with rankNNNNN/model.safetensors per
 target rank, holding only that rank's slices of the model tensors (its
 __metadata__ hp_slices gives each slice's global shape and offsets), and
 config.json listing every rank's coordinates. Ranks are numbered as the

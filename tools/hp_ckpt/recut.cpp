@@ -5,7 +5,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "backends/comm/placement.h"
+#include "hp/comm/placement.h"
 #include "checkpoint/error.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 #include "tools/hp_ckpt/layout.h"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/mesh.h"
-#include "checkpoint/manifest.h"
+#include "hp/comm/mesh.h"
+#include "hp/checkpoint/manifest.h"
 
 namespace hp::ckpt_tool {
 

@@ -17,8 +17,8 @@
 
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
-#include "checkpoint/file_names.h"
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/file_names.h"
+#include "hp/checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 

@@ -1,5 +1,5 @@
 // hp-flight: compares the flight records the ranks of a failed or stalled
-// run wrote (<run.output_dir>/flight/rank<R>.json): why each rank wrote
+// run wrote (<run.output_dir>/flight/rank<RRRRR>.json): why each rank wrote
 // its record, and per group who entered and completed which operation,
 // who is behind and which calls do not match. Exit 0 after printing, 2 on
 // bad input.
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     }
   }
   if (ec || records.empty()) {
-    std::fprintf(stderr, "hp-flight: no flight records (rank<R>.json) in %s\n", dir.c_str());
+    std::fprintf(stderr, "hp-flight: no flight records (rank<RRRRR>.json) in %s\n", dir.c_str());
     return 2;
   }
   std::printf("%zu flight records in %s\n", records.size(), dir.c_str());

@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "backends/comm/env.h"
-#include "backends/comm/mesh.h"
-#include "backends/fault/fault.h"
-#include "framework/config/config.h"
+#include "hp/comm/env.h"
+#include "hp/comm/mesh.h"
+#include "hp/fault/fault.h"
+#include "hp/config/config.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"

@@ -64,7 +64,7 @@ stop_case ep2 cont "stall on group 'ep': rank 1 has not entered all_to_all #[0-9
 stop_case zero kill "stall on group 'dp': rank 1 has not entered reduce_scatter #[0-9]+ and its heartbeat stopped \(last seen in [^;]+; last heartbeat [0-9.]+ s ago\); rank 0 has waited [0-9.]+ s in reduce_scatter \(issued in step [0-9]+, backward of micro-batch [0-9]+; now in step [0-9]+, gradient sync\)" \
   --set features.zero.enabled=true
 grep -qE "rank 1 \(pid [0-9]+\) failed: killed by signal 9 \(SIGKILL\)" "$WORK/zero.log" || { cat "$WORK/zero.log"; fail "zero: the summary does not name the killed rank"; }
-[[ -s "$WORK/zero/flight/rank0.json" ]] || { cat "$WORK/zero.log"; fail "zero: rank 0 wrote no flight record"; }
+[[ -s "$WORK/zero/flight/rank00000.json" ]] || { cat "$WORK/zero.log"; fail "zero: rank 0 wrote no flight record"; }
 cmp=$("$BIN/hp-flight" "$WORK/zero/flight") || fail "hp-flight failed: $cmp"
 echo "== hp-flight after the kill"; echo "$cmp" | head -12
 grep -qE "^  rank 0: entered [0-9]+, completed [0-9]+, in reduce_scatter #[0-9]+ \([a-z ]+, step [0-9]+, (gradient sync|backward of micro-batch [0-9]+)\)" <<<"$cmp" \

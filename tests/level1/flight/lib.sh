@@ -42,7 +42,7 @@ stall_case() {
   trap "kill $ref 2>/dev/null; rm -rf '$WORK'" EXIT
   wait_steps "$WORK/$name" 3 120 || { kill $pid; cat "$WORK/$name.log"; fail "$name: no step 3"; }
   # Stop it once its heartbeat has published a step (beats are 0.5 s apart).
-  wait_for "$WORK/$name/flight/heartbeat-rank$victim.json" '"step":[1-9]' 30 \
+  wait_for "$WORK/$name/flight/heartbeat-rank$(printf %05d "$victim").json" '"step":[1-9]' 30 \
     || { kill $pid; cat "$WORK/$name.log"; fail "$name: rank $victim published no step"; }
   local vpid
   vpid=$(worker_pid "$WORK/$name.log" "$victim") || { kill $pid; fail "$name: no worker of rank $victim"; }

@@ -53,7 +53,7 @@ def cols(t, lo, hi):  # columns [lo, hi)
     return array("f", [x[i * c + j] for i in range(r) for j in range(lo, hi)])
 w = load(sys.argv[1] + "/whole/model.safetensors")
 for r in range(4):
-    mine = {k: t[1] for k, t in load("%s/per_rank/rank_%05d/model.safetensors" % (sys.argv[1], r)).items()}
+    mine = {k: t[1] for k, t in load("%s/per_rank/rank%05d/model.safetensors" % (sys.argv[1], r)).items()}
     f = w["blocks.0.mlp.fc1.weight"][0][0] // 4  # FFN split 4 ways: rank r holds piece r
     assert mine["blocks.0.mlp.fc1.weight"] == rows(w["blocks.0.mlp.fc1.weight"], r * f, (r + 1) * f), r
     assert mine["blocks.0.mlp.fc2.weight"] == cols(w["blocks.0.mlp.fc2.weight"], r * f, (r + 1) * f), r

@@ -11,8 +11,11 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
+# The buckets keep their declared order here (distributed.rebuild_buckets:
+# false): its check after the first step is communication overlap alone
+# would not add; the rebuild is compared on its own at the end.
 common=(--set training.max_steps=3 --set training.eval_interval=0 --set training.dump_grads_at_step=2
-        --set distributed.bucket_size_mb=0.004 --set metrics.peak_flops=1e10)
+        --set distributed.bucket_size_mb=0.004 --set metrics.peak_flops=1e10 --set distributed.rebuild_buckets=false)
 moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2)
 run() {  # NAME NPROC OVERLAP ARGS...
   local name=$1 n=$2 ov=$3; shift 3
@@ -38,11 +41,24 @@ def steps(d):
     return {j["step"]: {k: v for k, v in j.items() if k.startswith("comm_bytes")}
             for j in map(json.loads, open(d + "/metrics.jsonl")) if "step" in j and "loss" in j}
 off, on = steps(sys.argv[1]), steps(sys.argv[2])
+# zero's parameter all-gathers after the update travel two buckets ahead of
+# the blocks that read them (overlap on): the rest of step s's are issued,
+# and counted, in step s + 1's forward. Those series (and the total) are
+# held cumulatively: never more than the blocking run's, at most one step
+# behind it; every other series equal step by step.
+late = lambda k: k.endswith("_all_gather") or k == "comm_bytes"
 for s in sorted(off):
-    if off[s] != on.get(s):
-        diff = sorted(k for k in set(off[s]) | set(on.get(s, {})) if off[s].get(k) != on.get(s, {}).get(k))
+    keys = set(off[s]) | set(on.get(s, {}))
+    diff = sorted(k for k in keys if not late(k) and off[s].get(k) != on.get(s, {}).get(k))
+    if diff:
         sys.exit(f"step {s}: bytes per group and op differ: {diff[:4]}")
-print(f"-- bytes per step per group and op equal at steps {sorted(off)} ({len(off[max(off)])} series)")
+    for k in filter(late, keys):
+        got = sum(on[t].get(k, 0) for t in on if t <= s)
+        upto = sum(off[t].get(k, 0) for t in off if t <= s)
+        before = sum(off[t].get(k, 0) for t in off if t < s)
+        if not before <= got <= upto:
+            sys.exit(f"step {s}: {k}: {got:.0f} bytes sent through step {s}, the blocking run {upto:.0f} ({before:.0f} a step before)")
+print(f"-- bytes per step per group and op equal at steps {sorted(off)} ({len(off[max(off)])} series; all-gathers at most a step late)")
 PY
   read -r e_on total < <(early "$WORK/${name}_on" 2)
   read -r e_off _ < <(early "$WORK/${name}_off" 2)
@@ -81,4 +97,37 @@ for name in zero2 zero2rc; do
   [[ $f_on == "$g_on" ]] || fail "$name: overlap on: $f_on of $g_on gathers were waited in forward"
   [[ $f_off == 0 ]] || fail "$name: overlap off: $f_off gathers waited in forward"
 done
+# The buckets rebuilt in arrival order after step 1 (distributed.rebuild_buckets)
+# against the declared order, overlap on, dp=2 with tied embeddings (the
+# shared weight's first gradient comes from the head, early in backward,
+# far from its declared place): bitwise the same numbers, and from step 3
+# the same bytes per group and operation (the replicas' check that they cut
+# the same buckets, a few integers, runs between steps 1 and 2).
+tie=(--set model.tie_embeddings=true)
+run tied_declared 2 true "${tie[@]}"
+run tied_rebuilt 2 true "${tie[@]}" --set distributed.rebuild_buckets=true
+echo "== dp2, tied embeddings: buckets rebuilt in arrival order vs declared order"
+"$BIN/hp-compare" "$WORK/tied_declared" "$WORK/tied_rebuilt" --exact --grads-step 2 --phase "rebuilt gradient buckets" \
+  || fail "rebuilt buckets changed the numbers"
+python3 - "$WORK/tied_declared" "$WORK/tied_rebuilt" <<'PY' || fail "rebuilt buckets"
+import json, sys
+def rows(d):
+    return {j["step"]: j for j in map(json.loads, open(d + "/metrics.jsonl")) if "step" in j and "loss" in j}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+rebuilt = [b[s].get("grad_buckets_rebuilt") for s in sorted(b)]
+if rebuilt[-1] != 1 or "grad_buckets_rebuilt" in a[max(a)]:
+    sys.exit(f"grad_buckets_rebuilt: {rebuilt} with rebuild_buckets, {a[max(a)].get('grad_buckets_rebuilt')} without")
+extra = 0
+for s in sorted(a):
+    ca = {k: v for k, v in a[s].items() if k.startswith("comm_bytes")}
+    cb = {k: v for k, v in b[s].items() if k.startswith("comm_bytes")}
+    diff = {k: cb.get(k, 0) - ca.get(k, 0) for k in set(ca) | set(cb) if ca.get(k, 0) != cb.get(k, 0)}
+    # The replicas' check (a few integers) runs once, between steps 1 and 2.
+    if diff and (s > 2 or any(not 0 < v <= 64 for k, v in diff.items() if k != "comm_bytes")):
+        sys.exit(f"step {s}: bytes differ: {diff}")
+    extra += diff.get("comm_bytes", 0)
+print(f"-- rebuilt after step 1 ({rebuilt}); step 2: {b[2]['grad_buckets_early']:.0f} of {b[2]['grad_buckets']:.0f} "
+      f"buckets launched during backward (declared order: {a[2]['grad_buckets_early']:.0f}); bytes equal from step 3, "
+      f"{extra:.0f} bytes of the check before")
+PY
 echo PASS

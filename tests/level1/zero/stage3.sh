@@ -14,7 +14,9 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
-common=(--set training.dump_grads_at_step=1 --set features.zero.enabled=true)
+# Reduced once per step (reduce_per_micro_batch: false): the sums of stage
+# 1, so stage 3's numbers are stage 1's bitwise.
+common=(--set training.dump_grads_at_step=1 --set features.zero.enabled=true --set features.zero.reduce_per_micro_batch=false)
 moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2)
 run() {  # NAME NPROC STAGE ARGS...
   local name=$1 n=$2 st=$3; shift 3

@@ -10,7 +10,7 @@
 #include <csignal>
 #include <nlohmann/json.hpp>
 
-#include "backends/fault/fault.h"
+#include "hp/fault/fault.h"
 #include "checkpoint/checkpoint.h"
 #include "tests/ut/checkpoint/test_util.h"
 

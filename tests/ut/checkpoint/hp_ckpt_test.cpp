@@ -545,7 +545,7 @@ TEST(HpCkptConvert, PerRankHoldsOnlyThatRanksSlices) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (int rank = 0; rank < 4; ++rank) {
     char sub[64];
-    std::snprintf(sub, sizeof sub, "ranks/rank_%05d/model.safetensors", rank);
+    std::snprintf(sub, sizeof sub, "ranks/rank%05d/model.safetensors", rank);
     const SafetensorsReader file(out / sub);
     const int tp = rank % 2;  // rank = dp * tp_size + tp
     EXPECT_EQ(file.names().size(), 3u);
@@ -558,7 +558,7 @@ TEST(HpCkptConvert, PerRankHoldsOnlyThatRanksSlices) {
   }
   const json config = json::parse(read_bytes(out / "ranks/config.json"));
   EXPECT_EQ(config["ranks"][3], json({{"rank", 3},
-                                      {"dir", "rank_00003"},
+                                      {"dir", "rank00003"},
                                       {"pp", 0},
                                       {"dp", 1},
                                       {"tp", 1},

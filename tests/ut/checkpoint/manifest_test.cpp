@@ -1,6 +1,6 @@
 // The manifest model: JSON round trip, version refusal, validation messages
 // and the tiling rule commit enforces.
-#include "checkpoint/manifest.h"
+#include "hp/checkpoint/manifest.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Config parsing, overrides, defaults and every kind of refusal.
 #include <gtest/gtest.h>
 
-#include "framework/config/config.h"
+#include "hp/config/config.h"
 #include "framework/runtime/setup.h"
 
 namespace {

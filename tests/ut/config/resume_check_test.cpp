@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/writer.h"
-#include "framework/config/config.h"
+#include "hp/checkpoint/writer.h"
+#include "hp/config/config.h"
 #include "framework/model/registry.h"
 #include "framework/runtime/setup.h"
 

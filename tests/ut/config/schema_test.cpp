@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "framework/config/schema.h"
+#include "hp/config/schema.h"
 
 TEST(Schema, LegalTextNamesTheRange) {
   hp::Schema s;

@@ -12,11 +12,11 @@
 #include <set>
 #include <vector>
 
-#include "backends/comm/context.h"
-#include "framework/model/block_attention.h"
-#include "framework/model/layers.h"
-#include "framework/model/moe.h"
-#include "framework/model/sequence_layout.h"
+#include "hp/comm/context.h"
+#include "hp/model/block_attention.h"
+#include "hp/model/layers.h"
+#include "hp/model/moe.h"
+#include "hp/model/sequence_layout.h"
 #include "plugins/context_parallel/ring_attention.h"
 #include "tests/support/multi_rank.h"
 

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backends/comm/autograd.h"
-#include "backends/comm/group.h"
+#include "hp/comm/autograd.h"
+#include "hp/comm/group.h"
 #include "tests/support/multi_rank.h"
 
 using hp::dist::DistributedContext;

@@ -1,4 +1,4 @@
-// The block cache (backends/memory/block_cache.h) as the process's CPU
+// The block cache (include/hp/memory/block_cache.h) as the process's CPU
 // allocator: large blocks reused by exact size, small ones to the allocator
 // before it, the cap on what it keeps, the per-step trim, and c10's raw
 // allocate / deallocate. One process-wide allocator: the tests run in order
@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "backends/memory/block_cache.h"
+#include "hp/memory/block_cache.h"
 
 namespace {
 

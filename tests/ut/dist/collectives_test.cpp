@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backends/comm/gather.h"
-#include "backends/comm/group.h"
+#include "hp/comm/gather.h"
+#include "hp/comm/group.h"
 #include "tests/support/multi_rank.h"
 
 using hp::dist::DistributedContext;

@@ -1,4 +1,4 @@
-#include "backends/comm/env.h"
+#include "hp/comm/env.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "backends/comm/flight_analysis.h"
-#include "backends/comm/flight_recorder.h"
+#include "hp/comm/flight_recorder.h"
 
 namespace flight = hp::dist::flight;
 
@@ -291,7 +291,7 @@ TEST(FlightWatchdog, ReportsOnceAndDumpsARecord) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto other = beat(1, flight::now_seconds(), {8, flight::Phase::kBackward, 0}, 2, "");
-  std::ofstream(dir + "/heartbeat-rank1.json") << flight::to_json(other);
+  std::ofstream(dir + "/heartbeat-rank00001.json") << flight::to_json(other);
   auto rec = std::make_shared<flight::Recorder>(0, 32);
   rec->add_group("dp", {0, 1});
   for (int i = 0; i < 2; ++i) rec->finish(rec->issue("dp", "all_reduce", flight::Kind::kCollective, -1, 4096), true);
@@ -315,12 +315,12 @@ TEST(FlightWatchdog, ReportsOnceAndDumpsARecord) {
   ASSERT_EQ(reported.size(), 1u) << "reported once per operation";
   EXPECT_NE(reported[0].find("stall on group 'dp': rank 1 has not entered all_reduce #3"), std::string::npos)
       << reported[0];
-  EXPECT_TRUE(std::filesystem::exists(dir + "/heartbeat-rank0.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/heartbeat-rank00000.json"));
   std::filesystem::remove_all(dir);
 }
 
 // The watchdog (a stall), the stop thread (SIGTERM) and a failing main
-// thread may each write rank<R>.json at the same moment: every record on
+// thread may each write rank<RRRRR>.json at the same moment: every record on
 // disk is one whole record, never one writer's text with another's tail.
 TEST(FlightWatchdog, RecordsWrittenAtOnceFromManyThreadsStayWhole) {
   const std::string dir = (std::filesystem::temp_directory_path() / "hp_flight_ut_race").string();
@@ -345,7 +345,7 @@ TEST(FlightWatchdog, RecordsWrittenAtOnceFromManyThreadsStayWhole) {
   std::atomic<int> broken{0};
   std::thread reader([&] {
     while (!done) {
-      std::ifstream r(dir + "/rank0.json");
+      std::ifstream r(dir + "/rank00000.json");
       if (!r.good()) continue;
       std::stringstream t;
       t << r.rdbuf();
@@ -356,7 +356,7 @@ TEST(FlightWatchdog, RecordsWrittenAtOnceFromManyThreadsStayWhole) {
   done = true;
   reader.join();
   EXPECT_EQ(broken.load(), 0) << "reads found a record that is not one whole JSON document";
-  std::ifstream in(dir + "/rank0.json");
+  std::ifstream in(dir + "/rank00000.json");
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_NO_THROW((void)nlohmann::json::parse(text.str())) << "the record on disk is not one whole JSON document";

@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 #include "tools/hp_ckpt/layout.h"
 
 using hp::dist::MeshPlan;

@@ -1,15 +1,15 @@
-// backends/comm/placement.h: the one cut of a global tensor into the part a
+// include/hp/comm/placement.h: the one cut of a global tensor into the part a
 // member of a placement holds, and its inverse. For every placement kind at
 // 1 to 4 parts on every tensor dimension, even and uneven, and for nested
 // placements (a tensor-parallel slice cut again by zero, two dimensions
 // sharded at once, a shard inside a head-tail), placing every member's cut
 // back is bitwise the identity and the members' parts tile the tensor once.
-#include "backends/comm/placement.h"
+#include "hp/comm/placement.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backends/comm/mesh.h"
+#include "hp/comm/mesh.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// backends/comm/redistribute.h on real Gloo groups (one thread per rank):
+// include/hp/comm/redistribute.h on real Gloo groups (one thread per rank):
 // every pair of placements (replicate, partial, shard along either tensor
 // dimension) over meshes of one, two and three dimensions, on a tensor
 // whose dimensions the members split unevenly. The partial sums are of
@@ -7,15 +7,15 @@
 // over the mesh's flat group, a bucket of differently shaped tensors moves
 // in one collective per step, the reduction type is honoured, and changes
 // nothing makes are refused.
-#include "backends/comm/redistribute.h"
+#include "hp/comm/redistribute.h"
 
 #include <gtest/gtest.h>
 
 #include <iostream>
 #include <torch/torch.h>
 
-#include "backends/comm/context.h"
-#include "backends/comm/mesh.h"
+#include "hp/comm/context.h"
+#include "hp/comm/mesh.h"
 #include "tests/support/multi_rank.h"
 
 namespace {

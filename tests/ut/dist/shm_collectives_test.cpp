@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
 #include "tests/support/multi_rank.h"
 
 extern char** environ;

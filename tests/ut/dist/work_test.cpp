@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/group.h"
-#include "backends/profile/trace.h"
+#include "hp/comm/group.h"
+#include "hp/profile/trace.h"
 #include "tests/support/multi_rank.h"
 
 using hp::dist::CommError;

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 
 namespace hp::metrics {
 namespace {

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 #include "tests/ut/metrics/test_helpers.h"
 
 namespace hp::metrics {

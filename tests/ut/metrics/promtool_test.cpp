@@ -9,7 +9,7 @@
 #include <string>
 
 #include "framework/metrics/exposition.h"
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 #include "tests/ut/metrics/test_helpers.h"
 
 namespace hp::metrics {

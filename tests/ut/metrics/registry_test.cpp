@@ -1,5 +1,5 @@
 // The registry: children per label set, refusals, common labels, threads.
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 
 #include <gtest/gtest.h>
 #include <prometheus/metric_family.h>

@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "framework/config/config.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/config/config.h"
 #include "framework/metrics/exposition.h"
-#include "framework/metrics/registry.h"
+#include "hp/metrics/registry.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/throughput.h"
-#include "framework/trainer/training_metrics.h"
+#include "hp/trainer/training_metrics.h"
 #include "tests/support/multi_rank.h"
 #include "tests/ut/metrics/test_helpers.h"
 

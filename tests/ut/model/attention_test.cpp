@@ -10,9 +10,9 @@
 #include <iostream>
 #include <vector>
 
-#include "framework/model/block_attention.h"
-#include "framework/model/layers.h"
-#include "framework/trainer/training_metrics.h"
+#include "hp/model/block_attention.h"
+#include "hp/model/layers.h"
+#include "hp/trainer/training_metrics.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Layout-free dropout: a mask element is a pure function of (seed, step,
 // global sample, layer, global position, feature), so a slice of the batch
 // or of the sequence draws exactly the elements the whole would.
-#include "framework/model/dropout.h"
+#include "hp/model/dropout.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

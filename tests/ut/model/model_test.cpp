@@ -4,17 +4,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backends/comm/context.h"
-#include "framework/config/config.h"
-#include "framework/data/dataset.h"
+#include "hp/comm/context.h"
+#include "hp/config/config.h"
+#include "hp/data/dataset.h"
 #include "framework/data/registry.h"
-#include "framework/model/aux_loss.h"
-#include "framework/model/extensions.h"
-#include "framework/model/layers.h"
-#include "framework/model/model.h"
+#include "hp/model/aux_loss.h"
+#include "hp/model/extensions.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
 #include "framework/model/registry.h"
 #include "framework/runtime/setup.h"
-#include "framework/trainer/executor.h"
+#include "hp/trainer/executor.h"
 
 namespace {
 

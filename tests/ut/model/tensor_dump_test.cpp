@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/model/aux_loss.h"
-#include "framework/model/dropout.h"
+#include "hp/model/aux_loss.h"
+#include "hp/model/dropout.h"
 #include "framework/model/tensor_dump.h"
 
 namespace td = hp::tensor_dump;

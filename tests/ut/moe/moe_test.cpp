@@ -3,7 +3,7 @@
 // auxiliary losses against hand-computed values, and the expert-parallel
 // dispatch (the real plugin) against the dense layer on Gloo ranks, with
 // uneven counts, a rank that receives nothing and every token on one expert.
-#include "framework/model/moe.h"
+#include "hp/model/moe.h"
 
 #include <gtest/gtest.h>
 
@@ -12,14 +12,14 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
-#include "backends/comm/context.h"
-#include "backends/profile/trace.h"
-#include "framework/config/config.h"
-#include "framework/model/build_context.h"
-#include "framework/model/extensions.h"
+#include "hp/comm/context.h"
+#include "hp/profile/trace.h"
+#include "hp/config/config.h"
+#include "hp/model/build_context.h"
+#include "hp/model/extensions.h"
 #include "framework/model/packed_gemm.h"
-#include "framework/optim/grad_sync.h"
-#include "framework/plugin/feature_runtime.h"
+#include "hp/optim/grad_sync.h"
+#include "hp/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "tests/support/multi_rank.h"
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "framework/optim/buckets.h"
-#include "framework/optim/grad_sync.h"
+#include "hp/optim/buckets.h"
+#include "hp/optim/grad_sync.h"
 
 namespace {
 

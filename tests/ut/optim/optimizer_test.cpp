@@ -8,15 +8,15 @@
 #include <thread>
 #include <torch/torch.h>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "framework/model/extensions.h"
-#include "framework/model/layers.h"
-#include "framework/config/config.h"
-#include "framework/optim/grad_sync.h"
-#include "framework/optim/optimizer.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/model/extensions.h"
+#include "hp/model/layers.h"
+#include "hp/config/config.h"
+#include "hp/optim/grad_sync.h"
+#include "hp/optim/optimizer.h"
 #include "framework/optim/sum_squares.h"
-#include "framework/plugin/feature_runtime.h"
+#include "hp/plugin/feature_runtime.h"
 #include "framework/runtime/setup.h"
 #include "tests/support/multi_rank.h"
 
@@ -226,7 +226,9 @@ std::vector<hp::ParamEntry> mesh_params(hp::dist::DistributedContext& d) {
     if (dim >= 0 && T > 1) {
       auto [off, len] = hp::split_range(whole.size(dim), T, t);
       e.spec.placements = {{"tp", hp::dist::Placement::shard(dim)}};
-      e.spec.box = hp::dist::range_box(e.spec.global_shape, dim, off, len);
+      e.spec.box = {std::vector<std::int64_t>(e.spec.global_shape.size(), 0), e.spec.global_shape};
+      e.spec.box.offsets[static_cast<std::size_t>(dim)] = off;
+      e.spec.box.lengths[static_cast<std::size_t>(dim)] = len;
       local = whole.narrow(dim, off, len);
     }
     e.spec.grad = e.spec.placements;
@@ -464,4 +466,60 @@ TEST(Zero, Stage3AFailedGatherNamesTheBlockAndTheRank) {
         }
       },
       std::chrono::milliseconds(1000));
+}
+
+// distributed.rebuild_buckets: after the first step the buckets follow the
+// order the gradients arrived in. A chain used in reverse (w3 first, so
+// backward reaches w0 first) is rebuilt: the one bucket's flat tensor then
+// holds w0's gradient first; the sums stay bitwise those of a reducer that
+// keeps the declared order (dp=2: one sum of two terms). A chain used in
+// declared order arrives in the declared reverse order: nothing to rebuild.
+TEST(GradReducer, BucketsRebuiltInArrivalOrderKeepTheSums) {
+  for (bool reversed : {true, false}) {
+    hp::test::run_ranks(2, [&](hp::dist::DistributedContext& d) {
+      auto chain = [](std::uint64_t seed) {
+        std::vector<hp::ParamEntry> out;
+        for (int i = 0; i < 4; ++i) {
+          hp::ParamEntry e;
+          e.spec.name = "w" + std::to_string(i);
+          e.spec.global_shape = {3};
+          e.spec.grad = {{"dp", hp::dist::Placement::partial()}};
+          e.tensor = torch::rand({3}, torch::make_generator<at::CPUGeneratorImpl>(seed + i)).add_(0.5).requires_grad_(true);
+          out.push_back(e);
+        }
+        return out;
+      };
+      auto ours = chain(11), ref = chain(11);
+      auto rebuilt = hp::make_bucketed_reducer(hp::ReducerOptions{1 << 20, true, true}, ours, d);
+      auto declared = hp::make_bucketed_reducer(hp::ReducerOptions{1 << 20, true, false}, ref, d);
+      auto step = [&](std::vector<hp::ParamEntry>& ps, hp::GradReducer& red, int s) {
+        for (auto& p : ps) p.tensor.mutable_grad().zero_();
+        red.begin_step(1);
+        auto y = torch::full({3}, 1.0 + d.rank() + 0.25 * s);
+        if (reversed) {
+          for (int i = 3; i >= 0; --i) y = y * ps[static_cast<std::size_t>(i)].tensor;
+        } else {
+          for (auto& p : ps) y = y * p.tensor;
+        }
+        y.sum().backward();
+        red.backward_done();
+        red.reduce();
+      };
+      for (int s = 1; s <= 3; ++s) {
+        step(ours, *rebuilt, s);
+        step(ref, *declared, s);
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          EXPECT_TRUE(torch::equal(ours[i].tensor.grad(), ref[i].tensor.grad()))
+              << ours[i].spec.name << " at step " << s << " on rank " << d.rank();
+        }
+      }
+      std::map<std::string, double> f;
+      rebuilt->report(f);
+      EXPECT_EQ(f["grad_buckets_rebuilt"], reversed ? 1.0 : 0.0);
+      // The one bucket's flat tensor, in the order the gradients arrived.
+      const auto* w0 = static_cast<const float*>(ours[0].tensor.grad().data_ptr());
+      const auto* w3 = static_cast<const float*>(ours[3].tensor.grad().data_ptr());
+      EXPECT_EQ(reversed ? w3 - w0 : w0 - w3, 9) << "w0 and w3 at the ends of the bucket";
+    });
+  }
 }

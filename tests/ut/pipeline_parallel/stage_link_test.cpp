@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "backends/comm/group.h"
+#include "hp/comm/group.h"
 #include "plugins/pipeline_parallel/stage_link.h"
 #include "tests/support/multi_rank.h"
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "framework/config/config.h"
+#include "hp/config/config.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/trainer.h"
 #include "tests/support/beside_executable.h"

@@ -5,16 +5,16 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backends/comm/context.h"
-#include "framework/config/config.h"
-#include "framework/optim/grad_sync.h"
-#include "framework/optim/optimizer.h"
-#include "framework/plugin/api_hash.h"
-#include "framework/plugin/feature_runtime.h"
+#include "hp/comm/context.h"
+#include "hp/config/config.h"
+#include "hp/optim/grad_sync.h"
+#include "hp/optim/optimizer.h"
+#include "hp/plugin/api_hash.h"
+#include "hp/plugin/feature_runtime.h"
 #include "framework/plugin/loader.h"
 #include "framework/util/build_info.h"
-#include "framework/trainer/checkpoint_adapter.h"
-#include "framework/trainer/executor.h"
+#include "hp/trainer/checkpoint_adapter.h"
+#include "hp/trainer/executor.h"
 #include "framework/runtime/setup.h"
 #include "tests/support/beside_executable.h"
 

@@ -1,7 +1,7 @@
 // The profiler's recorder and its Chrome trace-event files: nothing kept
 // while off; spans nest per thread with begin <= end; one process track per
 // rank; merged ranks keep exact nanosecond nesting on one time origin.
-#include "backends/profile/trace.h"
+#include "hp/profile/trace.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/model/block_attention.h"
+#include "hp/model/block_attention.h"
 #include "plugins/recompute/checkpoint_function.h"
 
 namespace {

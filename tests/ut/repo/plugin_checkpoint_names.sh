@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# No plugin spells a checkpoint file name: checkpoint/file_names.h is the one
+# No plugin spells a checkpoint file name: include/hp/checkpoint/file_names.h is the one
 # place that knows them (model_file_name, optim_file_name, part_file_name,
 # failed_file_name, staging_dir, step_dir_name, kManifestFileName, ...), and
 # every checkpoint IO calls it. Greps every file under plugins/ for the
@@ -12,7 +12,7 @@ SRC=${1:?usage: plugin_checkpoint_names.sh SOURCE_DIR}
 # rule|Perl regex
 rules=(
   'a tensor file (ckpt::model_file_name / optim_file_name)|safetensors'
-  'a per-rank file name pattern (checkpoint/file_names.h)|rank%0?\d*d'
+  'a per-rank file name pattern (include/hp/checkpoint/file_names.h)|rank%0?\d*d'
   'the manifest (ckpt::kManifestFileName)|manifest\.json'
   'the run state file (ckpt::kStateFileName)|\bstate\.json\b'
   'a rank part of the manifest (ckpt::part_file_name)|shards-rank'
@@ -56,7 +56,7 @@ done
 scan "$SRC/plugins"
 n=$?
 if ((n)); then
-  echo "FAIL: $n place(s) in plugins/ spell a checkpoint file name; call checkpoint/file_names.h instead"
+  echo "FAIL: $n place(s) in plugins/ spell a checkpoint file name; call include/hp/checkpoint/file_names.h instead"
   exit 1
 fi
 echo "PASS: no plugin spells a checkpoint file name (${#rules[@]} patterns, each proven on a planted line)"

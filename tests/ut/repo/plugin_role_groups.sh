@@ -104,7 +104,7 @@ done
 scan "$SRC/plugins"
 n=$?
 if ((n)); then
-  echo "FAIL: $n place(s) in plugins/ spell role groups; state placements (backends/comm/placement.h) instead"
+  echo "FAIL: $n place(s) in plugins/ spell role groups; state placements (include/hp/comm/placement.h) instead"
   exit 1
 fi
 echo "PASS: no plugin spells a role group (joins, the data dimension or a carve's remainder, another plugin's dimensions; each rule proven on a planted line)"

@@ -1,4 +1,4 @@
-#include "checkpoint/write_plan.h"
+#include "hp/checkpoint/write_plan.h"
 
 #include <gtest/gtest.h>
 

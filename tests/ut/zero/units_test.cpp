@@ -9,10 +9,10 @@
 
 #include <set>
 
-#include "backends/comm/context.h"
-#include "backends/comm/group.h"
-#include "backends/comm/slice.h"
-#include "framework/optim/optimizer.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/comm/slice.h"
+#include "hp/optim/optimizer.h"
 #include "plugins/zero/grad_slicer.h"
 #include "plugins/zero/param_residency.h"
 #include "plugins/zero/sharded_optimizer.h"

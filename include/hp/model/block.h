@@ -1,0 +1,40 @@
+#pragma once
+// A model is an ordered list of named blocks plus a loss. Each block maps
+// Activations -> Activations and can say what it costs, which the pipeline
+// feature uses to balance stages.
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hp/model/activations.h"
+
+namespace hp {
+
+struct BlockCost {
+  std::int64_t parameters = 0;       ///< global (unsharded) parameter count
+  double flops_per_token = 0.0;      ///< forward FLOPs per token
+};
+
+class Block : public torch::nn::Module {
+ public:
+  virtual Activations forward(const Activations& in) = 0;
+  virtual BlockCost cost() const { return {}; }
+};
+
+/// Loss over the last block's Activations and the batch targets. Returns the
+/// SUM of per-token losses (so micro-batches and data-parallel ranks can be
+/// averaged exactly by the global token count) and the number of tokens.
+struct LossOutput {
+  at::Tensor sum;        ///< scalar, differentiable
+  std::int64_t count = 0;
+};
+
+class LossBlock : public torch::nn::Module {
+ public:
+  /// `targets`: the batch's named targets ("labels", "field", ...).
+  virtual LossOutput forward(const Activations& out, const Activations& targets) = 0;
+};
+
+}  // namespace hp

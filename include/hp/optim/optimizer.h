@@ -1,0 +1,101 @@
+#pragma once
+// The optimizer collaborator: SGD (with momentum), Adam and AdamW over this
+// rank's parameters, state kept per parameter by global name so checkpoints
+// are layout-independent. The update formulas are PyTorch's (torch.optim),
+// in one function (apply_update) that every implementation shares, so a
+// feature that shards the state (zero) updates with the same numbers.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/model/build_context.h"
+
+namespace hp {
+
+class Config;
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  double weight_decay = 0.0, momentum = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  /// Global gradient-norm clip (0: off).
+  double grad_clip = 1.0;
+  static OptimizerOptions from(const Config& c);
+  /// The state tensors this kind keeps per parameter ("exp_avg", ...).
+  std::vector<std::string> state_names() const;
+};
+
+/// The learning-rate schedule, read once from the config.
+struct ScheduleOptions {
+  double lr = 1e-3, min_lr = 0.0;
+  std::int64_t warmup_steps = 0, max_steps = 1;
+  bool cosine = true;
+  static ScheduleOptions from(const Config& c);
+};
+
+/// Learning rate at `step` (0-based): linear warm-up over warmup_steps, then
+/// constant or cosine decay to min_lr at max_steps.
+double learning_rate(const ScheduleOptions& s, std::int64_t step);
+
+/// One update of `param` from `grad` at 1-based step `t`. `state` holds the
+/// tensors named by OptimizerOptions::state_names(), shaped like `param`.
+void apply_update(const OptimizerOptions& o, std::int64_t t, double lr, at::Tensor param, at::Tensor grad,
+                  std::vector<at::Tensor>& state);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// One update with learning rate `lr` from the gradients the reducer left.
+  virtual void step(double lr) = 0;
+  virtual void zero_grad() = 0;
+  virtual std::int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(std::int64_t s) = 0;
+  /// State tensors as entries named "<kind>/<param name>" (exp_avg,
+  /// exp_avg_sq, momentum), each with a ShardSpec saying which slice of the
+  /// global tensor this rank holds. The tensors are the live state: loading
+  /// copies into them.
+  virtual std::vector<ParamEntry> state() = 0;
+  /// Bytes of optimizer state this rank holds.
+  std::int64_t state_bytes();
+};
+
+/// State entries named "<kind>/<param name>" (Optimizer::state): for each
+/// i, state[i][k] is state_names()[k] of the tensor `specs[i]` describes.
+std::vector<ParamEntry> named_state(const OptimizerOptions& o, const std::vector<ShardSpec>& specs,
+                                    const std::vector<std::vector<at::Tensor>>& state);
+/// Zeroed state tensors shaped like `like`, one per state_names() entry.
+std::vector<at::Tensor> fresh_state(const OptimizerOptions& o, const at::Tensor& like);
+
+/// The bookkeeping every optimizer here shares: the step count and per-tensor
+/// state named by parameter (state()). Subclasses add a tensor's state with
+/// add_state and update it in step().
+class NamedStateOptimizer : public Optimizer {
+ public:
+  std::int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(std::int64_t s) override { steps_ = s; }
+  std::vector<ParamEntry> state() override { return named_state(o_, specs_, state_); }
+
+ protected:
+  explicit NamedStateOptimizer(OptimizerOptions o) : o_(o) {}
+  /// State for the tensor `spec` describes (named spec.name), shaped like `like`.
+  void add_state(const ShardSpec& spec, const at::Tensor& like) {
+    specs_.push_back(spec);
+    state_.push_back(fresh_state(o_, like));
+  }
+  OptimizerOptions o_;
+  std::vector<ShardSpec> specs_;
+  std::vector<std::vector<at::Tensor>> state_;
+  std::int64_t steps_ = 0;
+};
+
+/// Every parameter's state on this rank (no sharding).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, const std::vector<ParamEntry>& params);
+
+/// Sets every parameter's .grad() to zero (allocating it when missing).
+void zero_gradients(const std::vector<ParamEntry>& params);
+
+}  // namespace hp
