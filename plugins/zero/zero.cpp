@@ -63,8 +63,8 @@ class ZeroFeature : public Feature {
                   "false sums the micro-batches locally first and reduces once: stage 1's numbers bitwise, the full "
                   "gradients held until the last micro-batch. Stage 1 (which keeps the full gradients) and "
                   "distributed.overlap: false (the rounds are launched from backward) reduce once.")
-        .note("12 x 768 GPT, dp=2, 2 micro-batches a rank: training peak 0.92x -> 0.7x plain dp's at stage 2 "
-              "(bench/results/bench_zero.md)");
+        .note("12 x 768 GPT, dp=2, 2 micro-batches a rank: training peak of plain dp's 0.92x (once a step) -> "
+              "0.76x at stage 2, 0.81x -> 0.63x at stage 3 (bench/results/bench_zero.md)");
     s.add_bool(prefix + "reshard_after_forward", true)
         .describe("Stage 3: release a block's gathered parameters after its forward (gathered again for its "
                   "backward); false keeps them until the step's end: less communication, more memory.");

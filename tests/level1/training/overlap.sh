@@ -41,7 +41,7 @@ def steps(d):
     return {j["step"]: {k: v for k, v in j.items() if k.startswith("comm_bytes")}
             for j in map(json.loads, open(d + "/metrics.jsonl")) if "step" in j and "loss" in j}
 off, on = steps(sys.argv[1]), steps(sys.argv[2])
-# zero's parameter all-gathers after the update travel two buckets ahead of
+# zero's parameter all-gathers after the update travel eight buckets ahead of
 # the blocks that read them (overlap on): the rest of step s's are issued,
 # and counted, in step s + 1's forward. Those series (and the total) are
 # held cumulatively: never more than the blocking run's, at most one step
