@@ -8,6 +8,7 @@
 # median step time after the first two steps, then per variant and build the
 # median over runs, and B / A.
 #   bash bench/bench_builds.sh BIN_A BIN_B [reps=2] [steps=7]
+# BENCH_VARIANTS: which of "plain zero3" to run (default both).
 # BIN_A, BIN_B: bin/ folders of two build trees (each finds its own plugins),
 # e.g. a worktree of an earlier commit built with scripts/build.sh.
 set -euo pipefail
@@ -24,8 +25,9 @@ checkpoint: {interval: 0, resume: never}
 YAML
 declare -A VARIANT=([plain]="" [zero3]="--set features.zero.enabled=true --set features.zero.stage=3")
 echo "A: $A"; echo "B: $B"; echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+VARIANTS=${BENCH_VARIANTS:-plain zero3}
 for r in $(seq 1 "$REPS"); do
-  for v in plain zero3; do
+  for v in $VARIANTS; do
     for b in A B; do
       bin=$A; [[ $b == B ]] && bin=$B
       # shellcheck disable=SC2086
@@ -35,13 +37,13 @@ for r in $(seq 1 "$REPS"); do
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$W" "$REPS" <<'PY'
+python3 - "$W" "$REPS" "$VARIANTS" <<'PY'
 import json, statistics, sys
 w, reps = sys.argv[1], int(sys.argv[2])
 def rows(name):
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip() and "step_seconds" in l]
 print("12 x 768 GPT, dp=2: median step seconds (steps 3..) per run, median; training peak MiB (rank 0)")
-for v in ("plain", "zero3"):
+for v in sys.argv[3].split():
     med = {}
     for b in ("A", "B"):
         per = [statistics.median(r["step_seconds"] for r in rows(f"{v}_{b}_{k}")[2:]) for k in range(1, reps + 1)]
