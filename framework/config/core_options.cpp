@@ -126,8 +126,8 @@ void declare_core_options(Schema& s) {
                 "gradients arrived in (as PyTorch DDP rebuilds its buckets), so each bucket completes as early as the "
                 "backward allows; every replica checks it cut the same buckets, otherwise none rebuilds. Bitwise "
                 "the same numbers at dp=2 (a sum of two terms in any order); at more replicas a ring's order of "
-                "terms follows the buckets' layout: within the parity bars. The zero feature's buckets keep the "
-                "declared order.");
+                "terms follows the buckets' layout: within the parity bars. A feature that takes over the gradient "
+                "reducer cuts its own buckets.");
   s.add_bool("distributed.shm_collectives", true)
       .describe("Sums (all-reduce, reduce-scatter) of float tensors, all-gathers and all-to-alls inside a group whose "
                 "ranks share a host go through one shared-memory segment per group (gradient buckets, zero's shards, "

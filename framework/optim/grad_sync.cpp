@@ -205,7 +205,6 @@ class BucketedReducer : public GradReducer {
                                                  std::vector<bool>(l.queue_group.size(), true), options_.overlap,
                                                  dist_.rank(), [this](std::size_t b) { launch(b); });
     if (!counts.empty()) launcher_->learn_counts(counts);
-    queue_group_ = std::move(l.queue_group);
   }
 
   /// After the first step (overlap on): the buckets cut again in the order
@@ -346,7 +345,6 @@ class BucketedReducer : public GradReducer {
   dist::DistributedContext& dist_;
   bool checked_ = false;  ///< the first step's arrival order was looked at
   bool rebuilt_ = false;  ///< and the buckets were cut again from it
-  std::vector<std::string> queue_group_;
   std::vector<std::size_t> order_;                  ///< buckets in the order they are waited
   std::vector<std::vector<std::size_t>> members_;  ///< per bucket: parameter indices
   std::vector<dist::Redistributor> redist_;         ///< per bucket: partial sums to the parameters' layout
