@@ -26,9 +26,32 @@ std::uint64_t nbytes(const at::Tensor& t) {
   return static_cast<std::uint64_t>(t.numel()) * t.element_size();
 }
 
-/// Gloo rejects bfloat16/half reductions; compute them in fp32.
+/// Gloo in LibTorch 1.13 has no bfloat16 at all and no half sums: their
+/// sums are built from exchanges of their own bytes and a local fp32 sum,
+/// so the bytes on the wire stay halved.
 bool needs_upcast(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+/// What Gloo moves for `t`: its bytes, a bfloat16 tensor viewed as half (same
+/// element size; copies never look at the values).
+at::Tensor wire(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t; }
+/// The tensor a wire tensor carries, as type `dtype` again.
+at::Tensor unwire(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.view(dtype); }
+
+/// Reduces the n members' parts (dim 0 of `parts`) in member order, in fp32
+/// for bfloat16/half, so every member gets the same bits.
+at::Tensor reduce_parts(const at::Tensor& parts, ReduceKind op, std::int64_t n) {
+  switch (op) {
+    case ReduceKind::kMax: return std::get<0>(parts.max(0));
+    case ReduceKind::kMin: return std::get<0>(parts.min(0));
+    default: {
+      at::Tensor out = needs_upcast(parts) ? parts[0].to(at::kFloat) : parts[0].clone();
+      for (std::int64_t i = 1; i < n; ++i) out.add_(parts[i]);
+      if (op == ReduceKind::kAvg) out.div_(n);
+      return out;
+    }
+  }
 }
 
 }  // namespace
@@ -239,7 +262,8 @@ std::unique_ptr<Work> Group::launch(const std::string& op, std::uint64_t bytes, 
 
 std::unique_ptr<Work> Group::all_reduce_async(const at::Tensor& t, ReduceKind op) {
   if (size() == 1) return local("all_reduce", t);
-  at::Tensor buf = needs_upcast(t) ? t.to(at::kFloat) : (t.is_contiguous() ? t : t.contiguous());
+  if (needs_upcast(t)) return all_reduce_narrow(t, op);
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
@@ -261,10 +285,40 @@ std::unique_ptr<Work> Group::all_reduce_async(const at::Tensor& t, ReduceKind op
 
 void Group::all_reduce(at::Tensor& t, ReduceKind op) { wait_here(all_reduce_async(t, op)); }
 
+std::unique_ptr<Work> Group::all_reduce_narrow(const at::Tensor& t, ReduceKind op) {
+  // Every member's bytes gathered, then summed here in fp32 in member order:
+  // (n - 1) x the tensor's bytes per member, half of an fp32 exchange.
+  const at::Tensor in = t.contiguous().view({-1});
+  const std::int64_t n = size(), len = in.numel();
+  const auto dtype = t.scalar_type();
+  const std::uint64_t bytes = nbytes(in) * static_cast<std::uint64_t>(n - 1);
+  auto done = [t, op, n, len, dtype](const at::Tensor& flat) {
+    at::Tensor sum = reduce_parts(unwire(flat, dtype).view({n, len}), op, n);
+    t.copy_(sum.view(t.sizes()));
+    return t;
+  };
+  if (pg_->shm && ShmCollectives::supports_copy(in)) {
+    at::Tensor flat = at::empty({n * len}, in.options());
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "all_reduce", bytes, [&](c10d::ProcessGroup&) { return shm->all_gather(in, flat); },
+        flight::Kind::kCollective, -1, [flat, done]() { return done(flat); });
+  }
+  const at::Tensor w = wire(in);
+  auto out = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+  for (std::int64_t i = 0; i < n; ++i) (*out)[0].push_back(at::empty_like(w));
+  std::vector<at::Tensor> inputs{w};
+  c10d::AllgatherOptions o;
+  o.timeout = timeout_;
+  return launch(
+      "all_reduce", bytes, [&](c10d::ProcessGroup& pg) { return pg.allgather(*out, inputs, o); },
+      flight::Kind::kCollective, -1, [out, done]() { return done(at::cat((*out)[0])); });
+}
+
 std::unique_ptr<Work> Group::broadcast_async(const at::Tensor& t, int root) {
   if (size() == 1) return local("broadcast", t);
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  std::vector<at::Tensor> v{buf};
+  std::vector<at::Tensor> v{wire(buf)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = timeout_;
@@ -285,14 +339,15 @@ std::vector<at::Tensor> Group::all_gather_list(const at::Tensor& t) {
     return wait_here(all_gather_async(in, 0)).chunk(size(), 0);
   }
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(in));
-  std::vector<at::Tensor> inputs{in};
+  for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(wire(in)));
+  std::vector<at::Tensor> inputs{wire(in)};
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
   wait_here(launch(
       "all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1),
       [&](c10d::ProcessGroup& pg) { return pg.allgather(out, inputs, o); }, flight::Kind::kCollective, -1,
       nullptr));
+  for (auto& p : out[0]) p = unwire(p, in.scalar_type());
   return out[0];
 }
 
@@ -315,14 +370,15 @@ std::unique_ptr<Work> Group::all_gather_async(const at::Tensor& t, std::int64_t 
         });
   }
   auto out = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
-  for (int i = 0; i < size(); ++i) (*out)[0].push_back(at::empty_like(in));
-  std::vector<at::Tensor> inputs{in};
+  for (int i = 0; i < size(); ++i) (*out)[0].push_back(at::empty_like(wire(in)));
+  std::vector<at::Tensor> inputs{wire(in)};
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
+  const auto dtype = in.scalar_type();
   return launch(
       "all_gather", nbytes(in) * static_cast<std::uint64_t>(size() - 1),
       [&](c10d::ProcessGroup& pg) { return pg.allgather(*out, inputs, o); }, flight::Kind::kCollective, -1,
-      [out, dim]() { return at::cat((*out)[0], dim); });
+      [out, dim, dtype]() { return unwire(at::cat((*out)[0], dim), dtype); });
 }
 
 std::unique_ptr<Work> Group::all_gather_into_async(const at::Tensor& in, std::vector<std::vector<at::Tensor>> out) {
@@ -366,12 +422,14 @@ std::unique_ptr<Work> Group::all_gather_into_async(const at::Tensor& in, std::ve
   at::Tensor padded = in.numel() == longest ? in : at::cat({in, at::zeros({longest - in.numel()}, in.options())});
   auto gathered = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
   for (int i = 0; i < size(); ++i) (*gathered)[0].push_back(at::empty_like(padded));
-  std::vector<at::Tensor> inputs{padded};
+  std::vector<at::Tensor> inputs{wire(padded)};
+  std::vector<std::vector<at::Tensor>> wired(1);
+  for (const auto& g : (*gathered)[0]) wired[0].push_back(wire(g));
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
   auto dests = std::make_shared<std::vector<std::vector<at::Tensor>>>(std::move(out));
   return launch(
-      "all_gather", bytes, [&](c10d::ProcessGroup& pg) { return pg.allgather(*gathered, inputs, o); },
+      "all_gather", bytes, [&](c10d::ProcessGroup& pg) { return pg.allgather(wired, inputs, o); },
       flight::Kind::kCollective, -1, [gathered, dests, place, in]() {
         for (std::size_t m = 0; m < dests->size(); ++m) place((*dests)[m], (*gathered)[0][m]);
         return in;
@@ -424,7 +482,8 @@ std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t,
   // One all-to-all exchanges the chunks, then the n received copies of this
   // member's chunk are reduced locally. Every member adds in the same order
   // (member 0 first), so results agree bitwise.
-  at::Tensor send = (needs_upcast(t) ? t.to(at::kFloat) : t).contiguous();
+  // bfloat16/half cross as their own bytes and are summed here in fp32.
+  at::Tensor send = t.contiguous();
   const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
   std::vector<std::int64_t> recv_shape = send.sizes().vec();
   recv_shape[0] = n * mine;
@@ -454,25 +513,28 @@ std::unique_ptr<Work> Group::reduce_scatter_async(const at::Tensor& t,
           return out.to(dtype);
         });
   }
+  auto finish = [send, recv, parts_shape, op, n, dtype]() {
+    return reduce_parts(recv.view(parts_shape), op, n).to(dtype);
+  };
+  if (pg_->shm && send.device().is_cpu()) {
+    // A type shared memory does not sum (bfloat16, half, integers): the
+    // chunks are exchanged through it and summed here.
+    std::vector<std::int64_t> sb, rb;
+    for (auto c : send_counts) sb.push_back(c * static_cast<std::int64_t>(row));
+    for (auto c : recv_counts) rb.push_back(c * static_cast<std::int64_t>(row));
+    ShmCollectives* shm = pg_->shm.get();
+    return launch(
+        "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
+        [&](c10d::ProcessGroup&) { return shm->all_to_all(send, recv, std::move(sb), std::move(rb), false); },
+        flight::Kind::kCollective, -1, finish);
+  }
   return launch(
       "reduce_scatter", static_cast<std::uint64_t>(total - mine) * row,
       [&](c10d::ProcessGroup& pg) {
-        return pg.alltoall_base(recv, send, recv_counts, send_counts, o);
+        at::Tensor wr = wire(recv), ws = wire(send);
+        return pg.alltoall_base(wr, ws, recv_counts, send_counts, o);
       },
-      flight::Kind::kCollective, -1, [send, recv, parts_shape, op, n, dtype]() {
-        const at::Tensor parts = recv.view(parts_shape);
-        at::Tensor out;
-        switch (op) {
-          case ReduceKind::kMax: out = std::get<0>(parts.max(0)); break;
-          case ReduceKind::kMin: out = std::get<0>(parts.min(0)); break;
-          default: {
-            out = parts[0].clone();
-            for (std::int64_t i = 1; i < n; ++i) out.add_(parts[i]);
-            if (op == ReduceKind::kAvg) out.div_(n);
-          }
-        }
-        return out.to(dtype);
-      });
+      flight::Kind::kCollective, -1, finish);
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& t, std::int64_t dim, ReduceKind op) {
@@ -523,7 +585,11 @@ std::unique_ptr<Work> Group::start_all_to_all(const at::Tensor& t, const std::ve
   }
   return launch(
       "all_to_all", static_cast<std::uint64_t>((total_send - send_counts[rank()]) * row),
-      [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, rc, sc, o); }, flight::Kind::kCollective,
+      [&](c10d::ProcessGroup& pg) {
+        at::Tensor wo = wire(out), wi = wire(in);
+        return pg.alltoall_base(wo, wi, rc, sc, o);
+      },
+      flight::Kind::kCollective,
       -1, [in, out]() { return out; });
 }
 
@@ -534,7 +600,7 @@ at::Tensor Group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t
 
 std::unique_ptr<Work> Group::isend(const at::Tensor& t, int dst, int tag) {
   at::Tensor buf = t.contiguous();
-  std::vector<at::Tensor> v{buf};
+  std::vector<at::Tensor> v{wire(buf)};
   return launch(
       "send to member " + std::to_string(dst), nbytes(buf),
       [&](c10d::ProcessGroup& pg) { return pg.send(v, dst, tag); }, flight::Kind::kSend, dst,
@@ -547,7 +613,7 @@ std::unique_ptr<Work> Group::irecv(const at::Tensor& t, int src, int tag) {
   if (!t.is_contiguous()) {
     fail("recv from member " + std::to_string(src), "the receive buffer must be contiguous, please report");
   }
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{wire(t)};
   return launch(
       "recv from member " + std::to_string(src), 0,
       [&](c10d::ProcessGroup& pg) { return pg.recv(v, src, tag); }, flight::Kind::kRecv, src,

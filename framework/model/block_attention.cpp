@@ -99,7 +99,18 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
     // Saved for backward: q already scaled (one [B·h, T, d] copy, not two),
     // k, v, the output itself (the tensor returned, in its [B, T, h·d]
     // layout, which the output projection keeps anyway) and the row lse.
-    auto q = to_rows(q_in).mul_(scale), k = to_rows(k_in), v = to_rows(v_in);  // [BH, T, d]
+    // bf16 inputs (mixed precision): the rows are kept in bf16 for
+    // backward and widened to fp32 for the products, statistics and
+    // accumulation; the output is cast back to bf16.
+    const at::ScalarType dt = q_in.scalar_type();
+    const bool narrow = dt != at::kFloat;
+    at::Tensor q16, k16, v16, q, k, v;  // [BH, T, d]
+    if (narrow) {
+      q16 = to_rows(q_in), k16 = to_rows(k_in), v16 = to_rows(v_in);
+      q = q16.to(at::kFloat).mul_(scale), k = k16.to(at::kFloat), v = v16.to(at::kFloat);
+    } else {
+      q = to_rows(q_in).mul_(scale), k = to_rows(k_in), v = to_rows(v_in);
+    }
     auto out = at::empty({B, T, h * d}, q.options());
     auto out_heads = out.view({B, T, h, d}).permute({0, 2, 1, 3});  // [B, h, T, d] view
     auto lse = at::empty({B * h, T}, q.options());
@@ -122,6 +133,14 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
         block_step::finish(st, o_h.narrow(0, r0, rows), lse_h.narrow(0, r0, rows));
       }
     });
+    ctx->saved_data["narrow"] = narrow;
+    if (narrow) {
+      at::Tensor out16 = out.to(dt);
+      ctx->save_for_backward({q16, k16, v16, out16, lse});
+      ctx->saved_data["block"] = block;
+      ctx->saved_data["heads"] = h;
+      return out16;
+    }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["block"] = block;
     ctx->saved_data["heads"] = h;
@@ -130,13 +149,20 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const bool narrow = ctx->saved_data["narrow"].toBool();
+    const at::ScalarType dt = saved[0].scalar_type();
     const auto block = ctx->saved_data["block"].toInt();
     const auto h = ctx->saved_data["heads"].toInt();
-    const auto BH = q.size(0), T = q.size(1), d = q.size(2), B = BH / h;
+    const auto BH = saved[0].size(0), T = saved[0].size(1), d = saved[0].size(2), B = BH / h;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    // bf16 saved rows widened (q scaled as the forward scaled it).
+    const at::Tensor q = narrow ? saved[0].to(at::kFloat).mul_(scale) : saved[0];
+    const at::Tensor k = narrow ? saved[1].to(at::kFloat) : saved[1];
+    const at::Tensor v = narrow ? saved[2].to(at::kFloat) : saved[2];
+    const at::Tensor out = narrow ? saved[3].to(at::kFloat) : saved[3];
+    const at::Tensor& lse = saved[4];
     // dO and O as [B, h, T, d] views of their [B, T, h·d] tensors (no copies).
-    auto dout = grads[0].contiguous();
+    auto dout = (narrow ? grads[0].to(at::kFloat) : grads[0]).contiguous();
     auto do_heads = dout.view({B, T, h, d}).permute({0, 2, 1, 3});
     auto o_heads = out.view({B, T, h, d}).permute({0, 2, 1, 3});
     auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
@@ -165,7 +191,8 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
     });
     dq.mul_(scale);
     auto back = [&](const at::Tensor& g) {
-      return g.view({B, h, T, d}).transpose(1, 2);
+      auto r = g.view({B, h, T, d}).transpose(1, 2);
+      return narrow ? r.to(dt) : r;
     };  // [B, T, h, d]
     return {back(dq), back(dk), back(dv), at::Tensor()};
   }

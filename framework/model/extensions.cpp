@@ -27,8 +27,18 @@ void ModelExtensions::set_sequence_layout(const std::string& owner, SequenceLayo
   sequence_layout_ = std::make_shared<const SequenceLayout>(std::move(layout));
 }
 
+void ModelExtensions::set_precision(const std::string& owner, PrecisionPolicy policy) {
+  if (!precision_owner_.empty()) {
+    throw std::invalid_argument("the precision policy is claimed by both '" + precision_owner_ + "' and '" + owner +
+                                "'");
+  }
+  precision_owner_ = owner;
+  precision_ = policy;
+}
+
 void ModelExtensions::apply_to(BuildContext& ctx) const {
   ctx.set_sequence_layout(sequence_layout_);
+  ctx.set_precision(precision_);
   for (const auto& [scope, e] : wrappers_) ctx.set_wrapper(scope, e.fn, e.applies);
   for (const auto& [owner, o] : observers_) ctx.add_block_observer(o);
 }

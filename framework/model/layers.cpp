@@ -3,6 +3,7 @@
 #include "hp/model/block_attention.h"
 #include "hp/model/dropout.h"
 #include "hp/model/moe.h"
+#include "hp/model/precision.h"
 #include "framework/model/tensor_dump.h"
 
 #include <ATen/ATen.h>
@@ -16,10 +17,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // [B, T, h, d] -> [B, h, T, d]
   auto qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
   const auto T = q.size(1);
-  auto scores = at::matmul(qt, kt.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  // Products in q's type; the scores' scaling, mask and softmax in fp32
+  // (no-op casts for fp32), the probabilities back in q's type for P v.
+  auto scores = precision::cast(precision::matmul(qt, kt.transpose(-2, -1)), at::kFloat) /
+                std::sqrt(static_cast<double>(q.size(3)));
   auto mask = at::ones({T, T}, q.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  auto ctx = at::matmul(at::softmax(scores, -1), vt);  // [B, h, T, d]
+  auto ctx = precision::matmul(precision::cast(at::softmax(scores, -1), q.scalar_type()), vt);  // [B, h, T, d]
   return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
 }
 
@@ -35,7 +39,7 @@ class DenseLinear : public Layer {
     }
     if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros());
   }
-  at::Tensor forward(const at::Tensor& x) override { return at::linear(x, weight_, bias_); }
+  at::Tensor forward(const at::Tensor& x) override { return precision::linear(x, weight_, bias_); }
 
  private:
   at::Tensor weight_, bias_;
@@ -43,14 +47,19 @@ class DenseLinear : public Layer {
 
 class DenseEmbedding : public Layer {
  public:
-  DenseEmbedding(const LayerSpec& s, BuildContext& ctx) {
+  DenseEmbedding(const LayerSpec& s, BuildContext& ctx) : dtype_(ctx.precision().param_dtype) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
     ctx.share(s.name + ".weight", weight_);
   }
-  at::Tensor forward(const at::Tensor& ids) override { return at::embedding(weight_, ids); }
+  /// The rows looked up in fp32, then cast: the activation stream starts
+  /// in the policy's type.
+  at::Tensor forward(const at::Tensor& ids) override {
+    return precision::cast(at::embedding(weight_, ids), dtype_);
+  }
 
  private:
   at::Tensor weight_;
+  at::ScalarType dtype_;
 };
 
 /// Dropout with probability spec.dropout while training, its mask a
@@ -80,8 +89,9 @@ class DensePositions : public Layer {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
   }
   at::Tensor forward(const at::Tensor& h) override {
-    if (layout_) return h + take_pieces(weight_, 0, layout_->local_pieces(h.size(1)));
-    return h + weight_.narrow(0, 0, h.size(1));
+    const auto dt = h.scalar_type();
+    if (layout_) return h + precision::cast(take_pieces(weight_, 0, layout_->local_pieces(h.size(1))), dt);
+    return h + precision::cast(weight_.narrow(0, 0, h.size(1)), dt);
   }
 
  private:
@@ -96,7 +106,8 @@ class DenseLayerNorm : public Layer {
     bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros());
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5);
+    // Statistics in fp32, the result in x's type.
+    return precision::in_fp32(x, [&](const at::Tensor& xf) { return at::layer_norm(xf, {dim_}, weight_, bias_, 1e-5); });
   }
 
  private:
@@ -180,7 +191,7 @@ class ColumnRowMlp : public Layer {
 class DenseCrossEntropy : public LossLayer {
  public:
   LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) override {
-    auto flat = logits.reshape({-1, logits.size(-1)});
+    auto flat = precision::cast(logits, at::kFloat).reshape({-1, logits.size(-1)});  // the loss in fp32
     auto sum = at::nll_loss(at::log_softmax(flat, -1), targets.reshape({-1}), {},
                             at::Reduction::Sum);
     return {sum, targets.numel()};

@@ -1,4 +1,5 @@
 #include "hp/model/moe.h"
+#include "hp/model/precision.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -610,6 +611,25 @@ at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
   // rows x 0 for no rows keeps the graph connected to `rows` (expert
   // parallel needs every rank's backward to reach its exchanges).
   if (most == 0) return rows * 0;
+  if (rows.scalar_type() != w1.scalar_type()) {
+    // Mixed precision: each expert's rows through the library's products in
+    // the rows' type (precision::linear: ATen's bf16 product, or the fp32
+    // BLAS on bf16 operands), the weights cast once for all experts and cut
+    // by unbind (one gradient node for the stack, not one per expert).
+    const at::ScalarType dt = rows.scalar_type();
+    const auto W1 = precision::cast(w1, dt).unbind(0), B1 = precision::cast(b1, dt).unbind(0);
+    const auto W2 = precision::cast(w2, dt).unbind(0), B2 = precision::cast(b2, dt).unbind(0);
+    std::vector<at::Tensor> outs;
+    std::int64_t off = 0;
+    for (std::int64_t e = 0; e < n; ++e) {
+      const std::int64_t m = counts[static_cast<std::size_t>(e)];
+      if (m == 0) continue;
+      const auto i = static_cast<std::size_t>(e);
+      outs.push_back(precision::linear(at::gelu(precision::linear(rows.narrow(0, off, m), W1[i], B1[i])), W2[i], B2[i]));
+      off += m;
+    }
+    return at::cat(outs);
+  }
   if (how == ExpertCompute::kPacked && packable(rows, w1, w2))
     return GroupedFfn::apply(rows, w1, b1, w2, b2, counts,
                              packs ? packs : std::make_shared<ExpertPacks>());
@@ -810,7 +830,9 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const std::int64_t seq = x.size(1);
   at::Tensor tokens = x.reshape({-1, hidden_});
   profile::Span route_span("compute", "moe.route");
-  Routing r = route(at::linear(tokens, router_), bias_, o_, seq, layout_.get());
+  // The router runs in fp32 whatever the stream's type (its decisions and
+  // the balancing losses are fp32 statistics; a no-op cast for fp32).
+  Routing r = route(at::linear(precision::cast(tokens, at::kFloat), router_), bias_, o_, seq, layout_.get());
   if (aux_loss_collecting()) {
     if (o_.aux_loss_coef > 0)
       add_aux_loss("load_balance", load_balance_loss_sum(r, o_, seq, layout_.get()));

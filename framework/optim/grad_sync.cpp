@@ -193,7 +193,7 @@ class BucketedReducer : public GradReducer {
         items.push_back({spec.global_shape, spec.grad, spec.placements});
       }
       order_.push_back(redist_.size());
-      redist_.emplace_back(dist_, std::move(items));
+      redist_.emplace_back(dist_, std::move(items), sum_options(options_));
     }
     members_ = l.buckets;
     pending_.clear();

@@ -283,6 +283,8 @@ void TrainingRun::setup_model() {
   ro.bucket_bytes = c.get_float("distributed.bucket_size_mb") * 1024 * 1024;
   ro.overlap = c.get_bool("distributed.overlap");
   ro.rebuild_buckets = c.get_bool("distributed.rebuild_buckets");
+  ro.reduce_dtype = runtime_->model().precision().reduce_dtype;
+  ro.param_dtype = runtime_->model().precision().param_dtype;
   const auto& red = runtime_->grad_reducer_factory();
   reducer_ = red ? red(ro, model_.params, *ctx_) : make_bucketed_reducer(ro, model_.params, *ctx_);
   const auto& io = runtime_->checkpoint_io_factory();

@@ -145,7 +145,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int cp = g.size(), r = g.rank();
     const auto B = q_in.size(0), T = q_in.size(1), h = q_in.size(2), d = q_in.size(3), L = T / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    auto q = bs::to_rows(q_in).mul_(scale);  // [BH, T, d], scaled
+    // bf16 inputs (mixed precision): keys and values travel in bf16 (half
+    // the bytes); each chunk is widened to fp32 for the products, and the
+    // running statistics, accumulation and log-sum-exp are fp32.
+    const at::ScalarType dt = q_in.scalar_type();
+    const bool narrow = dt != at::kFloat;
+    const at::Tensor q16 = narrow ? bs::to_rows(q_in) : at::Tensor();
+    auto q = narrow ? q16.to(at::kFloat).mul_(scale) : bs::to_rows(q_in).mul_(scale);  // [BH, T, d], scaled
     auto kv = pack_kv(k_in, v_in);
     const auto bd = std::min(block, L);
     const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
@@ -157,6 +163,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const int src = (r - s + cp) % cp;  // whose keys and values `cur` holds
       std::unique_ptr<RingStep> next;
       if (s + 1 < cp) next = std::make_unique<RingStep>(g, cur, kTagKv);  // ahead of use
+      const at::Tensor kvf = narrow ? cur.to(at::kFloat) : cur;
       timed_step("ring_attention_step", s, [&] {
         bs::for_each_head(B * h, [&](std::int64_t bh) {
           for (int qi = 0; qi < 2; ++qi) {
@@ -166,8 +173,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                                  const at::Tensor& mask) {
                                auto& st = state[static_cast<std::size_t>((bh * 2 + qi) * nrb + r0 / block)];
                                bs::add_block(st, q[bh].narrow(0, qi * L + r0, rows),
-                                             cur[0][bh].narrow(0, ki * L + c0, cols),
-                                             cur[1][bh].narrow(0, ki * L + c0, cols), mask);
+                                             kvf[0][bh].narrow(0, ki * L + c0, cols),
+                                             kvf[1][bh].narrow(0, ki * L + c0, cols), mask);
                              });
             }
           }
@@ -187,24 +194,36 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         }
       }
     });
-    ctx->save_for_backward({q, kv, out, lse});
     ctx->saved_data["group"] = group_address;
     ctx->saved_data["block"] = block;
     ctx->saved_data["heads"] = h;
+    ctx->saved_data["narrow"] = narrow;
+    if (narrow) {
+      at::Tensor out16 = out.to(dt);
+      ctx->save_for_backward({q16, kv, out16, lse});
+      return out16;
+    }
+    ctx->save_for_backward({q, kv, out, lse});
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &kv = saved[1], &out = saved[2], &lse = saved[3];
+    const bool narrow = ctx->saved_data["narrow"].toBool();
+    const at::ScalarType dt = saved[1].scalar_type();
+    const auto& kv = saved[1];
+    const auto& lse = saved[3];
     const auto group_address = ctx->saved_data["group"].toInt();
     auto& g = *reinterpret_cast<dist::Group*>(static_cast<std::intptr_t>(group_address));
     const int cp = g.size(), r = g.rank();
     const auto h = ctx->saved_data["heads"].toInt();
     const auto block = ctx->saved_data["block"].toInt();
-    const auto BH = q.size(0), T = q.size(1), d = q.size(2), B = BH / h, L = T / 2;
+    const auto BH = saved[0].size(0), T = saved[0].size(1), d = saved[0].size(2), B = BH / h, L = T / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    auto dout = grads[0].contiguous();
+    // bf16 saved tensors widened (q scaled as the forward scaled it).
+    const at::Tensor q = narrow ? saved[0].to(at::kFloat).mul_(scale) : saved[0];
+    const at::Tensor out = narrow ? saved[2].to(at::kFloat) : saved[2];
+    auto dout = (narrow ? grads[0].to(at::kFloat) : grads[0]).contiguous();
     auto do_heads = dout.view({B, T, h, d}).permute({0, 2, 1, 3});
     auto o_heads = out.view({B, T, h, d}).permute({0, 2, 1, 3});
     auto D = at::empty({BH, T, 1}, q.options());  // rowsum(dO * O)
@@ -225,7 +244,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const int src = (r - s + cp) % cp;
       std::unique_ptr<RingStep> next;
       if (s + 1 < cp) next = std::make_unique<RingStep>(g, cur, kTagKv);
-      auto dkv = at::zeros_like(kv);  // [2, BH, T, d]: this member's share for `src`
+      const at::Tensor kvf = narrow ? cur.to(at::kFloat) : cur;
+      // [2, BH, T, d]: this member's share for `src`, summed in fp32 (the
+      // shares travel in the inputs' type).
+      auto dkv = at::zeros(kv.sizes(), q.options());
       timed_step("ring_attention_backward_step", s, [&] {
         bs::for_each_head(BH, [&](std::int64_t bh) {
           const auto do_h = do_heads[bh / h][bh % h];
@@ -235,8 +257,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                   chunk_of(r, qi, cp), chunk_of(src, ki, cp), L, block, diag,
                   [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols, const at::Tensor& mask) {
                     const auto qr = qi * L + r0, kr = ki * L + c0;
-                    bs::backward_block(q[bh].narrow(0, qr, rows), cur[0][bh].narrow(0, kr, cols),
-                                       cur[1][bh].narrow(0, kr, cols), do_h.narrow(0, qr, rows),
+                    bs::backward_block(q[bh].narrow(0, qr, rows), kvf[0][bh].narrow(0, kr, cols),
+                                       kvf[1][bh].narrow(0, kr, cols), do_h.narrow(0, qr, rows),
                                        lse3[bh].narrow(0, qr, rows), D[bh].narrow(0, qr, rows), mask,
                                        dq[bh].narrow(0, qr, rows), dkv[0][bh].narrow(0, kr, cols),
                                        dkv[1][bh].narrow(0, kr, cols));
@@ -249,13 +271,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (cp == 1) {
         mine = dkv;
       } else {
-        grads_in = std::make_unique<RingStep>(g, dkv, kTagGrad);
+        grads_in = std::make_unique<RingStep>(g, narrow ? dkv.to(dt) : dkv, kTagGrad);
       }
       if (next) cur = next->wait();
     }
     if (cp > 1) mine = grads_in->wait();  // for this member's own keys and values, from the last member
     dq.mul_(scale);
-    auto back = [&](const at::Tensor& t) { return t.view({B, h, T, d}).transpose(1, 2); };  // [B, T, h, d]
+    auto back = [&](const at::Tensor& t) {
+      auto r = t.view({B, h, T, d}).transpose(1, 2);
+      return narrow ? r.to(dt) : r;
+    };  // [B, T, h, d]
     return {back(dq), back(mine[0]), back(mine[1]), at::Tensor(), at::Tensor()};
   }
 };

@@ -10,6 +10,7 @@
 #include "hp/comm/group.h"
 #include "hp/model/dropout.h"
 #include "hp/model/moe.h"
+#include "hp/model/precision.h"
 #include "hp/config/config.h"
 
 namespace hp::tensor_parallel {
@@ -116,7 +117,7 @@ class ColumnLinear : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     // Sequence parallel: the input is this rank's slice of the sequence;
     // gather it (reduce-scatter of the gradient in backward).
-    auto y = at::linear(m_.enter(x), weight_, bias_);
+    auto y = precision::linear(m_.enter(x), weight_, bias_);
     if (!gather_) return y;
     y = dist::gather_from_group(y, *m_.inner, -1);
     // A full-width output under sequence parallel goes back to a sequence slice.
@@ -153,8 +154,8 @@ class RowLinear : public Layer {
     }
     // Sum the partial outputs (under sequence parallel keeping this rank's
     // slice of the sequence; all-gather of the gradient in backward).
-    auto y = m_.leave(at::linear(in, weight_));
-    return bias_.defined() ? y + bias_ : y;
+    auto y = m_.leave(precision::linear(in, weight_));
+    return bias_.defined() ? y + precision::cast(bias_, y.scalar_type()) : y;
   }
 
  private:
@@ -165,7 +166,8 @@ class RowLinear : public Layer {
 
 class VocabEmbedding : public Layer {
  public:
-  VocabEmbedding(const LayerSpec& s, BuildContext& ctx, ModuleGroups m) : m_(std::move(m)) {
+  VocabEmbedding(const LayerSpec& s, BuildContext& ctx, ModuleGroups m)
+      : m_(std::move(m)), dtype_(ctx.precision().param_dtype) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), m_.split(0));
     ctx.share(s.name + ".weight", weight_);
     std::tie(begin_, end_) = m_.range(ctx, s.in);
@@ -174,11 +176,14 @@ class VocabEmbedding : public Layer {
     const at::Tensor ids = m_.gather_rows(tokens);
     auto outside = (ids < begin_).logical_or(ids >= end_);
     auto local = (ids - begin_).masked_fill(outside, 0);
-    return m_.leave(at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0));
+    // Cast before the sum: one rank holds each row, the others add zeros
+    // (exact in any type), so the stream starts in the policy's type.
+    return m_.leave(precision::cast(at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0), dtype_));
   }
 
  private:
   ModuleGroups m_;
+  at::ScalarType dtype_;
   at::Tensor weight_;
   std::int64_t begin_ = 0, end_ = 0;
 };
@@ -191,7 +196,9 @@ class SequenceLayerNorm : public Layer {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), {}, partial_over_tp(true));
     bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), {}, partial_over_tp(true));
   }
-  at::Tensor forward(const at::Tensor& x) override { return at::layer_norm(x, {dim_}, weight_, bias_, 1e-5); }
+  at::Tensor forward(const at::Tensor& x) override {
+    return precision::in_fp32(x, [&](const at::Tensor& xf) { return at::layer_norm(xf, {dim_}, weight_, bias_, 1e-5); });
+  }
 
  private:
   std::int64_t dim_;
@@ -259,7 +266,7 @@ class VocabParallelCrossEntropy : public LossLayer {
   }
   LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) override {
     dist::Group& g = *m_.flat;
-    auto z = logits.reshape({-1, logits.size(-1)});
+    auto z = precision::cast(logits, at::kFloat).reshape({-1, logits.size(-1)});  // the loss in fp32
     auto t = m_.gather_rows(targets).reshape({-1});
     at::Tensor m = std::get<0>(z.detach().max(-1));  // the max only shifts: no gradient
     g.all_reduce(m, dist::ReduceKind::kMax);
@@ -331,13 +338,13 @@ class TensorParallelMoe : public MoeLayer {
       at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type());
       routed.emplace_back(tok, whole_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type()));
       if (slots.numel() == 0) continue;
-      at::Tensor h = at::gelu(at::linear(x.index_select(0, tok), w1_[e], b1_[e]));
-      partial = partial.index_add(0, tok, at::linear(h, w2_[e]) * w);
+      at::Tensor h = at::gelu(precision::linear(x.index_select(0, tok), w1_[e], b1_[e]));
+      partial = partial.index_add(0, tok, precision::linear(h, w2_[e]) * w);
     }
     at::Tensor out = dist::reduce_from_group(partial, g_);
     for (std::int64_t e = 0; e < options().num_experts; ++e) {
       const auto& [tok, w] = routed[static_cast<std::size_t>(e)];
-      if (tok.numel() > 0) out = out.index_add(0, tok, b2_[e].unsqueeze(0) * w);
+      if (tok.numel() > 0) out = out.index_add(0, tok, precision::cast(b2_[e], out.scalar_type()).unsqueeze(0) * w);
     }
     return out;
   }

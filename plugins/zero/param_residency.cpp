@@ -346,12 +346,25 @@ class GatherPerBlock : public ParamResidency {
   /// every member's slice of each is one contiguous range of it (slices
   /// along the first dimension), the gather writes straight into it;
   /// otherwise the gathered slices are copied in when it lands.
-  void issue(std::size_t u) {
+  ///
+  /// Under mixed precision (options.param_dtype bf16) a forward's or
+  /// backward's gather moves the slices as bf16, half the bytes, and the
+  /// parameters get the bf16 values (what the layers cast them to anyway);
+  /// the fp32 masters stay in the slices. `exact` (a save) gathers them as
+  /// they are.
+  void issue(std::size_t u, bool exact = false) {
     Unit& unit = units[u];
     if (unit.state != Residency::kReleased) return;
     allocate_storage(unit);
     gathered_bytes += unit_bytes(unit);
     gathered_peak = std::max(gathered_peak, gathered_bytes);
+    const at::ScalarType narrow = s_->options.param_dtype;
+    if (!exact && narrow != at::kFloat && unit.shards.defined() && unit.shards.scalar_type() == at::kFloat) {
+      unit.work = s_->gather_slices(unit.group, unit.cuts, nullptr, unit.shards.to(narrow));
+      unit.state = Residency::kInFlight;
+      ++gathers_;
+      return;
+    }
     auto& g = s_->dist->group(unit.group);
     std::vector<std::vector<at::Tensor>> into(static_cast<std::size_t>(g.size()));
     bool direct = unit.shards.defined();
@@ -369,11 +382,11 @@ class GatherPerBlock : public ParamResidency {
   }
 
   /// A block needs unit u whole: issued now unless a prefetch already did.
-  void ensure(std::size_t u) {
+  void ensure(std::size_t u, bool exact = false) {
     Unit& unit = units[u];
     if (unit.state == Residency::kHere) return;
     if (unit.state == Residency::kInFlight) ++prefetched_;
-    issue(u);
+    issue(u, exact);
     land(u);
   }
 
@@ -497,7 +510,7 @@ class GatherPerBlock : public ParamResidency {
   /// releases them after taking the slices back).
   void materialize() override {
     if (!sharded_now) return;
-    for (std::size_t u = 0; u < units.size(); ++u) ensure(u);
+    for (std::size_t u = 0; u < units.size(); ++u) ensure(u, /*exact=*/true);
     sharded_now = false;
   }
 };

@@ -73,6 +73,15 @@ SlicePlan::SlicePlan(const std::vector<ParamEntry>& params, dist::DistributedCon
     }
 }
 
+namespace {
+/// Gradient sums crossing in the policy's reduce type (fp32: as themselves).
+dist::RedistributeOptions zero_sum_options(const ZeroOptions& o) {
+  dist::RedistributeOptions r;
+  if (o.reduce_dtype != at::kFloat) r.reduce_dtype = o.reduce_dtype;
+  return r;
+}
+}  // namespace
+
 std::vector<Bucket> SlicePlan::buckets() const {
   std::map<std::pair<std::vector<std::string>, std::string>, std::vector<std::size_t>> by_group;
   for (std::size_t i = cuts.size(); i-- > 0;) by_group[{cuts[i].partial, cuts[i].shard_group}].push_back(i);
@@ -89,7 +98,7 @@ std::vector<Bucket> SlicePlan::buckets() const {
         b.cuts.push_back(idx[k]);
         items.push_back({c.param.spec.global_shape, c.param.spec.grad, c.slice_spec.placements});
       }
-      b.redist = std::make_shared<dist::Redistributor>(*dist, std::move(items));
+      b.redist = std::make_shared<dist::Redistributor>(*dist, std::move(items), zero_sum_options(options));
       const auto& steps = b.redist->steps();
       b.hooked = steps.size() == 1 && steps[0].op == dist::CommOp::kReduceScatter;
       out.push_back(std::move(b));

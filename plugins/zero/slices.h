@@ -49,6 +49,10 @@ struct ZeroOptions {
   std::size_t block_cache_bytes = 0;
   double bucket_bytes = 25.0 * 1024 * 1024;
   bool overlap = true;
+  /// Gradient sums cross in this type (ReducerOptions::reduce_dtype); stage
+  /// 3 gathers the weights in param_dtype (the compute copies' type).
+  at::ScalarType reduce_dtype = at::kFloat;
+  at::ScalarType param_dtype = at::kFloat;
   /// Whether the gradients go once per micro-batch: asked for, released
   /// once sent (stages 2 and 3), and launched from backward (overlap).
   bool rounds() const { return per_micro_batch && parts.release_full_grads && overlap; }

@@ -98,9 +98,15 @@ class ZeroFeature : public Feature {
     // (the optimizer, then the reducer, for the same parameters), from the
     // options read here.
     auto units = std::make_shared<Units>();
-    auto setup = [units, o](const std::vector<ParamEntry>& params, dist::DistributedContext& d) {
+    // The precision policy is read when the model exists (whichever
+    // feature sets it may install after this one).
+    const ModelExtensions* model = &rt.model();
+    auto setup = [units, o, model](const std::vector<ParamEntry>& params, dist::DistributedContext& d) {
       if (!units->plan) {
-        units->plan = std::make_shared<SlicePlan>(params, d, o);
+        ZeroOptions with = o;
+        with.reduce_dtype = model->precision().reduce_dtype;
+        with.param_dtype = model->precision().param_dtype;
+        units->plan = std::make_shared<SlicePlan>(params, d, with);
         units->residency = make_param_residency(units->plan);
       }
     };

@@ -6,6 +6,10 @@
 //   reduce_scatter (along any dim)    -> all-to-all of the chunks + local sum
 // Members on one host go through a shared-memory segment instead (sums,
 // gathers, all-to-all; detail/shm_collectives.h).
+// bfloat16 and half move as their own bytes (half the bytes of fp32); their
+// sums are an exchange plus a local fp32 sum in member order (all_reduce:
+// an all-gather, (n - 1) x the bytes per member; reduce_scatter: the
+// all-to-all), cast back, so every member gets the same bits.
 // Every op waits with the group's timeout; a failure throws CommError naming
 // the group, the op, this rank and the group's ranks.
 #include <ATen/core/Tensor.h>
@@ -161,6 +165,9 @@ class Group {
   /// `now`: the caller waits at once, so on shared memory the exchange
   /// runs on the calling thread when the group's thread is idle (no hand-
   /// off to that thread and back, two wake-ups per exchange).
+  /// all_reduce of bfloat16/half: every member's bytes gathered, summed
+  /// locally in fp32 in member order, cast back.
+  std::unique_ptr<Work> all_reduce_narrow(const at::Tensor& t, ReduceKind op);
   std::unique_ptr<Work> start_all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_counts,
                                          const std::vector<std::int64_t>& recv_counts, bool now);
   [[noreturn]] void fail(const std::string& op, const std::string& cause) const;

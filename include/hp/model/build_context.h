@@ -14,6 +14,7 @@
 
 #include "hp/comm/placement.h"
 #include "hp/model/activations.h"
+#include "hp/model/precision.h"
 #include "hp/model/sequence_layout.h"
 #include "hp/model/shard_spec.h"
 
@@ -140,6 +141,11 @@ class BuildContext {
   /// (position tables, dropout masks, attention) follow it.
   void set_sequence_layout(std::shared_ptr<const SequenceLayout> layout) { sequence_layout_ = std::move(layout); }
   const std::shared_ptr<const SequenceLayout>& sequence_layout() const { return sequence_layout_; }
+  /// The compute precision, set by a feature (fp32 by default). Layers
+  /// that start the activation stream (the token embedding) emit
+  /// precision().param_dtype; the others follow their input's type.
+  void set_precision(PrecisionPolicy p) { precision_ = p; }
+  const PrecisionPolicy& precision() const { return precision_; }
 
  private:
   const Config& config_;
@@ -159,6 +165,7 @@ class BuildContext {
   int current_block_ = -1;
   std::string current_block_name_;
   std::shared_ptr<const SequenceLayout> sequence_layout_;
+  PrecisionPolicy precision_;
 };
 
 /// The full tensor a parameter starts from: a function of (seed, global name).

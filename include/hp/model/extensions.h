@@ -1,11 +1,13 @@
 #pragma once
 // The model-side extension points features install into: the layer
-// registry (TP, EP replace kinds) and forward wrappers (recompute).
+// registry (TP, EP replace kinds), forward wrappers (recompute), the
+// sequence layout (context parallel) and the precision policy.
 #include <map>
 #include <string>
 
 #include "hp/model/build_context.h"
 #include "hp/model/layers.h"
+#include "hp/model/precision.h"
 
 namespace hp {
 
@@ -28,6 +30,10 @@ class ModelExtensions {
   void set_sequence_layout(const std::string& owner, SequenceLayout layout);
   /// The layout set, or null.
   const std::shared_ptr<const SequenceLayout>& sequence_layout() const { return sequence_layout_; }
+  /// The compute precision (mixed precision); one owner, a second is
+  /// refused naming both. fp32 throughout when no feature sets it.
+  void set_precision(const std::string& owner, PrecisionPolicy policy);
+  const PrecisionPolicy& precision() const { return precision_; }
   /// Hands every wrapper, observer and the sequence layout to a build context.
   void apply_to(BuildContext& ctx) const;
 
@@ -41,6 +47,8 @@ class ModelExtensions {
   std::map<std::string, Entry> wrappers_;
   std::vector<std::pair<std::string, BlockObserver>> observers_;
   std::shared_ptr<const SequenceLayout> sequence_layout_;
+  PrecisionPolicy precision_;
+  std::string precision_owner_;
 };
 
 }  // namespace hp

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/redistribute.h"
 #include "hp/model/build_context.h"
 
 namespace hp {
@@ -31,7 +32,21 @@ struct ReducerOptions {
   /// arrived in (with overlap; the trainer sets it from
   /// `distributed.rebuild_buckets`).
   bool rebuild_buckets = false;
+  /// Gradients (fp32) are summed across ranks in this type (bf16: half the
+  /// bytes, summed in fp32 where they arrive; PrecisionPolicy::reduce_dtype).
+  at::ScalarType reduce_dtype = at::kFloat;
+  /// The type of the compute copies of the weights (a reducer that gathers
+  /// parameters, ZeRO-3, gathers them in this type).
+  at::ScalarType param_dtype = at::kFloat;
 };
+
+/// The redistribution options of gradient sums under `o`: fp32 gradients
+/// summed as themselves, or crossing in o.reduce_dtype.
+inline dist::RedistributeOptions sum_options(const ReducerOptions& o) {
+  dist::RedistributeOptions r;
+  if (o.reduce_dtype != at::kFloat) r.reduce_dtype = o.reduce_dtype;
+  return r;
+}
 
 class GradReducer {
  public:

@@ -1,0 +1,117 @@
+#include "hp/model/precision.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <atomic>
+#include <stdexcept>
+
+namespace hp {
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    case at::kDouble: return "fp64";
+    default: return c10::toString(t);
+  }
+}
+
+namespace precision {
+
+namespace {
+
+std::atomic<ProductKernel> g_kernel{ProductKernel::kNative};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor widen(const at::Tensor& t) { return t.to(at::kFloat); }
+
+/// x W^T + b on bf16 operands through the fp32 BLAS; saves the bf16
+/// operands (not widened copies), so the activation memory stays bf16.
+struct WidenLinear : torch::autograd::Function<WidenLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    // No bias: an empty tensor stands for it (LibTorch 1.13's custom
+    // functions take no undefined inputs).
+    const bool bias = b.numel() > 0;
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["bias"] = bias;
+    return at::linear(widen(x), widen(w), bias ? widen(b) : at::Tensor()).to(x.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor gy = widen(grads[0]);
+    const std::int64_t out = w.size(0), in = w.size(1);
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = at::matmul(gy, widen(w)).to(x.scalar_type());
+    const at::Tensor gy2 = gy.reshape({-1, out});
+    if (ctx->needs_input_grad(1)) gw = gy2.t().mm(widen(x).reshape({-1, in})).to(w.scalar_type());
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy2.sum(0).to(w.scalar_type());
+    return {gx, gw, gb};
+  }
+};
+
+/// a @ b on bf16 operands of equal leading dimensions through the fp32 BLAS.
+struct WidenMatmul : torch::autograd::Function<WidenMatmul> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return at::matmul(widen(a), widen(b)).to(a.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1];
+    const at::Tensor gy = widen(grads[0]);
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = at::matmul(gy, widen(b).transpose(-2, -1)).to(a.scalar_type());
+    if (ctx->needs_input_grad(1)) gb = at::matmul(widen(a).transpose(-2, -1), gy).to(b.scalar_type());
+    return {ga, gb};
+  }
+};
+
+}  // namespace
+
+void set_product_kernel(ProductKernel k) { g_kernel.store(k); }
+ProductKernel product_kernel() { return g_kernel.load(); }
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512bf16");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+const char* to_string(ProductKernel k) { return k == ProductKernel::kNative ? "native" : "widen"; }
+
+at::Tensor cast(const at::Tensor& t, at::ScalarType dtype) {
+  return !t.defined() || t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const at::ScalarType dt = x.scalar_type();
+  if (dt == at::kFloat && w.scalar_type() == at::kFloat) return at::linear(x, w, b);
+  const at::Tensor wc = cast(w, dt), bc = cast(b, dt);
+  if (dt == at::kBFloat16 && product_kernel() == ProductKernel::kWiden) {
+    return WidenLinear::apply(x, wc, bc.defined() ? bc : at::empty({0}, x.options()));
+  }
+  return at::linear(x, wc, bc);
+}
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  const at::ScalarType dt = a.scalar_type();
+  if (dt == at::kFloat && b.scalar_type() == at::kFloat) return at::matmul(a, b);
+  const at::Tensor bc = cast(b, dt);
+  const bool same_batch = a.dim() == bc.dim() && a.dim() >= 2 &&
+                          a.sizes().slice(0, a.dim() - 2).equals(bc.sizes().slice(0, bc.dim() - 2));
+  if (dt == at::kBFloat16 && product_kernel() == ProductKernel::kWiden && same_batch) {
+    return WidenMatmul::apply(a, bc);
+  }
+  return at::matmul(a, bc);
+}
+
+}  // namespace precision
+}  // namespace hp
