@@ -89,9 +89,10 @@ class DensePositions : public Layer {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
   }
   at::Tensor forward(const at::Tensor& h) override {
-    const auto dt = h.scalar_type();
-    if (layout_) return h + precision::cast(take_pieces(weight_, 0, layout_->local_pieces(h.size(1))), dt);
-    return h + precision::cast(weight_.narrow(0, 0, h.size(1)), dt);
+    // Added in fp32 (one rounding, and the table's gradient, a sum over
+    // the batch, in fp32), the result in h's type; no-op casts for fp32.
+    const at::Tensor w = layout_ ? take_pieces(weight_, 0, layout_->local_pieces(h.size(1))) : weight_.narrow(0, 0, h.size(1));
+    return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });
   }
 
  private:

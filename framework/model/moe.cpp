@@ -719,10 +719,14 @@ at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& perm, const at::T
 at::Tensor dispatch_locally(const ExpertWeights& w, std::int64_t first_expert,
                             const at::Tensor& tokens, const Routing& r, ExpertCompute how) {
   ExpertGroups g = group_by_expert(r, first_expert, w.w1.size(0));
-  at::Tensor y = w.forward_grouped(rows_by_expert(tokens, g), g.counts, how);
-  at::Tensor weight =
-      r.weights.reshape({-1}).index_select(0, g.order).unsqueeze(1).to(y.scalar_type());
-  return combine_by_token(y * weight, g);
+  return combine_weighted(w.forward_grouped(rows_by_expert(tokens, g), g.counts, how), r, g);
+}
+
+at::Tensor combine_weighted(const at::Tensor& rows, const Routing& r, const ExpertGroups& g) {
+  at::Tensor weight = r.weights.reshape({-1}).index_select(0, g.order).unsqueeze(1);
+  if (rows.scalar_type() == at::kFloat) return combine_by_token(rows * weight.to(rows.scalar_type()), g);
+  return combine_by_token(precision::cast(rows, at::kFloat) * precision::cast(weight, at::kFloat), g)
+      .to(rows.scalar_type());
 }
 
 MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)

@@ -50,6 +50,11 @@ std::string describe_changes(const std::vector<KeyChange>& changes);
 /// cannot read is left to the resume itself to report.
 void check_resume_config(const Config& config, const ModelInfo& model, ConfigErrors& errors);
 
+/// The precision a resolved config trains in, from its features.mixed_precision
+/// keys: "fp32", or "bf16 (gradient sums in fp32)"; masters are fp32 in both.
+/// Throws ConfigException when `yaml` is not YAML.
+std::string describe_precision(const std::string& yaml);
+
 /// At the resume: the lines to log about `stored_yaml` (the checkpoint's
 /// config, "" when it has none) against `config`: the config could not be
 /// compared; training/optimizer keys changed; free model keys changed; model

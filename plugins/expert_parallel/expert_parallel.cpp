@@ -129,9 +129,7 @@ class ExpertParallelMoe : public MoeLayer {
     at::Tensor y = run_experts(permute_rows(rows, by_expert, inverse), mine_counts);
     if (rows.size(0) > 0) y = permute_rows(y, inverse, by_expert);
     at::Tensor back = dist::all_to_all(y, g_, recv, send);
-    at::Tensor w =
-        r.weights.reshape({-1}).index_select(0, groups.order).unsqueeze(1).to(back.scalar_type());
-    return combine_by_token(back * w, groups);
+    return combine_weighted(back, r, groups);
   }
 
  private:

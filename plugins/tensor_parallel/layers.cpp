@@ -155,7 +155,8 @@ class RowLinear : public Layer {
     // Sum the partial outputs (under sequence parallel keeping this rank's
     // slice of the sequence; all-gather of the gradient in backward).
     auto y = m_.leave(precision::linear(in, weight_));
-    return bias_.defined() ? y + precision::cast(bias_, y.scalar_type()) : y;
+    // The bias added in fp32 (its gradient, a sum over tokens, in fp32).
+    return bias_.defined() ? precision::in_fp32(y, [&](const at::Tensor& yf) { return yf + bias_; }) : y;
   }
 
  private:
@@ -331,22 +332,25 @@ class TensorParallelMoe : public MoeLayer {
     at::Tensor flat_w = dist::copy_to_group(r.weights, g_).reshape({-1}), whole_w = r.weights.reshape({-1});
     const std::int64_t k = r.experts.size(1);
     std::vector<std::pair<at::Tensor, at::Tensor>> routed;  // per expert: tokens, weights
-    at::Tensor partial = x * 0;
+    // Outputs weighted and summed in fp32 under mixed precision (the
+    // router's gradient in fp32, as combine_weighted), crossing in x's type.
+    const at::ScalarType acc = at::kFloat;
+    at::Tensor partial = precision::cast(x, acc) * 0;
     for (std::int64_t e = 0; e < options().num_experts; ++e) {
       at::Tensor slots = at::nonzero(flat_e.eq(e).logical_and(kept)).reshape({-1});
       at::Tensor tok = at::div(slots, k, "floor");
-      at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type());
+      at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(acc);
       routed.emplace_back(tok, whole_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type()));
       if (slots.numel() == 0) continue;
       at::Tensor h = at::gelu(precision::linear(x.index_select(0, tok), w1_[e], b1_[e]));
-      partial = partial.index_add(0, tok, precision::linear(h, w2_[e]) * w);
+      partial = partial.index_add(0, tok, precision::cast(precision::linear(h, w2_[e]), acc) * w);
     }
-    at::Tensor out = dist::reduce_from_group(partial, g_);
+    at::Tensor out = precision::cast(dist::reduce_from_group(precision::cast(partial, x.scalar_type()), g_), acc);
     for (std::int64_t e = 0; e < options().num_experts; ++e) {
       const auto& [tok, w] = routed[static_cast<std::size_t>(e)];
-      if (tok.numel() > 0) out = out.index_add(0, tok, precision::cast(b2_[e], out.scalar_type()).unsqueeze(0) * w);
+      if (tok.numel() > 0) out = out.index_add(0, tok, b2_[e].unsqueeze(0) * precision::cast(w, acc));
     }
-    return out;
+    return precision::cast(out, x.scalar_type());
   }
 
  private:

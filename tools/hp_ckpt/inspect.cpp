@@ -3,12 +3,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/detail/fs.h"
 #include "hp/checkpoint/file_names.h"
 #include "hp/checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "framework/trainer/resume_check.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 
 namespace hp::ckpt_tool {
@@ -53,8 +56,22 @@ int run_inspect(const std::string& dir, bool as_json) {
                        {"shards", t.shards.size()}});
   }
 
+  // Which precision wrote it, from its stored config (the tensors are the
+  // fp32 masters either way).
+  std::string precision = "not known (no stored config)";
+  if (!m.config_file.empty()) {
+    std::ifstream in(fs::path(step_dir) / m.config_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      precision = describe_precision(text.str()) + "; tensors are the fp32 masters";
+    } catch (const std::exception& e) {
+      precision = std::string("not known (") + m.config_file + " does not parse: " + e.what() + ")";
+    }
+  }
   if (as_json) {
     json out = {{"dir", step_dir},
+                {"precision", precision},
                 {"step", m.step},
                 {"format_version", m.format_version},
                 {"layout", m.layout},
@@ -80,6 +97,7 @@ int run_inspect(const std::string& dir, bool as_json) {
   std::printf("config       %s\n", !m.config_file.empty()
                                        ? (m.config_file + ", xxh64 " + m.config_hash).c_str()
                                        : "not stored (written before configs were)");
+  std::printf("precision    %s\n", precision.c_str());
   std::printf("manifest     %s\n", m.checksum_file.empty()
                                        ? "no checksum (written before manifests had one)"
                                        : ("its xxh64 in " + m.checksum_file + ", checked").c_str());

@@ -310,12 +310,13 @@ int compare_grads(const std::string& ref_dir, const std::string& run_dir, const 
       worst = e;
       worst_name = name;
     }
-    if (e > o.rtol && !over) {
+    const double bar = o.bar_for(name);
+    if (e > bar && !over) {
       std::printf(
           "FAIL: first gradient over the bar: %s (rel. error %.3e > %.1e) -> phase: backward or "
           "gradient "
           "sync\n",
-          name.c_str(), e, o.rtol);
+          name.c_str(), e, bar);
       over = true;
       ++failures;
     }
@@ -331,7 +332,7 @@ int compare_grads(const std::string& ref_dir, const std::string& run_dir, const 
     ++failures;
   }
   std::printf("compared %zu gradients of step %lld, max relative error %.3e (%s; bar %.1e)\n",
-              compared, static_cast<long long>(o.step), worst, worst_name.c_str(), o.rtol);
+              compared, static_cast<long long>(o.step), worst, worst_name.c_str(), o.bar_for(worst_name));
   return failures == 0 ? 0 : 1;
 }
 

@@ -5,6 +5,7 @@
 // gradient dumps of that step from every rank's slices, checks them, and
 // compares every gradient. A NaN or infinity anywhere fails. Exit 0 when
 // every bar holds, 1 when one breaks, 2 on bad input.
+#include <cstdlib>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <stdexcept>
@@ -35,6 +36,10 @@ int run(int argc, char** argv) {
                  "losses to 1e-6 and the gradient norm to the gradient bar, 1e-5");
   app.add_option("--grad-rtol", g.rtol,
                  "Bar for every gradient: max|a-b| / (max|ref| + 1e-12) (default 1e-5)");
+  std::vector<std::string> grad_bars;
+  app.add_option("--grad-bar", grad_bars,
+                 "PATTERN=RTOL: a bar of its own for the gradients whose names contain PATTERN "
+                 "(repeatable; the first match wins), e.g. router.weight=1e-1");
   app.add_option(
       "--grads-step", g.step,
       "Compare the gradient dumps of this step (grads_step<N>/, training.dump_grads_at_step)");
@@ -43,6 +48,17 @@ int run(int argc, char** argv) {
   app.add_flag("--exact", m.exact, "Require bitwise-equal loss, grad_norm and eval_loss");
   app.add_option("--phase", m.phase, "Name of the phase a later-step divergence points at");
   CLI11_PARSE(app, argc, argv);
+  for (const auto& b : grad_bars) {
+    const auto eq = b.find('=');
+    char* end = nullptr;
+    const double bar = eq == std::string::npos ? 0 : std::strtod(b.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || !end || *end != '\0' || !(bar >= 0)) {
+      std::fprintf(stderr, "hp-compare: --grad-bar %s: expected PATTERN=RTOL with RTOL a number >= 0 (e.g. "
+                   "router.weight=1e-1)\n", b.c_str());
+      return 2;
+    }
+    g.bars.emplace_back(b.substr(0, eq), bar);
+  }
 
   try {
     const int metrics = hp::compare::compare_metrics(hp::compare::read_metrics(ref),

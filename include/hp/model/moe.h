@@ -148,6 +148,12 @@ at::Tensor rows_by_expert(const at::Tensor& tokens, const ExpertGroups& g);
 /// as zero, as adding them one expert at a time would. One gather per slot
 /// forward, one gather backward (no zero-filled scatter of the rows).
 at::Tensor combine_by_token(const at::Tensor& rows, const ExpertGroups& g);
+/// The expert outputs `rows` (in g.order) times their routing weights
+/// (`r.weights`), summed per token (combine_by_token). Rows narrower than
+/// fp32 (mixed precision) are weighted and summed in fp32 and the sum is
+/// returned in their type, so the router's gradient (a dot product over
+/// the hidden width per token) and the k-way sum are fp32.
+at::Tensor combine_weighted(const at::Tensor& rows, const Routing& r, const ExpertGroups& g);
 
 /// x.index_select(0, perm) for a permutation `perm` whose inverse is
 /// `inverse`; its backward is the gradient's index_select by `inverse`

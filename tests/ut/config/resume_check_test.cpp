@@ -139,3 +139,24 @@ TEST(ResumeCheck, ACheckpointWithoutStoredConfigIsNotRefused) {
   StoredCheckpoint ck("");
   EXPECT_EQ(refusal({"checkpoint.resume=" + ck.step_dir(), "model.layers=2"}), "");
 }
+
+namespace {
+
+TEST(ResumeCheck, APrecisionChangeIsLoggedNotRefused) {
+  const auto bf16 = resolved({"features.mixed_precision.enabled=true"});
+  const auto bf16_sums = resolved({"features.mixed_precision.enabled=true", "features.mixed_precision.reduce_dtype=bf16"});
+  EXPECT_EQ(hp::describe_precision(resolved({}).to_yaml()), "fp32");
+  EXPECT_EQ(hp::describe_precision(bf16.to_yaml()), "bf16 compute (gradient sums in fp32)");
+  EXPECT_EQ(hp::describe_precision(bf16_sums.to_yaml()), "bf16 compute (gradient sums in bf16)");
+  const auto notes = hp::resume_config_notes(bf16.to_yaml(), resolved({}), "d");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0],
+            "resuming in another precision: the checkpoint was written in bf16 compute (gradient sums in fp32), this "
+            "run trains in fp32 (the checkpoint holds fp32 masters, loaded as they are)");
+  EXPECT_EQ(refusal({"features.mixed_precision.enabled=true"}), "");
+  EXPECT_NE(refusal({"features.mixed_precision.enabled=true", "features.mixed_precision.param_dtype=fp16"})
+                .find("features.mixed_precision.param_dtype"),
+            std::string::npos);
+}
+
+}  // namespace
