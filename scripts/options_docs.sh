@@ -42,3 +42,4 @@ page zero "zero" $'data: {type: synthetic}\nfeatures: {zero: {enabled: true}}' 2
 page expert_parallel "expert_parallel and model.moe" $'data: {type: synthetic}\nmodel: {moe: {num_experts: 4}}\nfeatures: {expert_parallel: {enabled: true}}' 2 '^\| `(features\.expert_parallel|model\.moe)'
 page sharded_checkpoint "sharded_checkpoint" $'data: {type: synthetic}\nfeatures: {sharded_checkpoint: {enabled: true}}' 1 '^\| `features\.sharded_checkpoint'
 page context_parallel "context_parallel" $'data: {type: synthetic}\nfeatures: {context_parallel: {enabled: true}}' 2 '^\| `features\.context_parallel'
+page mixed_precision "mixed_precision" 'features: {mixed_precision: {enabled: true}}' 1 '^\| `features\.mixed_precision'

@@ -174,8 +174,10 @@ void declare_core_options(Schema& s) {
       .describe("Base port; each local rank serves on port + local rank.");
   s.add_string("metrics.prometheus.bind", "127.0.0.1").describe("Address the HTTP endpoint binds to.");
   s.add_float("metrics.peak_flops", 0.0).range(0.0, 1e21)
-      .describe("Peak FLOP/s of one rank, the denominator of MFU (model FLOP/s per rank / peak).")
-      .note("0 measures it at start-up with a short fp32 matmul probe on each rank");
+      .describe("Peak FLOP/s of one rank in the type the products run in (fp32, or bf16 under "
+                "features.mixed_precision), the denominator of MFU (model FLOP/s per rank / peak).")
+      .note("0 measures it at start-up with a short matmul probe on each rank (fp32, and bf16 too under mixed "
+            "precision)");
   s.add_bool("metrics.jsonl", true).describe("Append one JSON object per logged step to <run.output_dir>/metrics.jsonl.");
 
   // logging

@@ -1,19 +1,38 @@
 #include "framework/trainer/throughput.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <chrono>
 
 #include "framework/metrics/metrics.h"
+#include "hp/model/precision.h"
 
 namespace hp {
 
-double measure_matmul_flops(double budget_seconds) {
+double measure_matmul_flops(double budget_seconds, at::ScalarType dtype) {
   // n = 1024: large enough for BLAS to reach its plateau (docs/toolchain.md:
   // 85 GFLOP/s on one core at n = 1024-2048), small enough for ~25 ms a product.
   constexpr std::int64_t n = 1024;
   at::Tensor a = at::rand({n, n}, at::kFloat), b = at::rand({n, n}, at::kFloat);
+  if (dtype != at::kFloat) {
+    // The product the layers run on this type (its kernel included).
+    c10::NoGradGuard no_grad;
+    a = a.to(dtype), b = b.to(dtype);
+    precision::matmul(a, b);  // warm-up
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    double best = 0;
+    for (int i = 0; i < 16; ++i) {
+      const auto t0 = Clock::now();
+      precision::matmul(a, b);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+      if (std::chrono::duration<double>(Clock::now() - start).count() > budget_seconds && i >= 2) break;
+    }
+    return best;
+  }
   at::Tensor c = at::mm(a, b);  // warm-up: threads, BLAS buffers
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

@@ -3,6 +3,8 @@
 // training FLOPs per token (ModelInfo::train_flops_per_token) x the step's
 // global tokens / its wall time; MFU = that / (peak FLOP/s of one rank x
 // world size). The peak is metrics.peak_flops, or measured at start-up.
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 
 namespace hp {
@@ -12,11 +14,13 @@ class Registry;
 class Gauge;
 }  // namespace metrics
 
-/// The best fp32 matmul FLOP/s this process reaches with its current
-/// intra-op threads, from a few square matmuls within about
-/// `budget_seconds` (one warm-up first). Every rank probes at once, so ranks
-/// sharing a machine measure the share they will train with.
-double measure_matmul_flops(double budget_seconds = 0.15);
+/// The best matmul FLOP/s this process reaches with its current intra-op
+/// threads, from a few square matmuls within about `budget_seconds` (one
+/// warm-up first), of operands of type `dtype`: fp32 through ATen, bf16
+/// through the mixed-precision product (include/hp/model/precision.h, the
+/// kernel set for the run). Every rank probes at once, so ranks sharing a
+/// machine measure the share they will train with.
+double measure_matmul_flops(double budget_seconds = 0.15, at::ScalarType dtype = at::kFloat);
 
 class Throughput {
  public:

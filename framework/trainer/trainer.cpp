@@ -20,6 +20,7 @@
 #include "hp/logging/logging.h"
 #include "hp/model/extensions.h"
 #include "hp/model/model.h"
+#include "hp/model/precision.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/model/registry.h"
 #include "framework/model/tensor_dump.h"
@@ -300,23 +301,37 @@ void TrainingRun::setup_model() {
 void TrainingRun::setup_throughput() {
   const Config& c = setup_.config;
   double peak = c.get_float("metrics.peak_flops");
+  // MFU is held against the peak of the type the products run in: under
+  // mixed precision the probe measures both, and the bf16 one counts.
+  const at::ScalarType compute = runtime_->model().precision().param_dtype;
+  const std::string what = dtype_name(compute);
   if (peak <= 0) {
     // Every rank probes at once, so ranks sharing a machine measure their share.
     dist::Group& world = ctx_->group("world");
     world.barrier();
     const auto t0 = Clock::now();
-    at::Tensor mine = at::full({1}, measure_matmul_flops(), at::kDouble);
+    at::Tensor mine = at::full({2}, 0.0, at::kDouble);
+    mine[0] = measure_matmul_flops();
+    if (compute != at::kFloat) mine[1] = measure_matmul_flops(0.15, compute);
     const double secs = seconds_since(t0);
     world.all_reduce(mine);
-    peak = mine.item<double>() / env_.world_size;
-    if (rank0()) {
+    mine.div_(env_.world_size);
+    const double fp32 = mine[0].item<double>(), narrow = mine[1].item<double>();
+    peak = compute != at::kFloat ? narrow : fp32;
+    if (rank0() && compute != at::kFloat) {
+      log::logger()->info(
+          "peak {:.1f} GFLOP/s per rank for MFU: {} matmul probe ({} products; fp32 probe {:.1f} GFLOP/s), {:.0f} ms, "
+          "{} threads per rank, mean of {} ranks (metrics.peak_flops sets the {} peak instead)",
+          peak / 1e9, what, precision::to_string(precision::product_kernel()), fp32 / 1e9, secs * 1e3,
+          at::get_num_threads(), env_.world_size, what);
+    } else if (rank0()) {
       log::logger()->info(
           "peak {:.1f} GFLOP/s per rank for MFU: fp32 matmul probe, {:.0f} ms, {} threads per rank, mean of {} "
           "ranks (metrics.peak_flops sets it instead)",
           peak / 1e9, secs * 1e3, at::get_num_threads(), env_.world_size);
     }
   } else if (rank0()) {
-    log::logger()->info("peak {:.1f} GFLOP/s per rank for MFU (metrics.peak_flops)", peak / 1e9);
+    log::logger()->info("peak {:.1f} GFLOP/s per rank for MFU (metrics.peak_flops: the {} peak)", peak / 1e9, what);
   }
   throughput_ = std::make_unique<Throughput>(model_info(c).train_flops_per_token, peak, env_.world_size,
                                              &metrics_->registry());

@@ -43,7 +43,8 @@ TEST_P(Collectives, AllReduceSumMaxAvg) {
     auto a = input_of(ctx.rank(), {3, 5});
     g.all_reduce(a, ReduceKind::kAvg);
     EXPECT_TRUE(torch::allclose(a, ref_sum / n, 1e-6, 1e-6));
-    // bf16 is upcast for Gloo and comes back as bf16.
+    // bf16 (which Gloo lacks) is exchanged as bytes, summed in fp32, and
+    // comes back as bf16.
     auto b = torch::ones({4}, torch::kBFloat16);
     g.all_reduce(b);
     EXPECT_EQ(b.scalar_type(), torch::kBFloat16);

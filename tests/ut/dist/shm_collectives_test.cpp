@@ -377,3 +377,49 @@ TEST(ShmCollectives, AnExitedPeerProcessIsNamedLongBeforeTheTimeout) {
       << "the child joined with shared memory";
   std::filesystem::remove(file);
 }
+
+/// bf16 (mixed precision) on shared memory and on Gloo, whose LibTorch 1.13
+/// build has no bf16 at all: copies move the bf16 bytes, sums exchange them
+/// and add in fp32 in member order, so every member gets the same bits, the
+/// member-order fp32 sum rounded once, and the bytes counted are half of
+/// fp32's.
+TEST(ShmCollectives, Bf16MovesItsOwnBytesAndSumsInFp32OnBothPaths) {
+  at_2_to_4_members_on_both_paths([](DistributedContext& ctx, int n, bool shm) {
+    auto& g = ctx.group("world");
+    const std::int64_t len = 6 * n;
+    const std::string where = "n=" + std::to_string(n) + " shm=" + std::to_string(shm);
+    auto sum_of_bf16 = input_of(0, 0, len, at::kBFloat16).to(at::kFloat);
+    for (int q = 1; q < n; ++q) sum_of_bf16.add_(input_of(q, 0, len, at::kBFloat16).to(at::kFloat));
+    const auto expect = sum_of_bf16.to(at::kBFloat16);
+    // all_reduce
+    const auto before = g.stats().count("all_reduce") ? g.stats().at("all_reduce").bytes : 0;
+    auto t = input_of(ctx.rank(), 0, len, at::kBFloat16);
+    g.all_reduce(t);
+    EXPECT_EQ(t.scalar_type(), at::kBFloat16) << where;
+    EXPECT_TRUE(torch::equal(t, expect)) << where;
+    EXPECT_EQ(g.stats().at("all_reduce").bytes - before, static_cast<std::uint64_t>(2 * len * (n - 1))) << where;
+    // reduce_scatter: this member's chunk of the same sum
+    auto rs = g.reduce_scatter(input_of(ctx.rank(), 0, len, at::kBFloat16), 0);
+    EXPECT_TRUE(torch::equal(rs, expect.narrow(0, ctx.rank() * 6, 6))) << where;
+    EXPECT_EQ(g.stats().at("reduce_scatter").bytes, static_cast<std::uint64_t>(2 * 6 * (n - 1))) << where;
+    // all_gather, all_to_all, broadcast, send/recv: the bytes as they are
+    auto mine = input_of(ctx.rank(), 1, 5, at::kBFloat16);
+    std::vector<torch::Tensor> all;
+    for (int q = 0; q < n; ++q) all.push_back(input_of(q, 1, 5, at::kBFloat16));
+    EXPECT_TRUE(torch::equal(g.all_gather(mine, 0), torch::cat(all))) << where;
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 1);
+    auto rows = input_of(ctx.rank(), 2, n, at::kBFloat16).view({n, 1});
+    auto got = g.all_to_all(rows, counts, counts);
+    for (int q = 0; q < n; ++q) {
+      EXPECT_TRUE(torch::equal(got[q], input_of(q, 2, n, at::kBFloat16).view({n, 1})[ctx.rank()])) << where;
+    }
+    auto b = input_of(ctx.rank(), 3, 7, at::kBFloat16);
+    g.broadcast(b, n - 1);
+    EXPECT_TRUE(torch::equal(b, input_of(n - 1, 3, 7, at::kBFloat16))) << where;
+    auto in = at::empty({9}, at::kBFloat16);
+    auto send = g.isend(input_of(ctx.rank(), 4, 9, at::kBFloat16), (ctx.rank() + 1) % n);
+    g.recv(in, (ctx.rank() + n - 1) % n);
+    send->wait();
+    EXPECT_TRUE(torch::equal(in, input_of((ctx.rank() + n - 1) % n, 4, 9, at::kBFloat16))) << where;
+  });
+}
