@@ -117,6 +117,15 @@ def read_corpus(path):
     return text
 
 
+def vm_bytes(field):
+    """A /proc/self/status figure (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, required=True)
@@ -135,6 +144,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--count-only", action="store_true", help="print the parameter count and exit")
     ap.add_argument("--out", default="")
+    ap.add_argument("--bf16", action="store_true",
+                    help="CPU autocast to bf16 (torch.autocast('cpu', torch.bfloat16)) around forward and loss")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -180,8 +191,12 @@ def main():
               f"{accum} micro-batch(es) per rank per step" +
               (f", DDP gloo bucket_cap_mb {a.bucket_mb:g}" if world > 1 else "") +
               (", ZeroRedundancyOptimizer" if a.zero else "") +
+              (", CPU autocast to bf16" if a.bf16 else "") +
               f"; corpus {len(text)} bytes ({train_end} train)", flush=True)
     out = open(a.out, "w") if a.out and rank == 0 else None
+    # Resident memory after setup (model, optimizer, corpus): a step's peak
+    # minus this is the step's activation and temporary memory.
+    setup_rss = vm_bytes("VmRSS")
     tokens_per_step = a.global_batch * a.seq
     model.train()
     for step in range(1, a.steps + 1):
@@ -191,18 +206,25 @@ def main():
             window = corpus[starts[:, None] + offsets].long()
             ids, labels = window[:, :-1], window[:, 1:]
             last = i == accum - 1
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                if world > 1 and not last:
+                    with train.no_sync():
+                        loss = train(ids, labels) / accum
+                else:
+                    loss = train(ids, labels) / accum
             if world > 1 and not last:
                 with train.no_sync():
-                    (train(ids, labels) / accum).backward()
+                    loss.backward()
             else:
-                (train(ids, labels) / accum).backward()
+                loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         if rank == 0:
             rec = {"step": step, "step_seconds": dt, "tokens_per_second": tokens_per_step / dt,
-                   "grad_norm": float(norm)}
+                   "grad_norm": float(norm), "resident_after_setup_bytes": setup_rss,
+                   "peak_resident_memory_bytes": vm_bytes("VmHWM")}
             print(json.dumps(rec), flush=True)
             if out:
                 out.write(json.dumps(rec) + "\n")

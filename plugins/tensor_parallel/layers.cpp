@@ -223,8 +223,9 @@ class SequencePositions : public Layer {
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
-    if (layout_) return h + take_pieces(weight_, 0, my_pieces(*layout_, g_, len));
-    return h + weight_.narrow(0, g_.rank() * len, len);
+    const at::Tensor w = layout_ ? take_pieces(weight_, 0, my_pieces(*layout_, g_, len)) : weight_.narrow(0, g_.rank() * len, len);
+    // Added in fp32, the result in h's type (as the dense position table).
+    return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });
   }
 
  private:

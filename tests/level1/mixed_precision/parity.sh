@@ -17,7 +17,11 @@
 #   AVX-512) against the widening one, and a layout under the native kernel
 #   with DNNL_MAX_CPU_ISA=AVX512_CORE (oneDNN without bf16 instructions; on
 #   a CPU without AVX-512 ATen's own loop runs either way);
-# and bf16 against fp32 on the same model, at the bf16-vs-fp32 bar.
+# and bf16 against fp32 on the same model, at the bf16-vs-fp32 bar; and the
+# bytes each group moves per step (counted by the groups, rank 0) against
+# fp32 twins of four layouts: half where activations or weights move
+# (sequence-parallel gathers and scatters, stage messages, the ring, the
+# expert all-to-all, zero-3's gathers and its bf16 gradient sums).
 # HP_TEST_DROPOUT=0 runs them without dropout.
 source "$(dirname "$0")/../combinations/lib.sh"
 BIN=$1
@@ -55,6 +59,10 @@ run cp2dp2 4 "" $(mp) $(cp 2)
 MOE=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001)
 run moeref 1 "" $(mp) "${MOE[@]}"
 run moeep2tp2 4 "" $(mp) "${MOE[@]}" $(ep 2) $(tp 2)
+run ppi2tp2sp32 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(sp)
+run dp2z332 2 "dp=2" $(zero) --set features.zero.stage=3
+run cp2dp232 4 "" $(cp 2)
+run moeep2tp232 4 "" "${MOE[@]}" $(ep 2) $(tp 2)
 run native 1 "" $(mp) --set features.mixed_precision.product_kernel=native
 DNNL_MAX_CPU_ISA=AVX512_CORE run ppi2tp2native 4 "pp=2 dp=1 tp=2" $(mp) $(ppi 2) $(tp 2) \
   --set features.mixed_precision.product_kernel=native
@@ -72,5 +80,31 @@ echo "== bf16 against fp32"
 "$BIN/hp-compare" "$WORK/fp32" "$WORK/ref" --loss-rtol "$VS_FP32_RTOL" --first-loss-rtol "$VS_FP32_RTOL" \
   --eval-rtol "$VS_FP32_RTOL" --phase "bf16 against fp32" > "$WORK/cmp" 2>&1
 report_cmp $? "bf16 against fp32"
+# halved FP32_RUN BF16_RUN OPS: the step-2 bytes of every group operation
+# matching OPS (an extended regular expression over "<group>_<op>") in the
+# bf16 run are half the fp32 run's (0.45-0.51: a few fp32 and integer
+# control messages, e.g. counts, ride along in the same operations).
+halved() {
+  echo "== bytes per step, $2 against $1"
+  python3 - "$WORK/$1/metrics.jsonl" "$WORK/$2/metrics.jsonl" "$3" <<'PY' || FAILED+=("bytes of $2 against $1")
+import json, re, sys
+step2 = lambda f: next(json.loads(l) for l in open(f) if json.loads(l).get("step") == 2)
+a, b = step2(sys.argv[1]), step2(sys.argv[2])
+keys = [k for k in a if k.startswith("comm_bytes_") and re.fullmatch(sys.argv[3], k[11:]) and a[k] > 0]
+bad = 0
+for k in sorted(keys):
+    r = b.get(k, 0) / a[k]
+    ok = 0.45 <= r <= 0.51
+    bad += not ok
+    print(f"  {k[11:]:24} fp32 {a[k]:10.0f}  bf16 {b.get(k, 0):10.0f}  ratio {r:.3f}{'' if ok else '  NOT HALVED'}")
+if not keys:
+    print(f"  no operation matches {sys.argv[3]}"); bad = 1
+sys.exit(1 if bad else 0)
+PY
+}
+halved ppi2tp2sp32 ppi2tp2sp "(tp_(all_gather|reduce_scatter)|pp_send)"
+halved dp2z332 dp2z3 "dp_(all_gather|reduce_scatter)"
+halved cp2dp232 cp2dp2 "cp_send"
+halved moeep2tp232 moeep2tp2 "(ep_all_to_all|tp_(all_reduce|all_gather))"
 echo "mixed precision layouts: $((SECONDS - t0)) s"
 finish
