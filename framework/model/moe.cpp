@@ -614,11 +614,9 @@ at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
   if (rows.scalar_type() != w1.scalar_type()) {
     // Mixed precision: each expert's rows through the library's products in
     // the rows' type (precision::linear: ATen's bf16 product, or the fp32
-    // BLAS on bf16 operands), the weights cast once for all experts and cut
-    // by unbind (one gradient node for the stack, not one per expert).
-    const at::ScalarType dt = rows.scalar_type();
-    const auto W1 = precision::cast(w1, dt).unbind(0), B1 = precision::cast(b1, dt).unbind(0);
-    const auto W2 = precision::cast(w2, dt).unbind(0), B2 = precision::cast(b2, dt).unbind(0);
+    // BLAS on bf16 operands), the weights cut by unbind (one gradient node
+    // for the stack, not one per expert) and cast by the product.
+    const auto W1 = w1.unbind(0), B1 = b1.unbind(0), W2 = w2.unbind(0), B2 = b2.unbind(0);
     std::vector<at::Tensor> outs;
     std::int64_t off = 0;
     for (std::int64_t e = 0; e < n; ++e) {

@@ -29,8 +29,16 @@ using torch::autograd::variable_list;
 
 at::Tensor widen(const at::Tensor& t) { return t.to(at::kFloat); }
 
-/// x W^T + b on bf16 operands through the fp32 BLAS; saves the bf16
-/// operands (not widened copies), so the activation memory stays bf16.
+/// `t` as the fp32 values of its bf16 rounding: a bf16 tensor widened, an
+/// fp32 one (a master weight) rounded to bf16 and widened.
+at::Tensor rounded_widen(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat ? t.to(at::kBFloat16).to(at::kFloat) : widen(t);
+}
+
+/// x W^T + b with bf16 x through the fp32 BLAS. W and b are used at their
+/// bf16 rounding; an fp32 master is passed as it is and saved as itself (no
+/// bf16 copy of the weights held for backward), rounded again there. Saves
+/// x in bf16, not a widened copy, so the activation memory stays bf16.
 struct WidenLinear : torch::autograd::Function<WidenLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     // No bias: an empty tensor stands for it (LibTorch 1.13's custom
@@ -38,7 +46,7 @@ struct WidenLinear : torch::autograd::Function<WidenLinear> {
     const bool bias = b.numel() > 0;
     ctx->save_for_backward({x, w});
     ctx->saved_data["bias"] = bias;
-    return at::linear(widen(x), widen(w), bias ? widen(b) : at::Tensor()).to(x.scalar_type());
+    return at::linear(widen(x), rounded_widen(w), bias ? rounded_widen(b) : at::Tensor()).to(x.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -46,10 +54,16 @@ struct WidenLinear : torch::autograd::Function<WidenLinear> {
     const at::Tensor gy = widen(grads[0]);
     const std::int64_t out = w.size(0), in = w.size(1);
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = at::matmul(gy, widen(w)).to(x.scalar_type());
+    if (ctx->needs_input_grad(0)) gx = at::matmul(gy, rounded_widen(w)).to(x.scalar_type());
     const at::Tensor gy2 = gy.reshape({-1, out});
-    if (ctx->needs_input_grad(1)) gw = gy2.t().mm(widen(x).reshape({-1, in})).to(w.scalar_type());
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy2.sum(0).to(w.scalar_type());
+    // The weight's and bias's gradients rounded to bf16 as a bf16 product's
+    // are (the native kernel's), then in the type they came in.
+    if (ctx->needs_input_grad(1)) {
+      gw = gy2.t().mm(widen(x).reshape({-1, in})).to(at::kBFloat16).to(w.scalar_type());
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+      gb = gy2.sum(0).to(at::kBFloat16).to(w.scalar_type());
+    }
     return {gx, gw, gb};
   }
 };
@@ -94,11 +108,10 @@ at::Tensor cast(const at::Tensor& t, at::ScalarType dtype) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::ScalarType dt = x.scalar_type();
   if (dt == at::kFloat && w.scalar_type() == at::kFloat) return at::linear(x, w, b);
-  const at::Tensor wc = cast(w, dt), bc = cast(b, dt);
   if (dt == at::kBFloat16 && product_kernel() == ProductKernel::kWiden) {
-    return WidenLinear::apply(x, wc, bc.defined() ? bc : at::empty({0}, x.options()));
+    return WidenLinear::apply(x, w, b.defined() ? b : at::empty({0}, w.options()));
   }
-  return at::linear(x, wc, bc);
+  return at::linear(x, cast(w, dt), cast(b, dt));
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {

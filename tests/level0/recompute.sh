@@ -12,16 +12,10 @@ for g in full selective; do
   python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "$g: loss did not fall"
 done
 # A bad option is a config error naming the key.
-out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true \
-      --set features.recompute.blocks=7 2>&1); rc=$?
-[[ $rc -eq 2 ]] || fail "expected exit 2, got $rc"
-grep -q "features.recompute.blocks = 7: is more than model.layers = 2" <<<"$out" || fail "$out"
-out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true \
-      --set features.recompute.blocks=abc 2>&1); rc=$?
-[[ $rc -eq 2 ]] || fail "blocks=abc: expected exit 2, got $rc"
-grep -q "features.recompute.blocks = abc: must be 'all' or a whole number >= 1 (legal: all, 1, 2, ...)" <<<"$out" || fail "$out"
-out=$("$BIN/hp-train" "$WORK/c.yaml" --dry-run --set features.recompute.enabled=true --set model.type=mlp \
-      --set features.recompute.granularity=selective 2>&1); rc=$?
-[[ $rc -eq 2 ]] || fail "selective on mlp: expected exit 2, got $rc"
-grep -qF "features.recompute.granularity = selective: needs a model with attention (model 'mlp' has no attention.heads layer) (legal: full)" <<<"$out" || fail "$out"
+refused "$WORK/c.yaml" "features.recompute.blocks = 7: is more than model.layers = 2" \
+  --set features.recompute.enabled=true --set features.recompute.blocks=7
+refused "$WORK/c.yaml" "features.recompute.blocks = abc: must be 'all' or a whole number >= 1 (legal: all, 1, 2, ...)" \
+  --set features.recompute.enabled=true --set features.recompute.blocks=abc
+refused "$WORK/c.yaml" "features.recompute.granularity = selective: needs a model with attention (model 'mlp' has no attention.heads layer) (legal: full)" \
+  --set features.recompute.enabled=true --set model.type=mlp --set features.recompute.granularity=selective
 echo PASS

@@ -101,3 +101,12 @@ resumed_within() {
       --phase resume || fail "$r resumed from $ref"
   done
 }
+
+# refused CONFIG TEXT ARGS...: `hp-train CONFIG --dry-run ARGS...` is refused
+# before start (exit 2) with TEXT (a fixed string) in its output.
+refused() {
+  local config=$1 text=$2 out rc; shift 2
+  out=$("$BIN/hp-train" "$config" --dry-run "$@" 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "hp-train $*: expected exit 2, got $rc"
+  grep -qF -- "$text" <<<"$out" || fail "hp-train $*: the refusal lacks '$text': $out"
+}

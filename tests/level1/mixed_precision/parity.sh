@@ -7,7 +7,8 @@
 #   interleaved 1F1B (pp=2, 2 chunks) x tp=2 with sequence parallel (stage
 #   messages, tensor-parallel sums and gathers in bf16);
 #   dp=2 under zero stage 3 with bf16 gradient sums (bf16 gathers of the
-#   weights, bf16 reduce-scatters);
+#   weights, bf16 reduce-scatters), and under stage 1 (fp32 sums, fp32
+#   gathers of the updated slices);
 #   cp=2 x dp=2 (the ring's keys, values and their gradients in bf16);
 #   the MoE GPT at ep=2 against its own one-process bf16 run;
 #   full recompute, bitwise equal to the reference (the replay runs the same
@@ -55,6 +56,7 @@ run rcf 1 "" $(mp) $(rc full)
 run blk 1 "" $(mp) $(blk)
 run ppi2tp2sp 4 "pp=2 dp=1 tp=2" $(mp) $(ppi 2) $(tp 2) $(sp)
 run dp2z3 2 "dp=2" $(mp) $(zero) --set features.zero.stage=3 --set features.mixed_precision.reduce_dtype=bf16
+run dp2z1 2 "dp=2" $(mp) $(zero) --set features.zero.stage=1
 run cp2dp2 4 "" $(mp) $(cp 2)
 MOE=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001)
 run moeref 1 "" $(mp) "${MOE[@]}"
@@ -69,6 +71,7 @@ DNNL_MAX_CPU_ISA=AVX512_CORE run ppi2tp2native 4 "pp=2 dp=1 tp=2" $(mp) $(ppi 2)
 }
 bf16_parity ref ppi2tp2sp "bf16: interleaved pipeline x tensor x sequence parallel"
 bf16_parity ref dp2z3 "bf16: data parallel x zero-3, bf16 gradient sums"
+bf16_parity ref dp2z1 "bf16: data parallel x zero-1"
 bf16_parity ref cp2dp2 "bf16: context parallel x data parallel"
 bf16_parity ref blk "bf16: block attention against eager"
 bf16_parity moeref moeep2tp2 "bf16: the MoE GPT at expert parallel x tensor parallel"
