@@ -24,7 +24,7 @@
 # Environment: HP_BIN (build/bin), BENCH_PYTHON (/usr/bin/python3),
 # BENCH_STEPS (5 measured-run steps, the first 2 warm-up), BENCH_CURVE_STEPS
 # (500), BENCH_PT_BF16_STEPS (BENCH_STEPS; on a CPU without AVX-512 one
-# past the warm-up), BENCH_CHART (the SVG's path; default bench/results/
+# past the warm-up), BENCH_PT_BF16=0 (skip PyTorch's autocast runs), BENCH_CHART (the SVG's path; default bench/results/
 # bench_precision_curves.svg), BENCH_QUICK=1 (smoke test: 4 x 256 for part
 # 1, 3 steps, 40 curve steps, no chart file). The figures mean something
 # only on an otherwise idle machine. On a CPU without avx512_bf16 hp's bf16
@@ -90,18 +90,23 @@ pt pt_fp32_1x2 1
 # past the warm-up only (BENCH_PT_BF16_STEPS).
 PT_BF16_STEPS=${BENCH_PT_BF16_STEPS:-$STEPS}
 if ! grep -qw avx512f /proc/cpuinfo; then PT_BF16_STEPS=${BENCH_PT_BF16_STEPS:-$((WARMUP + 1))}; fi
-pt pt_bf16_1x2 1 --bf16 --steps "$PT_BF16_STEPS"
+# BENCH_PT_BF16=0 skips PyTorch's autocast runs (their figures print as 0).
+PT_BF16=${BENCH_PT_BF16:-1}
+if [[ $PT_BF16 == 1 ]]; then pt pt_bf16_1x2 1 --bf16 --steps "$PT_BF16_STEPS"; fi
 hp hp_fp32_2x1 2
 hp hp_bf16_2x1 2 "${MP[@]}"
 hp hp_bf16r_2x1 2 "${MP[@]}" --set features.mixed_precision.reduce_dtype=bf16
 pt pt_fp32_2x1 2
-pt pt_bf16_2x1 2 --bf16 --steps "$PT_BF16_STEPS"
+if [[ $PT_BF16 == 1 ]]; then pt pt_bf16_2x1 2 --bf16 --steps "$PT_BF16_STEPS"; fi
 "$PY" - "$W" "$WARMUP" <<'PY'
 import json, re, statistics, sys
 w, warm = sys.argv[1], int(sys.argv[2])
 def rows(name, pt):
     path = f"{w}/{name}.jsonl" if pt else f"{w}/{name}/metrics.jsonl"
-    return [json.loads(l) for l in open(path) if l.strip()]
+    try:
+        return [json.loads(l) for l in open(path) if l.strip()]
+    except FileNotFoundError:  # skipped (BENCH_PT_BF16=0)
+        return [{"tokens_per_second": 0.0, "peak_resident_memory_bytes": 0, "resident_after_setup_bytes": 0}] * 8
 def setup_rss(name, pt, recs):
     if pt:
         return recs[-1]["resident_after_setup_bytes"]
@@ -123,7 +128,7 @@ for label, name, pt in variants:
                                    if k.startswith("comm_bytes_") and v > 0)
     res[name] = (tps, act)
     print(f"{label:34} {tps:9.1f} {act:9.1f}  {comm}")
-r = lambda a, b: res[a][0] / res[b][0]
+r = lambda a, b: res[a][0] / res[b][0] if res[b][0] else float("nan")
 m = lambda a, b: res[a][1] / res[b][1]
 print(f"bf16 / fp32 tokens/s: 1 x 2 {r('hp_bf16_1x2','hp_fp32_1x2'):.2f} (against the Haswell-kernel fp32: "
       f"{r('hp_bf16_1x2','hp_fp32_haswell_1x2'):.2f}); dp=2 {r('hp_bf16_2x1','hp_fp32_2x1'):.2f}, "

@@ -23,7 +23,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 std::sqrt(static_cast<double>(q.size(3)));
   auto mask = at::ones({T, T}, q.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  auto ctx = precision::matmul(precision::cast(at::softmax(scores, -1), q.scalar_type()), vt);  // [B, h, T, d]
+  auto ctx = precision::matmul(precision::softmax_as(scores, q.scalar_type()), vt);  // [B, h, T, d]
   return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
 }
 
@@ -108,7 +108,7 @@ class DenseLayerNorm : public Layer {
   }
   at::Tensor forward(const at::Tensor& x) override {
     // Statistics in fp32, the result in x's type.
-    return precision::in_fp32(x, [&](const at::Tensor& xf) { return at::layer_norm(xf, {dim_}, weight_, bias_, 1e-5); });
+    return precision::layer_norm(x, dim_, weight_, bias_, 1e-5);
   }
 
  private:

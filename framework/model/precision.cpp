@@ -85,7 +85,50 @@ struct WidenMatmul : torch::autograd::Function<WidenMatmul> {
   }
 };
 
+/// Layer norm of bf16 x in fp32, saving x in bf16 with the fp32 row
+/// statistics.
+struct NarrowLayerNorm : torch::autograd::Function<NarrowLayerNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            std::int64_t dim, double eps) {
+    auto [y, mean, rstd] = at::native_layer_norm(widen(x), {dim}, w, b, eps);
+    ctx->save_for_backward({x, w, b, mean, rstd});
+    ctx->saved_data["dim"] = dim;
+    return y.to(x.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const std::int64_t dim = ctx->saved_data["dim"].toInt();
+    auto [gx, gw, gb] = at::native_layer_norm_backward(
+        widen(grads[0]), widen(s[0]), {dim}, s[3], s[4], s[1], s[2],
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    return {gx.defined() ? gx.to(s[0].scalar_type()) : gx, gw, gb, at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Softmax of fp32 scores returned and saved as bf16 probabilities.
+struct NarrowSoftmax : torch::autograd::Function<NarrowSoftmax> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, at::ScalarType dtype) {
+    at::Tensor p = at::softmax(s, -1).to(dtype);
+    ctx->save_for_backward({p});
+    return p;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor p = widen(ctx->get_saved_variables()[0]), g = widen(grads[0]);
+    return {p * (g - (g * p).sum(-1, /*keepdim=*/true)), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b, double eps) {
+  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {dim}, w, b, eps);
+  return NarrowLayerNorm::apply(x, w, b, dim, eps);
+}
+
+at::Tensor softmax_as(const at::Tensor& s, at::ScalarType dtype) {
+  if (dtype == at::kFloat) return at::softmax(s, -1);
+  return NarrowSoftmax::apply(s, dtype);
+}
 
 void set_product_kernel(ProductKernel k) { g_kernel.store(k); }
 ProductKernel product_kernel() { return g_kernel.load(); }

@@ -198,7 +198,7 @@ class SequenceLayerNorm : public Layer {
     bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), {}, partial_over_tp(true));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return precision::in_fp32(x, [&](const at::Tensor& xf) { return at::layer_norm(xf, {dim_}, weight_, bias_, 1e-5); });
+    return precision::layer_norm(x, dim_, weight_, bias_, 1e-5);
   }
 
  private:

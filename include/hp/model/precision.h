@@ -12,6 +12,7 @@
 // product is ATen's own, bitwise what it was before the policy existed.
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string>
 
 namespace hp {
@@ -58,6 +59,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b 
 /// a @ b (batched over equal leading dimensions) in a's type, by the same
 /// rule as linear (b cast to a's type).
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
+
+/// Layer norm over the last dimension (`dim` features) of x with fp32
+/// weight and bias: x itself through at::layer_norm for fp32; for bf16 x
+/// the statistics and the affine in fp32, the result in bf16, and backward
+/// from the bf16 input saved (not an fp32 copy), the same bits as
+/// at::layer_norm on x widened.
+at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b, double eps);
+
+/// softmax(s, -1) of fp32 scores as type `dtype`: at::softmax for fp32; for
+/// bf16 the softmax in fp32, the probabilities returned and saved in bf16
+/// (backward in fp32 from them), so attention keeps one bf16 copy of them.
+at::Tensor softmax_as(const at::Tensor& s, at::ScalarType dtype);
 
 /// An fp32 statistic of `x` computed as `f(x in fp32)` and returned in x's
 /// type (normalisation, softmax): x itself for fp32.
