@@ -45,6 +45,10 @@ echo "== bf16 at tp=2 against one process, both resumed from the fp32 checkpoint
 "$BIN/hp-ckpt" inspect "$bck" > "$WORK/ib" || fail "hp-ckpt inspect $bck"
 grep -q "^precision    bf16 compute (gradient sums in fp32); tensors are the fp32 masters" "$WORK/ib" \
   || { cat "$WORK/ib"; fail "hp-ckpt inspect does not say bf16 wrote $bck"; }
-"$BIN/hp-ckpt" inspect "$pck" | grep -q "^precision    fp32;" || fail "hp-ckpt inspect does not say fp32 wrote $pck"
-"$BIN/hp-ckpt" inspect --json "$bck" | grep -q '"precision": "bf16 compute' || fail "hp-ckpt inspect --json lacks the precision"
+# (Into files, not pipes: grep -q stops reading at the first match, and
+# under pipefail the writer's broken pipe would fail the check.)
+"$BIN/hp-ckpt" inspect "$pck" > "$WORK/ip" || fail "hp-ckpt inspect $pck"
+grep -q "^precision    fp32;" "$WORK/ip" || { cat "$WORK/ip"; fail "hp-ckpt inspect does not say fp32 wrote $pck"; }
+"$BIN/hp-ckpt" inspect --json "$bck" > "$WORK/ij" || fail "hp-ckpt inspect --json $bck"
+grep -q '"precision": "bf16 compute' "$WORK/ij" || fail "hp-ckpt inspect --json lacks the precision"
 echo PASS
