@@ -19,8 +19,11 @@
 #  4. the default GPT (configs/gpt_single.yaml, 4 x 256, fortunes) for 500
 #     steps in fp32 and in bf16: the final losses and their relative
 #     difference, both curves on one chart (an SVG beside the results, and
-#     in the terminal).
+#     in the terminal);
+#  5. activation memory against the micro-batch size (1 and 8) at 12 x 768,
+#     fp32 and bf16: the per-sequence slope apart from what does not scale.
 #   bash bench/bench_precision.sh
+# BENCH_PARTS ("1 2 3 4 5") runs only the parts named.
 # Environment: HP_BIN (build/bin), BENCH_PYTHON (/usr/bin/python3),
 # BENCH_STEPS (5 measured-run steps, the first 2 warm-up), BENCH_CURVE_STEPS
 # (500), BENCH_PT_BF16_STEPS (BENCH_STEPS; on a CPU without AVX-512 one
@@ -45,6 +48,8 @@ export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 W=$(mktemp -d "${TMPDIR:-/tmp}/hp_bench_precision.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 MP=(--set features.mixed_precision.enabled=true)
+PARTS=" ${BENCH_PARTS:-1 2 3 4 5} "
+part() { [[ $PARTS == *" $1 "* ]]; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
@@ -78,6 +83,7 @@ pt() {
   fi || { tail -20 "$W/$name.log"; exit 1; }
 }
 
+if part 1; then
 echo "== 1. ${L} x ${H}, seq $T, global batch $GB (micro-batch $MB), $STEPS steps ($WARMUP warm-up)"
 hp hp_fp32_1x2 1
 grep -m1 -o "OpenBLAS kernels: .*" "$W/hp_fp32_1x2.log" || true
@@ -139,7 +145,8 @@ print(f"activation memory bf16 / fp32: 1 x 2 {m('hp_bf16_1x2','hp_fp32_1x2'):.2f
       f"dp=2 {m('hp_bf16_2x1','hp_fp32_2x1'):.2f}")
 PY
 
-echo "== 2. bytes per step per group, fp32 against bf16 (4 x 256, 2 steps)"
+fi
+
 cat > "$W/small.yaml" <<YAML
 model: {type: gpt, layers: 4, hidden: 256, heads: 4, seq_len: $T}
 data: {type: text, path: /usr/share/games/fortunes}
@@ -147,6 +154,8 @@ training: {max_steps: 2, global_batch_size: 8, micro_batch_size: 2, log_interval
 checkpoint: {interval: 0, resume: never}
 metrics: {peak_flops: 1.0e+10}
 YAML
+if part 2; then
+echo "== 2. bytes per step per group, fp32 against bf16 (4 x 256, 2 steps)"
 layouts=(
   "tp2|--set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 --set features.tensor_parallel.sequence_parallel=true"
   "pp2|--set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2"
@@ -173,6 +182,9 @@ for name in sys.argv[2:]:
             print(f"  {name:4} {k[11:]:34} fp32 {a[k]:12.0f}  bf16 {b.get(k, 0):12.0f}  ratio {b.get(k, 0) / a[k]:.3f}")
 PY
 
+fi
+
+if part 3; then
 echo "== 3. MoE (8 experts, top 2) against the dense GPT of the same active FFN, bf16, 1 x 2 (4 x 256)"
 for v in "moe|--set model.moe.num_experts=8 --set model.moe.top_k=2 --set model.moe.ffn_hidden=512" \
          "dense|--set model.ffn_hidden=1024"; do
@@ -189,6 +201,9 @@ tps = {n: statistics.median(json.loads(l)["tokens_per_second"] for l in list(ope
 print(f"  MoE {tps['moe']:.0f} tokens/s, dense {tps['dense']:.0f} tokens/s: MoE / dense {tps['moe'] / tps['dense']:.2f}")
 PY
 
+fi
+
+if part 4; then
 echo "== 4. configs/gpt_single.yaml for $CURVE_STEPS steps, fp32 and bf16"
 for p in fp32 bf16; do
   extra=(); [[ $p == bf16 ]] && extra=("${MP[@]}")
@@ -246,4 +261,36 @@ if chart:
     open(chart, "w").write("\n".join(svg) + "\n")
     print(f"  chart: {chart}")
 PY
+fi
+
+if part 5; then
+# Activation memory against the micro-batch size (1 and 8 sequences, one
+# micro-batch a step, 2 steps): rank 0's peak minus its resident memory
+# after setup. The slope between the two sizes is what each token's
+# activations cost; the part at micro-batch 1 holds what does not scale
+# with the batch (transients of the first backward and the update).
+echo "== 5. activation memory (MiB) at micro-batch 1 and 8, ${L} x ${H}, 1 x 2"
+for mb in 1 8; do
+  for p in fp32 bf16; do
+    extra=(); [[ $p == bf16 ]] && extra=("${MP[@]}")
+    "$BIN/hp-train" "$W/big.yaml" --nproc 1 --set training.max_steps=2 --set training.global_batch_size=$mb \
+      --set training.micro_batch_size=$mb --set metrics.peak_flops=1e11 "${extra[@]}" \
+      --set run.output_dir="$W/a_${p}_$mb" > "$W/a_${p}_$mb.log" 2>&1 || { tail -20 "$W/a_${p}_$mb.log"; exit 1; }
+  done
+done
+"$PY" - "$W" <<'PY'
+import json, re, sys
+w = sys.argv[1]
+def act(p, mb):
+    setup = float(re.search(r"after setup, resident memory ([0-9.]+) MiB", open(f"{w}/a_{p}_{mb}.log").read()).group(1))
+    last = [json.loads(l) for l in open(f"{w}/a_{p}_{mb}/metrics.jsonl") if l.strip()][-1]
+    return last["peak_resident_memory_bytes"] / 2**20 - setup
+a = {(p, mb): act(p, mb) for p in ("fp32", "bf16") for mb in (1, 8)}
+for p in ("fp32", "bf16"):
+    print(f"  {p}: micro-batch 1 {a[(p, 1)]:.0f}, micro-batch 8 {a[(p, 8)]:.0f}, per sequence "
+          f"{(a[(p, 8)] - a[(p, 1)]) / 7:.1f}")
+print(f"  bf16 / fp32: at micro-batch 8 {a[('bf16', 8)] / a[('fp32', 8)]:.2f}; per sequence (the slope) "
+      f"{(a[('bf16', 8)] - a[('bf16', 1)]) / (a[('fp32', 8)] - a[('fp32', 1)]):.2f}")
+PY
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
