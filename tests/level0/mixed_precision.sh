@@ -12,6 +12,16 @@ echo "bf16: loss $first -> $last"
 python3 -c "import sys; sys.exit(0 if $last < 0.6 * $first else 1)" || fail "bf16: loss did not fall"
 grep -q "mixed precision: compute copies and activations bf16, gradient sums in fp32, masters and optimizer state fp32; bf16 products: \(native\|widen\) (auto)" "$WORK/log" \
   || fail "the log does not state the policy"
+# On a CPU without bf16 instructions: one warning naming the missing flag.
+if ! grep -qw avx512_bf16 /proc/cpuinfo; then
+  [[ $(grep -c "this CPU lacks avx512_bf16, so bf16 products run on the fp32 BLAS" "$WORK/log") -eq 1 ]] \
+    || fail "no single warning about the missing avx512_bf16"
+  "$BIN/hp-train" "$WORK/c.yaml" --set run.output_dir="$WORK/native" --set training.max_steps=1 \
+    --set features.mixed_precision.enabled=true --set features.mixed_precision.product_kernel=native \
+    > "$WORK/native.log" 2>&1 || { cat "$WORK/native.log"; fail "native run failed"; }
+  grep -q "features.mixed_precision.product_kernel native on a CPU without avx512_bf16" "$WORK/native.log" \
+    || fail "no warning for the native kernel without avx512_bf16"
+fi
 grep -q "peak .* GFLOP/s per rank for MFU (metrics.peak_flops: the bf16 peak)" "$WORK/log" || fail "MFU's peak is not the bf16 one"
 "$BIN/hp-ckpt" inspect "$WORK/bf16/checkpoints/step_00000020" > "$WORK/inspect" || fail "hp-ckpt inspect"
 grep -q "^precision    bf16 compute" "$WORK/inspect" || { cat "$WORK/inspect"; fail "inspect: precision"; }
