@@ -85,6 +85,8 @@ nlohmann::json run_state_json(const SavedState& state, const std::vector<std::st
                {"samples_consumed", state.step * config.get_int("training.global_batch_size")}};
   s["scheduler"] = {{"optimizer_steps", state.optimizer_steps}};
   s["metrics"] = {{"tokens_total", state.tokens_total}, {"samples_total", state.samples_total}};
+  if (!state.param_dtype.empty())
+    s["precision"] = {{"param_dtype", state.param_dtype}, {"reduce_dtype", state.reduce_dtype}};
   return s;
 }
 
@@ -215,6 +217,10 @@ SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamE
   if (s.contains("metrics")) {
     out.tokens_total = s.at("metrics").at("tokens_total").get<double>();
     out.samples_total = s.at("metrics").at("samples_total").get<double>();
+  }
+  if (s.contains("precision")) {
+    out.param_dtype = s.at("precision").value("param_dtype", std::string());
+    out.reduce_dtype = s.at("precision").value("reduce_dtype", std::string());
   }
   return out;
 }

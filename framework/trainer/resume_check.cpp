@@ -117,38 +117,38 @@ void check_resume_config(const Config& config, const ModelInfo& model, ConfigErr
                  "checkpoint.dir to start afresh");
 }
 
-std::string describe_precision(const std::string& yaml) {
-  std::map<std::string, std::string> v;
-  const RawConfig raw = RawConfig::parse_string(yaml, "a config");
-  for (const auto& e : raw.entries()) {
-    if (e.kind != RawEntry::Kind::kMap && e.path.rfind("features.mixed_precision.", 0) == 0) v[e.path] = e.shown();
-  }
-  auto get = [&](const char* key, const char* def) {
-    auto it = v.find(std::string("features.mixed_precision.") + key);
-    return it == v.end() ? std::string(def) : it->second;
-  };
-  if (get("enabled", "false") != "true") return "fp32";
-  const std::string param = get("param_dtype", "bf16"), reduce = get("reduce_dtype", "fp32");
-  if (param == "fp32" && reduce == "fp32") return "fp32";
-  return param + " compute (gradient sums in " + reduce + ")";
+std::string describe_precision(const std::string& param_dtype, const std::string& reduce_dtype) {
+  if (param_dtype.empty()) return "not recorded";
+  if (param_dtype == "fp32" && reduce_dtype == "fp32") return "fp32";
+  return param_dtype + " compute (gradient sums in " + reduce_dtype + ")";
 }
 
 std::vector<std::string> resume_config_notes(const std::string& stored_yaml, const Config& config,
-                                             const std::string& step_dir) {
-  if (stored_yaml.empty()) {
-    return {"checkpoint " + step_dir +
-            " stores no config (written before checkpoints stored theirs): the config could not be "
-            "compared"};
-  }
-  const ConfigDiff diff = diff_configs(stored_yaml, config, free_keys_of(config));
+                                             const std::string& step_dir, const std::string& stored_precision,
+                                             const std::string& current_precision) {
   std::vector<std::string> out;
   // Precision is a training choice: the checkpoint holds fp32 masters
-  // whichever precision wrote it, so a change is logged, never refused.
-  const std::string was = describe_precision(stored_yaml), now = describe_precision(config.to_yaml());
-  if (was != now) {
-    out.push_back("resuming in another precision: the checkpoint was written in " + was + ", this run trains in " +
-                  now + " (the checkpoint holds fp32 masters, loaded as they are)");
+  // whichever precision wrote it, so a change is logged, never refused. A
+  // checkpoint that does not record its precision is said so only when this
+  // run trains in something other than fp32 (every such checkpoint before
+  // precisions were recorded trained in fp32, or was imported).
+  if (stored_precision == "not recorded") {
+    if (current_precision != "fp32")
+      out.push_back("resuming in " + current_precision +
+                    " from a checkpoint that does not record its precision (written before precisions were "
+                    "recorded, or imported; its tensors are fp32 and are loaded as they are)");
+  } else if (stored_precision != current_precision) {
+    out.push_back("resuming in another precision: the checkpoint was written in " + stored_precision +
+                  ", this run trains in " + current_precision +
+                  " (the checkpoint holds fp32 masters, loaded as they are)");
   }
+  if (stored_yaml.empty()) {
+    out.push_back("checkpoint " + step_dir +
+                  " stores no config (written before checkpoints stored theirs): the config could not be "
+                  "compared");
+    return out;
+  }
+  const ConfigDiff diff = diff_configs(stored_yaml, config, free_keys_of(config));
   if (!diff.training.empty())
     out.push_back("resuming with changed training options: " + describe_changes(diff.training));
   if (!diff.model_free.empty()) {

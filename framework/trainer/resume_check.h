@@ -50,16 +50,22 @@ std::string describe_changes(const std::vector<KeyChange>& changes);
 /// cannot read is left to the resume itself to report.
 void check_resume_config(const Config& config, const ModelInfo& model, ConfigErrors& errors);
 
-/// The precision a resolved config trains in, from its features.mixed_precision
-/// keys: "fp32", or "bf16 (gradient sums in fp32)"; masters are fp32 in both.
-/// Throws ConfigException when `yaml` is not YAML.
-std::string describe_precision(const std::string& yaml);
+/// A precision as recorded in a checkpoint's state (the dtype names of the
+/// model's PrecisionPolicy): "fp32", or "bf16 compute (gradient sums in
+/// fp32)"; masters are fp32 in both. "not recorded" when `param_dtype` is
+/// empty (a checkpoint written before precisions were recorded, or imported).
+std::string describe_precision(const std::string& param_dtype, const std::string& reduce_dtype);
 
 /// At the resume: the lines to log about `stored_yaml` (the checkpoint's
 /// config, "" when it has none) against `config`: the config could not be
 /// compared; training/optimizer keys changed; free model keys changed; model
-/// keys changed under a partial load. Empty when nothing differs.
+/// keys changed under a partial load; and, when `stored_precision` and
+/// `current_precision` (describe_precision's) differ, the change of
+/// precision (logged, never refused: the checkpoint holds fp32 masters).
+/// Empty when nothing differs.
 std::vector<std::string> resume_config_notes(const std::string& stored_yaml, const Config& config,
-                                             const std::string& step_dir);
+                                             const std::string& step_dir,
+                                             const std::string& stored_precision = "not recorded",
+                                             const std::string& current_precision = "fp32");
 
 }  // namespace hp

@@ -357,7 +357,12 @@ void TrainingRun::resume() {
   // The checkpoint's stored config against this run's (a changed model key
   // was refused before start, unless free or the load is partial).
   if (rank0()) {
-    for (const auto& line : resume_config_notes(s.config_text, setup_.config, dir)) log::logger()->info("{}", line);
+    const PrecisionPolicy& policy = runtime_->model().precision();
+    const std::string now = describe_precision(hp::dtype_name(policy.param_dtype),
+                                               hp::dtype_name(policy.reduce_dtype));
+    for (const auto& line :
+         resume_config_notes(s.config_text, setup_.config, dir, describe_precision(s.param_dtype, s.reduce_dtype), now))
+      log::logger()->info("{}", line);
   }
   start_ = s.step;
   optimizer_->set_steps_taken(s.optimizer_steps);
@@ -512,6 +517,9 @@ void TrainingRun::save(std::int64_t step) {
   const double rss_before = reset_peak_resident_memory();
   const auto t0 = Clock::now();
   SavedState s{step, rng_state_hex(), optimizer_->steps_taken(), tokens_total_, samples_total_};
+  const PrecisionPolicy& policy = runtime_->model().precision();
+  s.param_dtype = hp::dtype_name(policy.param_dtype);
+  s.reduce_dtype = hp::dtype_name(policy.reduce_dtype);
   checkpoint_->save(step, model_tensors(), optimizer_->state(), s);
   const double secs = seconds_since(t0);
   const double rise = std::max(0.0, peak_resident_memory_since_reset() - rss_before);

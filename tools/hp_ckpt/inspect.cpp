@@ -56,17 +56,23 @@ int run_inspect(const std::string& dir, bool as_json) {
                        {"shards", t.shards.size()}});
   }
 
-  // Which precision wrote it, from its stored config (the tensors are the
-  // fp32 masters either way).
-  std::string precision = "not known (no stored config)";
-  if (!m.config_file.empty()) {
-    std::ifstream in(fs::path(step_dir) / m.config_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    try {
-      precision = describe_precision(text.str()) + "; tensors are the fp32 masters";
-    } catch (const std::exception& e) {
-      precision = std::string("not known (") + m.config_file + " does not parse: " + e.what() + ")";
+  // Which precision wrote it, as its run state records it (the tensors are
+  // the fp32 masters either way).
+  std::string precision = "not recorded (written before precisions were recorded, or imported)";
+  {
+    std::ifstream in(fs::path(step_dir) / ckpt::kStateFileName);
+    if (in) {
+      try {
+        const json state = json::parse(in);
+        if (state.contains("precision")) {
+          const auto& p = state.at("precision");
+          precision = describe_precision(p.value("param_dtype", std::string()),
+                                         p.value("reduce_dtype", std::string())) +
+                      "; tensors are the fp32 masters";
+        }
+      } catch (const std::exception& e) {
+        precision = std::string("not known (") + ckpt::kStateFileName + " does not parse: " + e.what() + ")";
+      }
     }
   }
   if (as_json) {

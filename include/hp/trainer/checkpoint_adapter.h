@@ -43,6 +43,11 @@ struct SavedState {
   double tokens_total = 0, samples_total = 0;
   /// The resolved config the checkpoint stores ("" when it stores none).
   std::string config_text;
+  /// The precision the run trained in (the model's PrecisionPolicy, by
+  /// dtype name: "fp32", "bf16"); "" when the checkpoint does not record it
+  /// (written before precisions were recorded, or imported). The tensors
+  /// are fp32 masters either way.
+  std::string param_dtype, reduce_dtype;
 };
 
 class CheckpointIO {

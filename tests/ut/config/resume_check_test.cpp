@@ -143,16 +143,28 @@ TEST(ResumeCheck, ACheckpointWithoutStoredConfigIsNotRefused) {
 namespace {
 
 TEST(ResumeCheck, APrecisionChangeIsLoggedNotRefused) {
-  const auto bf16 = resolved({"features.mixed_precision.enabled=true"});
-  const auto bf16_sums = resolved({"features.mixed_precision.enabled=true", "features.mixed_precision.reduce_dtype=bf16"});
-  EXPECT_EQ(hp::describe_precision(resolved({}).to_yaml()), "fp32");
-  EXPECT_EQ(hp::describe_precision(bf16.to_yaml()), "bf16 compute (gradient sums in fp32)");
-  EXPECT_EQ(hp::describe_precision(bf16_sums.to_yaml()), "bf16 compute (gradient sums in bf16)");
-  const auto notes = hp::resume_config_notes(bf16.to_yaml(), resolved({}), "d");
+  // The precision comes from the checkpoint's run state (the dtype names the
+  // trainer records), not from any feature's keys in its config.
+  EXPECT_EQ(hp::describe_precision("fp32", "fp32"), "fp32");
+  EXPECT_EQ(hp::describe_precision("bf16", "fp32"), "bf16 compute (gradient sums in fp32)");
+  EXPECT_EQ(hp::describe_precision("bf16", "bf16"), "bf16 compute (gradient sums in bf16)");
+  EXPECT_EQ(hp::describe_precision("", ""), "not recorded");
+  const std::string same = resolved({}).to_yaml();
+  const auto notes = hp::resume_config_notes(same, resolved({}), "d", hp::describe_precision("bf16", "fp32"),
+                                             hp::describe_precision("fp32", "fp32"));
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_EQ(notes[0],
             "resuming in another precision: the checkpoint was written in bf16 compute (gradient sums in fp32), this "
             "run trains in fp32 (the checkpoint holds fp32 masters, loaded as they are)");
+  // Same precision: nothing to say; a checkpoint that does not record its
+  // precision is taken as fp32 (all such were) and named only when this run
+  // trains in another.
+  EXPECT_TRUE(hp::resume_config_notes(same, resolved({}), "d", "fp32", "fp32").empty());
+  EXPECT_TRUE(hp::resume_config_notes(same, resolved({}), "d", "not recorded", "fp32").empty());
+  const auto unrecorded =
+      hp::resume_config_notes(same, resolved({}), "d", "not recorded", hp::describe_precision("bf16", "fp32"));
+  ASSERT_EQ(unrecorded.size(), 1u);
+  EXPECT_EQ(unrecorded[0].find("resuming in bf16 compute (gradient sums in fp32) from a checkpoint that does not record"), 0u);
   EXPECT_EQ(refusal({"features.mixed_precision.enabled=true"}), "");
   EXPECT_NE(refusal({"features.mixed_precision.enabled=true", "features.mixed_precision.param_dtype=fp16"})
                 .find("features.mixed_precision.param_dtype"),
