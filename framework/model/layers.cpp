@@ -27,6 +27,39 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
 }
 
+at::Tensor repeat_kv(const at::Tensor& kv, std::int64_t heads) {
+  const std::int64_t h = kv.size(2);
+  if (h == heads) return kv;
+  if (h <= 0 || heads % h != 0) {
+    throw std::invalid_argument("repeat_kv: " + std::to_string(h) + " key/value heads do not divide " +
+                                std::to_string(heads) + " query heads");
+  }
+  // [B, T, h, d] -> [B, T, h, g, d] -> [B, T, h g, d]: head j reads j / g.
+  return kv.unsqueeze(3).expand({kv.size(0), kv.size(1), h, heads / h, kv.size(3)}).reshape(
+      {kv.size(0), kv.size(1), heads, kv.size(3)});
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, double theta) {
+  const std::int64_t d = x.size(-1), half = d / 2;
+  if (d % 2 != 0) throw std::invalid_argument("rotary: the head width " + std::to_string(d) + " is odd");
+  // inv_freq_i = 1 / theta^(2i / d); angle = position x inv_freq, the
+  // second half of the features repeating the first half's angles.
+  const at::Tensor inv_freq = at::reciprocal(at::pow(theta, at::arange(0, d, 2, at::kFloat) / static_cast<double>(d)));
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, half]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1).view({1, positions.size(0), 1, d});
+  const at::Tensor cos = emb.cos(), sin = emb.sin();
+  return precision::in_fp32(x, [&](const at::Tensor& xf) {
+    const at::Tensor rot = at::cat({xf.narrow(-1, half, half).neg(), xf.narrow(-1, 0, half)}, -1);
+    return xf * cos + rot * sin;
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return precision::in_fp32(x, [&](const at::Tensor& xf) {
+    return xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps) * w;
+  });
+}
+
 namespace {
 
 class DenseLinear : public Layer {
@@ -116,32 +149,93 @@ class DenseLayerNorm : public Layer {
   at::Tensor weight_, bias_;
 };
 
+/// RMSNorm (rms_norm, and norm.heads where no feature splits the heads).
+class DenseRmsNorm : public Layer {
+ public:
+  DenseRmsNorm(const LayerSpec& s, BuildContext& ctx) : eps_(s.norm_eps) {
+    weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones());
+  }
+  at::Tensor forward(const at::Tensor& x) override { return rms_norm(x, weight_, eps_); }
+
+ private:
+  double eps_;
+  at::Tensor weight_;
+};
+
 /// q, k, v from one column-split projection whose rows are laid out head by
 /// head ([head][q|k|v][head_dim]), so any split by whole heads keeps q, k and
 /// v of a head together; output projection row-split.
 class HeadsAttention : public Layer {
  public:
   HeadsAttention(const LayerSpec& s, BuildContext& ctx)
-      : head_dim_(s.in / s.heads), block_(s.attention == "block" ? s.attention_block : 0) {
+      : head_dim_(s.in / s.heads), block_(s.attention == "block" ? s.attention_block : 0),
+        rope_theta_(s.rope_theta) {
     if (s.attention != "eager" && s.attention != "block") {
       throw std::invalid_argument("model error: '" + s.name + "': attention '" + s.attention +
                                   "' is unknown (legal: eager, block)");
     }
-    LayerSpec qkv{"linear.column", s.name + ".qkv", s.in, 3 * s.in};
-    qkv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
+    if (s.kv_heads == 0) {
+      LayerSpec qkv{"linear.column", s.name + ".qkv", s.in, 3 * s.in};
+      qkv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
+      qkv_ = register_module("qkv", ctx.layers().make(qkv, ctx));
+    } else {
+      // Separate projections (the Hugging Face layout): q by query heads,
+      // k and v by whole key/value heads.
+      if (s.heads % s.kv_heads != 0) {
+        throw std::invalid_argument("model error: '" + s.name + "': " + std::to_string(s.kv_heads) +
+                                    " key/value heads do not divide " + std::to_string(s.heads) + " query heads");
+      }
+      const std::int64_t kv_width = s.kv_heads * head_dim_;
+      LayerSpec q{"linear.column", s.name + ".q", s.in, s.in};
+      q.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
+      q_ = register_module("q", ctx.layers().make(q, ctx));
+      for (const char* which : {"k", "v"}) {
+        LayerSpec kv{"linear.column", s.name + "." + which, s.in, kv_width};
+        kv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
+        (which[0] == 'k' ? k_ : v_) = register_module(which, ctx.layers().make(kv, ctx));
+      }
+      if (s.qk_norm) {
+        for (const char* which : {"q_norm", "k_norm"}) {
+          LayerSpec n{"norm.heads", s.name + "." + which, head_dim_};
+          n.with_norm_eps(s.norm_eps);
+          (which[0] == 'q' ? q_norm_ : k_norm_) = register_module(which, ctx.layers().make(n, ctx));
+        }
+      }
+    }
     LayerSpec proj{"linear.row", s.name + ".proj", s.in, s.in};
     proj.with_bias(s.bias).with_input_is_parallel(true).with_init_std(s.init_std);
-    qkv_ = register_module("qkv", ctx.layers().make(qkv, ctx));
     proj_ = register_module("proj", ctx.layers().make(proj, ctx));
+    layout_ = ctx.sequence_layout();
     if (const Wrapper* w = ctx.wrapper("attention.core")) core_wrapper_ = *w;
     if (ctx.sequence_layout()) layout_attention_ = ctx.sequence_layout()->attention;
   }
   at::Tensor forward(const at::Tensor& x) override {
-    auto y = qkv_->forward(x);  // [B, T, local_heads * 3 * head_dim]
-    const auto local_heads = y.size(-1) / (3 * head_dim_);
-    // y.size(1), not x.size(1): under sequence parallel x is a slice of the
-    // sequence and the projection gathered all of it.
-    auto parts = y.view({y.size(0), y.size(1), local_heads, 3, head_dim_}).unbind(3);
+    std::vector<at::Tensor> parts;
+    if (qkv_) {
+      auto y = qkv_->forward(x);  // [B, T, local_heads * 3 * head_dim]
+      const auto local_heads = y.size(-1) / (3 * head_dim_);
+      // y.size(1), not x.size(1): under sequence parallel x is a slice of the
+      // sequence and the projection gathered all of it.
+      parts = y.view({y.size(0), y.size(1), local_heads, 3, head_dim_}).unbind(3);
+    } else {
+      auto heads_of = [this](const at::Tensor& y) { return y.view({y.size(0), y.size(1), -1, head_dim_}); };
+      parts = {heads_of(q_->forward(x)), heads_of(k_->forward(x)), heads_of(v_->forward(x))};
+    }
+    if (q_norm_) {
+      parts[0] = q_norm_->forward(parts[0]);
+      parts[1] = k_norm_->forward(parts[1]);
+    }
+    if (rope_theta_ > 0) {
+      // By global position: under a sequence layout, those of the pieces
+      // this rank holds.
+      const std::int64_t T = parts[0].size(1);
+      const at::Tensor pos = layout_ ? piece_positions(layout_->local_pieces(T)) : at::arange(T, at::kLong);
+      parts[0] = rotary(parts[0], pos, rope_theta_);
+      parts[1] = rotary(parts[1], pos, rope_theta_);
+    }
+    // Grouped-query attention: every query head meets its key/value head.
+    parts[1] = repeat_kv(parts[1], parts[0].size(2));
+    parts[2] = repeat_kv(parts[2], parts[0].size(2));
     // Eager or block attention; either may run inside the "attention.core"
     // wrapper (selective recompute), which replays it in backward.
     // Under a sequence layout, the layout's attention (other ranks hold the
@@ -166,7 +260,9 @@ class HeadsAttention : public Layer {
  private:
   std::int64_t head_dim_;
   std::int64_t block_;  ///< block length of block attention; 0: eager
-  std::shared_ptr<Layer> qkv_, proj_;
+  double rope_theta_;   ///< 0: no rotary embedding
+  std::shared_ptr<Layer> qkv_, q_, k_, v_, q_norm_, k_norm_, proj_;
+  std::shared_ptr<const SequenceLayout> layout_;
   Wrapper core_wrapper_;
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> layout_attention_;
 };
@@ -174,6 +270,22 @@ class HeadsAttention : public Layer {
 class ColumnRowMlp : public Layer {
  public:
   ColumnRowMlp(const LayerSpec& s, BuildContext& ctx) {
+    if (s.activation == "swiglu") {
+      // down(silu(gate x) * up x): gate and up split alike by columns.
+      for (const char* which : {"gate", "up"}) {
+        LayerSpec c{"linear.column", s.name + "." + which, s.in, s.out};
+        c.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
+        (which[0] == 'g' ? gate_ : fc1_) = register_module(which, ctx.layers().make(c, ctx));
+      }
+      LayerSpec down{"linear.row", s.name + ".down", s.out, s.in};
+      down.with_bias(s.bias).with_input_is_parallel(true).with_init_std(s.init_std);
+      fc2_ = register_module("down", ctx.layers().make(down, ctx));
+      return;
+    }
+    if (s.activation != "gelu") {
+      throw std::invalid_argument("model error: '" + s.name + "': activation '" + s.activation +
+                                  "' is unknown (legal: gelu, swiglu)");
+    }
     LayerSpec fc1{"linear.column", s.name + ".fc1", s.in, s.out};
     fc1.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std);
     LayerSpec fc2{"linear.row", s.name + ".fc2", s.out, s.in};
@@ -182,11 +294,12 @@ class ColumnRowMlp : public Layer {
     fc2_ = register_module("fc2", ctx.layers().make(fc2, ctx));
   }
   at::Tensor forward(const at::Tensor& x) override {
+    if (gate_) return fc2_->forward(at::silu(gate_->forward(x)) * fc1_->forward(x));
     return fc2_->forward(at::gelu(fc1_->forward(x)));
   }
 
  private:
-  std::shared_ptr<Layer> fc1_, fc2_;
+  std::shared_ptr<Layer> gate_, fc1_, fc2_;  ///< swiglu: gate, up (fc1_), down (fc2_)
 };
 
 class DenseCrossEntropy : public LossLayer {
@@ -214,6 +327,8 @@ LayerRegistry LayerRegistry::dense() {
   r.layers_["embedding.position"] = {"dense", factory<DensePositions>()};
   r.layers_["dropout"] = {"dense", factory<DenseDropout>()};
   r.layers_["layer_norm"] = {"dense", factory<DenseLayerNorm>()};
+  r.layers_["rms_norm"] = {"dense", factory<DenseRmsNorm>()};
+  r.layers_["norm.heads"] = {"dense", factory<DenseRmsNorm>()};
   r.layers_["attention.heads"] = {"dense", factory<HeadsAttention>()};
   r.layers_["mlp"] = {"dense", factory<ColumnRowMlp>()};
   r.layers_["moe"] = {"dense", make_dense_moe};

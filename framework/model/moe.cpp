@@ -599,8 +599,13 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
 
 }  // namespace
 
+at::Tensor ExpertWeights::hidden(std::int64_t e, const at::Tensor& x) const {
+  if (w3.defined()) return at::silu(precision::linear(x, w3[e], {})) * precision::linear(x, w1[e], {});
+  return at::gelu(precision::linear(x, w1[e], b1.defined() ? b1[e] : at::Tensor()));
+}
+
 at::Tensor ExpertWeights::forward(std::int64_t e, const at::Tensor& x) const {
-  return at::linear(at::gelu(at::linear(x, w1[e], b1[e])), w2[e], b2[e]);
+  return precision::linear(hidden(e, x), w2[e], b2.defined() ? b2[e] : at::Tensor());
 }
 
 at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
@@ -611,19 +616,27 @@ at::Tensor ExpertWeights::forward_grouped(const at::Tensor& rows,
   // rows x 0 for no rows keeps the graph connected to `rows` (expert
   // parallel needs every rank's backward to reach its exchanges).
   if (most == 0) return rows * 0;
-  if (rows.scalar_type() != w1.scalar_type()) {
-    // Mixed precision: each expert's rows through the library's products in
-    // the rows' type (precision::linear: ATen's bf16 product, or the fp32
-    // BLAS on bf16 operands), the weights cut by unbind (one gradient node
-    // for the stack, not one per expert) and cast by the product.
-    const auto W1 = w1.unbind(0), B1 = b1.unbind(0), W2 = w2.unbind(0), B2 = b2.unbind(0);
+  if (rows.scalar_type() != w1.scalar_type() || w3.defined()) {
+    // Mixed precision, and SwiGLU experts: each expert's rows through the
+    // library's products in the rows' type (precision::linear: ATen's bf16
+    // product, or the fp32 BLAS on bf16 operands), the weights cut by unbind
+    // (one gradient node for the stack, not one per expert) and cast by the
+    // product.
+    auto cut = [n](const at::Tensor& t) {
+      return t.defined() ? t.unbind(0) : std::vector<at::Tensor>(static_cast<std::size_t>(n));
+    };
+    const auto W1 = cut(w1), B1 = cut(b1), W2 = cut(w2), B2 = cut(b2), W3 = cut(w3);
     std::vector<at::Tensor> outs;
     std::int64_t off = 0;
     for (std::int64_t e = 0; e < n; ++e) {
       const std::int64_t m = counts[static_cast<std::size_t>(e)];
       if (m == 0) continue;
       const auto i = static_cast<std::size_t>(e);
-      outs.push_back(precision::linear(at::gelu(precision::linear(rows.narrow(0, off, m), W1[i], B1[i])), W2[i], B2[i]));
+      const at::Tensor x = rows.narrow(0, off, m);
+      const at::Tensor h = W3[i].defined()
+                               ? at::silu(precision::linear(x, W3[i], {})) * precision::linear(x, W1[i], {})
+                               : at::gelu(precision::linear(x, W1[i], B1[i]));
+      outs.push_back(precision::linear(h, W2[i], B2[i]));
       off += m;
     }
     return at::cat(outs);
@@ -728,7 +741,11 @@ at::Tensor combine_weighted(const at::Tensor& rows, const Routing& r, const Expe
 }
 
 MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
-    : name_(s.name), hidden_(s.in), ffn_(s.out), init_std_(s.init_std) {
+    : name_(s.name), hidden_(s.in), ffn_(s.out), init_std_(s.init_std), swiglu_(s.activation == "swiglu") {
+  if (s.activation != "gelu" && s.activation != "swiglu") {
+    throw std::invalid_argument("model error: '" + s.name + "': expert activation '" + s.activation +
+                                "' is unknown (legal: gelu, swiglu)");
+  }
   if (!s.moe)
     throw std::logic_error("internal error: moe layer '" + s.name +
                            "' built without options, please report");
@@ -741,7 +758,8 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
     bias_ = ctx.buffer(*this, s.name + ".router.bias", "router_bias", {E});
   if (o_.shared_experts > 0) {
     LayerSpec m{"mlp", s.name + ".shared", hidden_, o_.shared_experts * ffn_};
-    m.with_init_std(s.init_std);
+    m.with_init_std(s.init_std).with_bias(s.bias);
+    m.activation = s.activation;
     shared_ = register_module("shared", ctx.layers().make(m, ctx));
   }
   stats_.tokens_per_expert.assign(static_cast<std::size_t>(E), 0.0);
@@ -798,18 +816,28 @@ MoeLayer::MoeLayer(const LayerSpec& s, BuildContext& ctx)
   });
 }
 
-ExpertWeights MoeLayer::make_experts(BuildContext& ctx, const dist::Placements& placements) {
+ExpertWeights MoeLayer::make_experts(BuildContext& ctx, const dist::Placements& placements,
+                                     const std::string& ffn_dim) {
   const std::int64_t E = o_.num_experts, H = hidden_, F = ffn_;
-  auto make = [&](const std::string& what, std::vector<std::int64_t> shape, Init init) {
+  // split_at: the dimension the FFN split cuts (-1: none).
+  auto make = [&](const std::string& what, std::vector<std::int64_t> shape, Init init, int split_at) {
     std::string local = "experts_" + what;
     std::replace(local.begin(), local.end(), '.', '_');
-    return ctx.param(*this, name_ + ".experts." + what, local, shape, init, placements);
+    dist::Placements p = placements;
+    if (!ffn_dim.empty() && split_at >= 0) p.push_back({ffn_dim, dist::Placement::shard(split_at)});
+    return ctx.param(*this, name_ + ".experts." + what, local, shape, init, p);
   };
   ExpertWeights w;
-  w.w1 = make("fc1.weight", {E, F, H}, Init::normal(init_std_));
-  w.b1 = make("fc1.bias", {E, F}, Init::zeros());
-  w.w2 = make("fc2.weight", {E, H, F}, Init::normal(init_std_));
-  w.b2 = make("fc2.bias", {E, H}, Init::zeros());
+  if (swiglu_) {
+    w.w3 = make("gate.weight", {E, F, H}, Init::normal(init_std_), 1);
+    w.w1 = make("up.weight", {E, F, H}, Init::normal(init_std_), 1);
+    w.w2 = make("down.weight", {E, H, F}, Init::normal(init_std_), 2);
+    return w;  // no biases; always the library's products (no packs)
+  }
+  w.w1 = make("fc1.weight", {E, F, H}, Init::normal(init_std_), 1);
+  w.b1 = make("fc1.bias", {E, F}, Init::zeros(), 1);
+  w.w2 = make("fc2.weight", {E, H, F}, Init::normal(init_std_), 2);
+  w.b2 = make("fc2.bias", {E, H}, Init::zeros(), -1);
   if (o_.compute == ExpertCompute::kPacked && !packed_gemm::supported()) {
     static std::once_flag said;
     std::call_once(said, [] {

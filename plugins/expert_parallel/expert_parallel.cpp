@@ -66,18 +66,12 @@ class ExpertParallelMoe : public MoeLayer {
       return;
     }
     tp_ = ctx.group(tp);
-    const std::int64_t H = hidden_, F = ffn_;
-    auto split = [&](int d) {
-      return dist::Placements{{kExperts, dist::Placement::shard(0)}, {tp, dist::Placement::shard(d)}};
-    };
-    const std::string base = name_ + ".experts.";
-    experts_.w1 = ctx.param(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), split(1));
-    experts_.b1 = ctx.param(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), split(1));
-    experts_.w2 = ctx.param(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), split(2));
-    b2_ = ctx.param(*this, base + "fc2.bias", "experts_fc2_bias", {E, H}, Init::zeros(),
-                    {{kExperts, dist::Placement::shard(0)}});
-    // The partial outputs carry no bias: b2 is added once, after the sum over tp.
-    experts_.b2 = at::zeros({per_rank_, H}, b2_.options());
+    experts_ = make_experts(ctx, {{kExperts, dist::Placement::shard(0)}}, tp);
+    if (experts_.b2.defined()) {
+      // The partial outputs carry no bias: b2 is added once, after the sum over tp.
+      b2_ = experts_.b2;
+      experts_.b2 = at::zeros({per_rank_, hidden_}, b2_.options());
+    }
   }
 
  protected:
@@ -90,7 +84,7 @@ class ExpertParallelMoe : public MoeLayer {
         experts_.forward_grouped(dist::copy_to_group(rows, *tp_), counts, options().compute), *tp_);
     at::Tensor expert_of =
         at::repeat_interleave(at::arange(per_rank_, at::kLong), at::tensor(counts, at::kLong));
-    return y + b2_.index_select(0, expert_of);
+    return b2_.defined() ? y + b2_.index_select(0, expert_of) : y;
   }
 
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {

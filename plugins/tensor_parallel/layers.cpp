@@ -107,6 +107,25 @@ class ColumnLinear : public Layer {
                                   "' gathers its output, which a module above the stream's tensor-parallel "
                                   "degree does not do (its output stays split over features)");
     }
+    const std::int64_t degree = m_.flat->size();
+    if (s.split_unit > 0 && (s.out / s.split_unit) % degree != 0) {
+      // Fewer units (key/value heads) than ranks: each rank holds the whole
+      // weight and uses its unit; the ranks sharing a unit see different
+      // query heads, so the gradient is partial over the module's ranks.
+      const std::int64_t units = s.out / s.split_unit;
+      if (degree % units != 0 || m_.outer || gather_) {
+        throw std::invalid_argument("model error: linear.column '" + s.name + "': " + std::to_string(units) +
+                                    " units of " + std::to_string(s.split_unit) +
+                                    " features can be neither split nor shared over " + std::to_string(degree) +
+                                    " ranks");
+      }
+      const std::vector<std::string> partial{m_.inner_dim};
+      weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.out, s.in}, Init::normal(s.init_std), {}, partial);
+      if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), {}, partial);
+      const std::int64_t unit = m_.range(ctx, degree).first * units / degree;
+      unit_ = {unit * s.split_unit, s.split_unit};
+      return;
+    }
     if (!s.tied_weight.empty()) {
       weight_ = ctx.shared(s.tied_weight);  // the embedding's vocabulary slice
     } else {
@@ -115,6 +134,11 @@ class ColumnLinear : public Layer {
     if (s.bias) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.out}, Init::zeros(), m_.split(0));
   }
   at::Tensor forward(const at::Tensor& x) override {
+    if (unit_.second > 0) {
+      // This rank's unit of the shared weight.
+      const at::Tensor b = bias_.defined() ? bias_.narrow(0, unit_.first, unit_.second) : bias_;
+      return precision::linear(m_.enter(x), weight_.narrow(0, unit_.first, unit_.second), b);
+    }
     // Sequence parallel: the input is this rank's slice of the sequence;
     // gather it (reduce-scatter of the gradient in backward).
     auto y = precision::linear(m_.enter(x), weight_, bias_);
@@ -128,6 +152,7 @@ class ColumnLinear : public Layer {
   ModuleGroups m_;
   bool gather_;
   at::Tensor weight_, bias_;
+  std::pair<std::int64_t, std::int64_t> unit_{0, 0};  ///< shared weight: this rank's rows (offset, count)
 };
 
 class RowLinear : public Layer {
@@ -189,20 +214,24 @@ class VocabEmbedding : public Layer {
   std::int64_t begin_ = 0, end_ = 0;
 };
 
-/// Under sequence parallel only: LayerNorm on this rank's slice of the
-/// sequence, its weight and bias gradients summed over tp after backward.
-class SequenceLayerNorm : public Layer {
+/// A normalisation whose input tp ranks hold different parts of: LayerNorm
+/// or RMSNorm on this rank's slice of the sequence (sequence parallel), or
+/// RMSNorm on this rank's heads (norm.heads, the QK-norm, whenever the heads
+/// are split); its gain (and bias) gradients summed over tp after backward.
+class PartialNorm : public Layer {
  public:
-  SequenceLayerNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in) {
+  PartialNorm(const LayerSpec& s, BuildContext& ctx) : dim_(s.in), eps_(s.norm_eps), rms_(s.kind != "layer_norm") {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in}, Init::ones(), {}, partial_over_tp(true));
-    bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), {}, partial_over_tp(true));
+    if (!rms_) bias_ = ctx.param(*this, s.name + ".bias", "bias", {s.in}, Init::zeros(), {}, partial_over_tp(true));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return precision::layer_norm(x, dim_, weight_, bias_, 1e-5);
+    return rms_ ? rms_norm(x, weight_, eps_) : precision::layer_norm(x, dim_, weight_, bias_, 1e-5);
   }
 
  private:
   std::int64_t dim_;
+  double eps_;
+  bool rms_;
   at::Tensor weight_, bias_;
 };
 
@@ -313,14 +342,8 @@ LayerFactory factory() {
 /// expert_parallel the experts are split over ep instead.
 class TensorParallelMoe : public MoeLayer {
  public:
-  TensorParallelMoe(const LayerSpec& s, BuildContext& ctx) : MoeLayer(s, ctx), g_(tp_group(ctx)) {
-    const std::int64_t E = options().num_experts, H = hidden_, F = ffn_;
-    const std::string base = name_ + ".experts.";
-    w1_ = ctx.param(*this, base + "fc1.weight", "experts_fc1_weight", {E, F, H}, Init::normal(init_std_), over_tp(1));
-    b1_ = ctx.param(*this, base + "fc1.bias", "experts_fc1_bias", {E, F}, Init::zeros(), over_tp(1));
-    w2_ = ctx.param(*this, base + "fc2.weight", "experts_fc2_weight", {E, H, F}, Init::normal(init_std_), over_tp(2));
-    b2_ = ctx.param(*this, base + "fc2.bias", "experts_fc2_bias", {E, H}, Init::zeros());
-  }
+  TensorParallelMoe(const LayerSpec& s, BuildContext& ctx)
+      : MoeLayer(s, ctx), g_(tp_group(ctx)), w_(make_experts(ctx, {}, kTp)) {}
 
  protected:
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
@@ -343,20 +366,20 @@ class TensorParallelMoe : public MoeLayer {
       at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(acc);
       routed.emplace_back(tok, whole_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type()));
       if (slots.numel() == 0) continue;
-      at::Tensor h = at::gelu(precision::linear(x.index_select(0, tok), w1_[e], b1_[e]));
-      partial = partial.index_add(0, tok, precision::cast(precision::linear(h, w2_[e]), acc) * w);
+      at::Tensor h = w_.hidden(e, x.index_select(0, tok));
+      partial = partial.index_add(0, tok, precision::cast(precision::linear(h, w_.w2[e]), acc) * w);
     }
     at::Tensor out = precision::cast(dist::reduce_from_group(precision::cast(partial, x.scalar_type()), g_), acc);
-    for (std::int64_t e = 0; e < options().num_experts; ++e) {
+    for (std::int64_t e = 0; e < options().num_experts && w_.b2.defined(); ++e) {
       const auto& [tok, w] = routed[static_cast<std::size_t>(e)];
-      if (tok.numel() > 0) out = out.index_add(0, tok, b2_[e].unsqueeze(0) * precision::cast(w, acc));
+      if (tok.numel() > 0) out = out.index_add(0, tok, w_.b2[e].unsqueeze(0) * precision::cast(w, acc));
     }
     return precision::cast(out, x.scalar_type());
   }
 
  private:
   dist::Group& g_;
-  at::Tensor w1_, b1_, w2_, b2_;
+  ExpertWeights w_;  ///< every expert, each FFN split over tp (b2 whole)
 };
 
 void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o) {
@@ -377,8 +400,10 @@ void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o)
       });
     }
   }
+  r.replace("norm.heads", owner, factory<PartialNorm>());
   if (o.sequence_parallel) {
-    r.replace("layer_norm", owner, factory<SequenceLayerNorm>());
+    r.replace("layer_norm", owner, factory<PartialNorm>());
+    r.replace("rms_norm", owner, factory<PartialNorm>());
     r.replace("embedding.position", owner, factory<SequencePositions>());
     r.replace("dropout", owner, factory<SequenceDropout>());
   }

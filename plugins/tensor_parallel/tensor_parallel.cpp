@@ -80,6 +80,7 @@ class TensorParallelFeature : public Feature {
     ctx.model.check_divides("hidden", T, kSize, e);
     ctx.model.check_divides("heads", degree(c, kModules[0]), option_key(c, kModules[0]), e);
     ctx.model.check_divides("ffn", degree(c, kModules[1]), option_key(c, kModules[1]), e);
+    validate_kv_heads(ctx, T, e);
     validate_modules(ctx, T, e);
     if (c.ok({kSequence}) && c.get_bool(kSequence)) {
       if (!ctx.model.size("sequence")) {
@@ -99,6 +100,37 @@ class TensorParallelFeature : public Feature {
                   ") divisible by it",
               "a divisor of " + std::to_string(s.value));
       }
+    }
+  }
+
+  /// Grouped-query attention: key/value heads are split over attention's
+  /// degree when it divides them, and shared (each by degree / kv_heads
+  /// ranks, its gradient summed over them) when they divide it.
+  static void validate_kv_heads(const FeatureContext& ctx, std::int64_t T, ConfigErrors& e) {
+    const Config& c = ctx.config;
+    const auto A = degree(c, kModules[0]);
+    const std::string key = option_key(c, kModules[0]);
+    if (const SplitSize* kv = ctx.model.size("kv_heads")) {
+      const std::int64_t n = kv->value;
+      if (n % A != 0 && A % n != 0) {
+        e.add(key, std::to_string(A),
+              "the key/value head count = " + std::to_string(n) + " (" + kv->key +
+                  ") neither is divisible by it nor divides it: key/value heads are split over the attention's "
+                  "ranks, or shared by whole groups of them",
+              "a divisor or a multiple of " + std::to_string(n) + " (that divides the head count)");
+      } else if (n % A != 0 && A > T) {
+        e.add(key, std::to_string(A),
+              "sharing the " + std::to_string(n) + " key/value heads (" + kv->key +
+                  ") over an attention degree above features.tensor_parallel.size = " + std::to_string(T) +
+                  " is not supported yet",
+              "a divisor of " + std::to_string(n) + ", or the stream's size");
+      }
+    }
+    if (ctx.model.uses("norm.heads") && A > T) {
+      e.add(key, std::to_string(A),
+            "a model with a QK-norm (model.qk_norm) runs attention at the stream's degree only (not supported yet "
+            "above features.tensor_parallel.size = " + std::to_string(T) + ")",
+            "0 (= size)");
     }
   }
 

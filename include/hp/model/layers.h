@@ -6,8 +6,11 @@
 // Kinds: linear.column, linear.row, embedding.vocab, embedding.position
 // (adds learned positions to [batch, seq, hidden]; in = max positions),
 // attention.heads, mlp, moe (mixture of experts, include/hp/model/moe.h),
-// layer_norm, dropout (probability LayerSpec::dropout), loss.cross_entropy
-// (out = the vocabulary size: a feature that splits the logits needs it).
+// layer_norm, rms_norm (in = width, eps = LayerSpec::norm_eps), norm.heads
+// (RMSNorm over the last dimension of a tensor split by heads: the QK-norm;
+// a feature that splits the heads sums its gain's gradient over them),
+// dropout (probability LayerSpec::dropout), loss.cross_entropy (out = the
+// vocabulary size: a feature that splits the logits needs it).
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -42,7 +45,28 @@ struct LayerSpec {
   std::int64_t in = 0;       ///< input features; vocabulary size for embedding.vocab;
                              ///< positions for embedding.position
   std::int64_t out = 0;      ///< output features; embedding width; FFN width for mlp
-  std::int64_t heads = 0;    ///< attention.heads
+  std::int64_t heads = 0;    ///< attention.heads: query heads
+  /// attention.heads: key/value heads (grouped-query attention; a divisor
+  /// of heads, 1 = multi-query). 0: the fused GPT layout (one qkv
+  /// projection laid out head by head, heads = key/value heads); > 0:
+  /// separate q, k, v projections, k and v split by whole key/value heads.
+  std::int64_t kv_heads = 0;
+  /// attention.heads: rotary position embeddings on q and k with this base
+  /// (rotate-half convention); 0: none.
+  double rope_theta = 0.0;
+  /// attention.heads: RMSNorm of q and k per head before the rotation
+  /// (Qwen3's QK-norm), one gain of head_dim each.
+  bool qk_norm = false;
+  /// rms_norm, norm.heads, and the QK-norm: the epsilon.
+  double norm_eps = 1e-5;
+  /// mlp and moe experts: "gelu" (fc1, gelu, fc2) or "swiglu" (down(silu(gate
+  /// x) * up x), no biases).
+  std::string activation = "gelu";
+  /// linear.column: the output features come in indivisible units of this
+  /// many (a key/value head's width); 0: any split. When the split degree
+  /// exceeds the unit count, every unit is replicated on degree / units
+  /// ranks (the count must divide the degree), each using its own unit.
+  std::int64_t split_unit = 0;
   /// attention.heads: "eager" (the [batch, heads, seq, seq] scores) or
   /// "block" (block_causal_attention, include/hp/model/block_attention.h),
   /// and the block length of the latter.
@@ -67,6 +91,8 @@ struct LayerSpec {
   LayerSpec& with_init_std(double s) { init_std = s; return *this; }
   LayerSpec& with_tied_weight(std::string key) { tied_weight = std::move(key); return *this; }
   LayerSpec& with_dropout(double d) { dropout = d; return *this; }
+  LayerSpec& with_split_unit(std::int64_t u) { split_unit = u; return *this; }
+  LayerSpec& with_norm_eps(double e) { norm_eps = e; return *this; }
 };
 
 using LayerFactory = std::function<std::shared_ptr<Layer>(const LayerSpec&, BuildContext&)>;
@@ -107,5 +133,21 @@ class LayerRegistry {
 /// Causal softmax attention over [batch, seq, heads, head_dim] q, k, v;
 /// returns [batch, seq, heads * head_dim]. Shared by every attention layer.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+/// Grouped-query attention's key/value heads for `heads` query heads:
+/// [batch, seq, kv_heads, d] -> [batch, seq, heads, d], query head j using
+/// key/value head j / (heads / kv_heads) (`kv` itself when they are equal).
+/// Differentiable: the gradients of a shared head are summed.
+at::Tensor repeat_kv(const at::Tensor& kv, std::int64_t heads);
+
+/// Rotary position embedding (rotate-half convention: the first and second
+/// halves of each head's d features are the pairs) of x [batch, seq, heads,
+/// d] at global `positions` [seq] (int64) with base `theta`: x cos + rotate_half(x) sin,
+/// computed in fp32, returned in x's type.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, double theta);
+
+/// RMSNorm over the last dimension: x / sqrt(mean(x^2) + eps) * w, in fp32,
+/// returned in x's type.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 
 }  // namespace hp

@@ -105,13 +105,20 @@ void mark_stale(ExpertPacks& packs);
 
 /// Expert parameters stacked per layer: w1 [E, F, H], b1 [E, F],
 /// w2 [E, H, F], b2 [E, H] (a slice of experts on expert-parallel ranks).
+/// SwiGLU experts (LayerSpec::activation "swiglu") have w3 [E, F], the
+/// gate, with w1 the up and w2 the down projection, and no biases (b1, b2
+/// undefined); they always run through the library's products (kSlices).
 struct ExpertWeights {
   at::Tensor w1, b1, w2, b2;
+  at::Tensor w3;  ///< SwiGLU's gate; undefined for GELU experts
+  /// The activation before the down projection of local expert e:
+  /// gelu(x w1[e]^T + b1[e]), or silu(x w3[e]^T) * (x w1[e]^T).
+  at::Tensor hidden(std::int64_t e, const at::Tensor& x) const;
   /// kPacked's panels, reused until the layer's step end (MoeLayer::
   /// make_experts sets that up) or until a weight changes; null: packed
   /// afresh for each call.
   std::shared_ptr<ExpertPacks> packs;
-  /// gelu(x w1[e]^T + b1[e]) w2[e]^T + b2[e] for local expert e.
+  /// hidden(e, x) w2[e]^T + b2[e] for local expert e.
   at::Tensor forward(std::int64_t e, const at::Tensor& x) const;
   /// Rows grouped by local expert (the first counts[0] rows for expert 0,
   /// the next counts[1] for expert 1, ...): every expert's FFN on its
@@ -180,8 +187,12 @@ class MoeLayer : public Layer {
   const MoeStats& stats() const { return stats_; }
   /// Creates the stacked expert parameters ([E, ...] each), laid out by
   /// `placements` (none: every expert here; a shard along dimension 0
-  /// holds a range of the experts).
-  ExpertWeights make_experts(BuildContext& ctx, const dist::Placements& placements = {});
+  /// holds a range of the experts). `ffn_dim` non-empty: each expert's FFN
+  /// is split over that mesh dimension too, w1, b1 and w3 by their output
+  /// features and w2 by its input features (b2 whole).
+  ExpertWeights make_experts(BuildContext& ctx, const dist::Placements& placements = {},
+                             const std::string& ffn_dim = "");
+  bool swiglu() const { return swiglu_; }
 
  protected:
   /// For each token, the sum over its kept assignments (ascending expert
@@ -191,6 +202,7 @@ class MoeLayer : public Layer {
   std::string name_;
   std::int64_t hidden_ = 0, ffn_ = 0;
   double init_std_ = 0.02;
+  bool swiglu_ = false;  ///< SwiGLU experts (gate, up, down; no biases)
 
  private:
   MoeOptions o_;
