@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The llama model kind against one process (docs/PARITY.md: 20 steps, dropout
+# $DROPOUT, evaluation at steps 10 and 20, first-step loss and every step-1
+# gradient within 1e-5, losses within 1e-4). Grouped-query attention with 4
+# query and 2 key/value heads and the QK-norm, so every split path runs:
+#   tp=4 with sequence parallel: key/value heads shared by 2 ranks each
+#     (their weights whole on every rank, gradients summed over tp);
+#   interleaved 1F1B (pp=2) x tp=2 (key/value heads split) x block attention;
+#   cp=2 (rotary positions by global position on the head-tail chunks) x dp=2;
+#   dp=2 under zero stage 3, and the same with full recompute, bitwise;
+# and the MoE variant (SwiGLU experts, a shared expert) against its own
+# reference: ep=2 x tp=2 (expert tensor parallel), tp=2 (every expert split
+# over tp), interleaved pp=2 x ep=2.
+# HP_TEST_DROPOUT=0 runs them without dropout.
+source "$(dirname "$0")/../combinations/lib.sh"
+BIN=$1
+llama_config() {  # llama_config FILE [MOE]
+  small_config "$1"
+  sed -i 's/^model: .*/model: {type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 96, seq_len: 32, vocab_size: 64, qk_norm: true'"${2:+, moe: {num_experts: 4, top_k: 2, shared_experts: 1, ffn_hidden: 32\}}"'}/' "$1"
+  grep -q "type: llama" "$1" || fail "could not write the llama config"
+}
+cp() { echo --set features.context_parallel.enabled=true --set features.context_parallel.size="$1"; }
+t0=$SECONDS
+CONFIG="$WORK/c.yaml"
+llama_config "$CONFIG"
+# shellcheck disable=SC2046
+{
+run ref 1 ""
+run tp4sp 4 "dp=1 tp=4" $(tp 4) $(sp)
+run ppi2tp2blk 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(blk)
+run cp2dp2 4 "" $(cp 2)
+run dp2z3 2 "dp=2" $(zero) --set features.zero.stage=3
+run dp2z3rc 2 "dp=2" $(zero) --set features.zero.stage=3 $(rc full)
+}
+parity ref tp4sp "tensor x sequence parallel, key/value heads shared"
+parity ref ppi2tp2blk "interleaved pipeline x tensor parallel x block attention"
+parity ref cp2dp2 "context x data parallel"
+parity ref dp2z3 "data parallel x zero stage 3"
+replayed_every_step "$WORK/dp2z3rc" || fail "full recompute did not run"
+bitwise dp2z3 dp2z3rc "full recompute under zero stage 3"
+
+CONFIG="$WORK/m.yaml"
+llama_config "$CONFIG" moe
+# shellcheck disable=SC2046
+{
+run mref 1 ""
+run mep2tp2 4 "" $(ep 2) $(tp 2)
+run mtp2 2 "" $(tp 2)
+run mppi2ep2 4 "" $(ppi 2) $(ep 2)
+}
+grep -qa "experts.gate.weight" "$WORK/mref/grads_step1/"* || fail "the MoE llama has no SwiGLU experts (no experts.gate.weight gradient)"
+parity mref mep2tp2 "SwiGLU experts: expert x tensor parallel"
+parity mref mtp2 "SwiGLU experts split over tensor parallel"
+parity mref mppi2ep2 "SwiGLU experts: interleaved pipeline x expert parallel"
+echo "llama layouts: $((SECONDS - t0)) s"
+finish
