@@ -58,8 +58,16 @@ void RawConfig::add_node_entries(const std::string& path, const void* node_ptr,
   } else if (node.IsSequence()) {
     e.kind = RawEntry::Kind::kList;
     for (const auto& item : node) {
+      if (item.IsMap()) {
+        // A list of mappings (optimizer.groups) keeps each item as its flow
+        // YAML text; the option that takes them parses and checks it.
+        YAML::Emitter flow;
+        flow << YAML::Flow << item;
+        e.items.push_back(flow.c_str());
+        continue;
+      }
       if (!item.IsScalar()) {
-        throw ConfigException(path, "[...]", "lists may hold only plain values (" + e.origin + ")",
+        throw ConfigException(path, "[...]", "lists may hold only plain values or mappings (" + e.origin + ")",
                               "a flat list such as [1, 2]");
       }
       e.items.push_back(item.as<std::string>());

@@ -4,6 +4,7 @@
 
 #include "hp/config/config.h"
 #include "hp/config/schema.h"
+#include "hp/optim/param_groups.h"
 #include "framework/data/registry.h"
 #include "framework/model/registry.h"
 #include "framework/util/build_info.h"
@@ -95,6 +96,19 @@ void declare_core_options(Schema& s) {
       .describe("Learning-rate schedule.");
   s.add_int("optimizer.warmup_steps", 0).range(0, 1e12).describe("Linear warm-up steps.");
   s.add_float("optimizer.weight_decay", 0.0).range(0.0, 10.0).describe("Weight decay.");
+  s.add_enum("optimizer.weight_decay_on", "matrices", {"matrices", "matrices_and_embeddings", "all"})
+      .describe("Which parameters outside optimizer.groups get optimizer.weight_decay: matrices (not "
+                "one-dimensional parameters, i.e. norm gains and biases, nor embedding tables; Megatron's and "
+                "most recipes' rule), matrices_and_embeddings, or all (every parameter: the behaviour, and the "
+                "numbers, of runs before parameter groups existed; a checkpoint written then resumes with it).");
+  s.add_string_list("optimizer.groups", {})
+      .describe("Named parameter groups, first match wins: {match: GLOB over the global parameter name, "
+                "weight_decay: X, lr_scale: Y, name: N}, e.g. [{match: \"*.ln*\", weight_decay: 0}, "
+                "{match: \"embed*\", lr_scale: 0.1}]; each sets its parameters' weight decay and/or scales "
+                "their learning rate.");
+  s.add_rule([](const Config& c, ConfigErrors& e) {
+    if (c.ok({"optimizer.groups"})) parse_group_rules(c.get_string_list("optimizer.groups"), &e);
+  });
   s.add_float("optimizer.momentum", 0.0).range(0.0, 0.9999).describe("SGD momentum.");
   s.add_float("optimizer.beta1", 0.9).range(0.0, 0.9999).describe("Adam beta1.");
   s.add_float("optimizer.beta2", 0.999).range(0.0, 0.999999).describe("Adam beta2.");

@@ -90,7 +90,8 @@ at::Tensor BuildContext::param_at(torch::nn::Module& module, const std::string& 
   }
   spec.placements = std::move(placements);
   spec.box = part.boxes[0];
-  at::Tensor full = initial_value(seed_, global_name, global_shape, init);
+  at::Tensor full = meta_ ? at::empty(global_shape, at::TensorOptions().device(at::kMeta))
+                         : initial_value(seed_, global_name, global_shape, init);
   at::Tensor p = module.register_parameter(local_name, dist::cut(full, part));
   params_.push_back({spec, p, current_block_});
   return p;
@@ -101,9 +102,16 @@ at::Tensor BuildContext::buffer(torch::nn::Module& module, const std::string& gl
   ShardSpec spec;
   spec.name = global_name;
   spec.global_shape = shape;
-  at::Tensor b = module.register_buffer(local_name, at::zeros(shape));
+  at::Tensor b = module.register_buffer(
+      local_name, meta_ ? at::empty(shape, at::TensorOptions().device(at::kMeta)) : at::zeros(shape));
   buffers_.push_back({spec, b});
   return b;
+}
+
+void BuildContext::mark_embedding(const at::Tensor& p) {
+  for (auto& e : params_) {
+    if (e.tensor.is_same(p)) e.embedding = true;
+  }
 }
 
 at::Tensor BuildContext::shared(const std::string& key) {

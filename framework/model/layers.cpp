@@ -82,6 +82,7 @@ class DenseEmbedding : public Layer {
  public:
   DenseEmbedding(const LayerSpec& s, BuildContext& ctx) : dtype_(ctx.precision().param_dtype) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+    ctx.mark_embedding(weight_);
     ctx.share(s.name + ".weight", weight_);
   }
   /// The rows looked up in fp32, then cast: the activation stream starts
@@ -120,6 +121,7 @@ class DensePositions : public Layer {
  public:
   DensePositions(const LayerSpec& s, BuildContext& ctx) : layout_(ctx.sequence_layout()) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std));
+    ctx.mark_embedding(weight_);
   }
   at::Tensor forward(const at::Tensor& h) override {
     // Added in fp32 (one rounding, and the table's gradient, a sum over
@@ -187,11 +189,11 @@ class HeadsAttention : public Layer {
       }
       const std::int64_t kv_width = s.kv_heads * head_dim_;
       LayerSpec q{"linear.column", s.name + ".q", s.in, s.in};
-      q.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
+      q.with_bias(s.bias || s.qkv_bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
       q_ = register_module("q", ctx.layers().make(q, ctx));
       for (const char* which : {"k", "v"}) {
         LayerSpec kv{"linear.column", s.name + "." + which, s.in, kv_width};
-        kv.with_bias(s.bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
+        kv.with_bias(s.bias || s.qkv_bias).with_gather_output(false).with_init_std(s.init_std).with_split_unit(head_dim_);
         (which[0] == 'k' ? k_ : v_) = register_module(which, ctx.layers().make(kv, ctx));
       }
       if (s.qk_norm) {

@@ -35,7 +35,7 @@ struct Dims {
   std::int64_t vocab, hidden, heads, ffn, seq, layers;
   std::int64_t kv_heads = 0;  ///< llama: key/value heads (= heads: multi-head)
   double rope_theta = 0, norm_eps = 1e-5;
-  bool qk_norm = false;
+  bool qk_norm = false, qkv_bias = false;
   bool has_attention() const { return kind != Decoder::kMlp; }
   bool llama() const { return kind == Decoder::kLlama; }
   std::string attention;  ///< "eager" or "block" (model.attention: auto resolved)
@@ -61,6 +61,7 @@ Dims dims_of(const Config& c, Decoder kind) {
     d.rope_theta = c.get_float("model.rope_theta");
     d.norm_eps = c.get_float("model.norm_eps");
     d.qk_norm = c.get_bool("model.qk_norm");
+    d.qkv_bias = c.get_bool("model.qkv_bias");
   }
   d.seq = c.get_int("model.seq_len");
   d.attention = resolve_attention(c.get_string("model.attention"), d.seq, c.get_int("model.attention_auto_seq"));
@@ -125,6 +126,7 @@ class ResidualBlock : public Block {
         a.kv_heads = d.kv_heads;
         a.rope_theta = d.rope_theta;
         a.qk_norm = d.qk_norm;
+        a.qkv_bias = d.qkv_bias;
         a.with_norm_eps(d.norm_eps).with_bias(false);
       }
       attn_ = register_module("attn", ctx.layers().make(a, ctx));
@@ -201,7 +203,8 @@ std::int64_t attention_params(const Dims& d) {
   const std::int64_t H = d.hidden;
   if (!d.llama()) return 4 * H * H + 4 * H;
   const std::int64_t head_dim = H / d.heads;
-  return 2 * H * H + 2 * H * d.kv_heads * head_dim + (d.qk_norm ? 2 * head_dim : 0);
+  return 2 * H * H + 2 * H * d.kv_heads * head_dim + (d.qk_norm ? 2 * head_dim : 0) +
+         (d.qkv_bias ? H + 2 * d.kv_heads * head_dim : 0);
 }
 /// The multiply-adds per token of those weights (biases and gains not counted).
 double ffn_macs(const Dims& d, std::int64_t f) { return static_cast<double>((d.llama() ? 3 : 2) * d.hidden * f); }
@@ -313,6 +316,7 @@ void declare_llama_options(Schema& s) {
   s.add_float("model.norm_eps", 1e-5).range(1e-12, 1.0).describe("llama: epsilon of every RMSNorm.");
   s.add_bool("model.qk_norm", false)
       .describe("llama: RMSNorm of queries and keys per head before the rotation (Qwen3's QK-norm).");
+  s.add_bool("model.qkv_bias", false).describe("llama: biases on the q, k and v projections (Qwen2).");
 }
 
 // Training FLOPs per token the standard way (Kaplan et al., PaLM appendix B,
@@ -375,6 +379,9 @@ ModelInfo decoder_info(const Config& c, Decoder kind) {
                  "model.moe.capacity_factor", "model.moe.expert_compute"};
   // The attention algorithm computes the same function (up to fp32 rounding).
   if (attention) m.free_keys.insert({"model.attention", "model.attention_block", "model.attention_auto_seq"});
+  // Rotary positions have no table: the sequence length and the rotary
+  // base (a context extension) change no tensor.
+  if (d.llama()) m.free_keys.insert({"model.seq_len", "model.rope_theta", "model.norm_eps"});
   m.train_flops_per_token = decoder_train_flops_per_token(d);
   if (d.tied) m.shared_parameter_key = "model.tie_embeddings";
   if (d.moe) {

@@ -23,6 +23,27 @@ OptimizerOptions OptimizerOptions::from(const Config& c) {
   return o;
 }
 
+OptimizerOptions OptimizerOptions::for_param(const std::string& name, double* lr_scale) const {
+  OptimizerOptions o = *this;
+  o.param_hypers.reset();
+  *lr_scale = 1.0;
+  if (param_hypers) {
+    auto it = param_hypers->find(name);
+    if (it != param_hypers->end()) {
+      o.weight_decay = it->second.weight_decay;
+      *lr_scale = it->second.lr_scale;
+    }
+  }
+  return o;
+}
+
+std::map<std::string, ParamHyper> resolve_param_groups(const GroupPolicy& policy,
+                                                       const std::vector<ParamEntry>& params) {
+  std::map<std::string, ParamHyper> out;
+  for (const auto& p : params) out[p.spec.name] = policy.of(p.spec.name, p.spec.global_shape, p.embedding);
+  return out;
+}
+
 std::vector<std::string> OptimizerOptions::state_names() const {
   if (kind == OptimizerKind::kSgd) return momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
   return {"exp_avg", "exp_avg_sq"};
@@ -136,20 +157,26 @@ namespace {
 class LocalOptimizer : public NamedStateOptimizer {
  public:
   LocalOptimizer(OptimizerOptions o, std::vector<ParamEntry> params) : NamedStateOptimizer(o), params_(std::move(params)) {
-    for (const auto& p : params_) add_state(p.spec, p.tensor);
+    for (const auto& p : params_) {
+      add_state(p.spec, p.tensor);
+      scale_.push_back(1.0);
+      per_param_.push_back(o_.for_param(p.spec.name, &scale_.back()));
+    }
   }
   void step(double lr) override {
     c10::NoGradGuard no_grad;
     ++steps_;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       at::Tensor g = params_[i].tensor.grad();
-      if (g.defined()) apply_update(o_, steps_, lr, params_[i].tensor, g, state_[i]);
+      if (g.defined()) apply_update(per_param_[i], steps_, lr * scale_[i], params_[i].tensor, g, state_[i]);
     }
   }
   void zero_grad() override { zero_gradients(params_); }
 
  private:
   std::vector<ParamEntry> params_;
+  std::vector<OptimizerOptions> per_param_;  ///< each parameter's group's weight decay
+  std::vector<double> scale_;                ///< each parameter's learning-rate scale
 };
 
 }  // namespace

@@ -87,6 +87,7 @@ nlohmann::json run_state_json(const SavedState& state, const std::vector<std::st
   s["metrics"] = {{"tokens_total", state.tokens_total}, {"samples_total", state.samples_total}};
   if (!state.param_dtype.empty())
     s["precision"] = {{"param_dtype", state.param_dtype}, {"reduce_dtype", state.reduce_dtype}};
+  if (!state.optimizer_groups.empty()) s["optimizer_groups"] = state.optimizer_groups;
   return s;
 }
 
@@ -222,6 +223,7 @@ SavedState load_checkpoint(const std::string& step_dir, const std::vector<ParamE
     out.param_dtype = s.at("precision").value("param_dtype", std::string());
     out.reduce_dtype = s.at("precision").value("reduce_dtype", std::string());
   }
+  out.optimizer_groups = s.value("optimizer_groups", std::string());
   return out;
 }
 

@@ -117,6 +117,12 @@ void check_resume_config(const Config& config, const ModelInfo& model, ConfigErr
                  "checkpoint.dir to start afresh");
 }
 
+bool predates_weight_decay_groups(const std::string& stored_yaml) {
+  if (stored_yaml.empty()) return false;
+  const RawConfig raw = RawConfig::parse_string(stored_yaml, "the checkpoint's config.yaml");
+  return raw.find("optimizer.weight_decay_on") == nullptr;
+}
+
 std::string describe_precision(const std::string& param_dtype, const std::string& reduce_dtype) {
   if (param_dtype.empty()) return "not recorded";
   if (param_dtype == "fp32" && reduce_dtype == "fp32") return "fp32";

@@ -50,6 +50,11 @@ std::string describe_changes(const std::vector<KeyChange>& changes);
 /// cannot read is left to the resume itself to report.
 void check_resume_config(const Config& config, const ModelInfo& model, ConfigErrors& errors);
 
+/// Whether a checkpoint's stored config (non-empty) was written before
+/// weight-decay groups existed (it lacks optimizer.weight_decay_on): such a
+/// run decayed every parameter. Throws ConfigException when not YAML.
+bool predates_weight_decay_groups(const std::string& stored_yaml);
+
 /// A precision as recorded in a checkpoint's state (the dtype names of the
 /// model's PrecisionPolicy): "fp32", or "bf16 compute (gradient sums in
 /// fp32)"; masters are fp32 in both. "not recorded" when `param_dtype` is

@@ -15,6 +15,7 @@
 #include "hp/comm/flight_recorder.h"
 #include "hp/fault/stop.h"
 #include "hp/profile/trace.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 #include "hp/data/dataset.h"
 #include "hp/logging/logging.h"
@@ -98,6 +99,9 @@ class TrainingRun {
   void setup_model();
   void setup_throughput();
   void resume();
+  /// Resolves every parameter's optimizer group (weight decay, lr scale)
+  /// into optim_ before the optimizer is built.
+  void set_param_groups(const Config& c);
   StepResult step(std::int64_t step);
   void cadence(std::int64_t step, const StepResult& r, FitResult& result);
   double evaluate();
@@ -123,6 +127,7 @@ class TrainingRun {
   TrainingOptions train_;
   ScheduleOptions schedule_;
   OptimizerOptions optim_;
+  std::string policy_text_;  ///< GroupPolicy::describe() of the run, recorded in checkpoints
   CheckpointOptions ckpt_;
   std::shared_ptr<dist::DistributedContext> ctx_;
   std::unique_ptr<dist::flight::Watchdog> watchdog_;
@@ -278,6 +283,7 @@ void TrainingRun::setup_model() {
   if (rank0()) {
     log::logger()->info("model {}: {} blocks, {:.0f} parameters", desc_.name, desc_.blocks.size(), g.item<double>());
   }
+  set_param_groups(c);
   const auto& opt = runtime_->optimizer_factory();
   optimizer_ = opt ? opt(optim_, model_.params, *ctx_) : make_optimizer(optim_, model_.params);
   ReducerOptions ro;
@@ -347,6 +353,43 @@ StepContext TrainingRun::context(std::int64_t step, double loss, std::map<std::s
   s.metrics = &metrics_->registry();
   s.figures = figures;
   return s;
+}
+
+void TrainingRun::set_param_groups(const Config& c) {
+  GroupPolicy policy = GroupPolicy::from(c);
+  // A checkpoint written before groups existed decayed every parameter:
+  // its run continues so, unless this run names the rule itself.
+  const std::string dir = ckpt_.resume_dir();
+  if (!dir.empty() && !c.is_set("optimizer.weight_decay_on") &&
+      predates_weight_decay_groups(ckpt::CheckpointReader(dir).config_text())) {
+    policy.on = DecayOn::kAll;
+    if (rank0()) {
+      log::logger()->info(
+          "checkpoint {} was written before weight-decay groups existed: resuming with weight decay on every "
+          "parameter, as it was trained (set optimizer.weight_decay_on to change it)",
+          dir);
+    }
+  }
+  auto table = std::make_shared<std::map<std::string, ParamHyper>>(resolve_param_groups(policy, model_.params));
+  std::map<std::string, std::pair<int, double>> groups;  // name -> tensors, values
+  for (const auto& p : model_.params) {
+    auto& g = groups[table->at(p.spec.name).group];
+    double n = 1;
+    for (auto d : p.spec.global_shape) n *= static_cast<double>(d);
+    ++g.first;
+    g.second += n;
+  }
+  if (rank0()) {
+    std::string line;
+    for (const auto& [name, g] : groups) {
+      line += (line.empty() ? "" : ", ") + name + " " + std::to_string(g.first) + " tensors (" +
+              std::to_string(static_cast<long long>(g.second)) + " values)";
+    }
+    log::logger()->info("optimizer groups ({}): {}{}", policy.describe(), line,
+                        ctx_->group(dist::MeshRole::kPartition).size() > 1 ? " on this rank's stage" : "");
+  }
+  optim_.param_hypers = std::move(table);
+  policy_text_ = policy.describe();
 }
 
 void TrainingRun::resume() {
@@ -520,6 +563,7 @@ void TrainingRun::save(std::int64_t step) {
   const PrecisionPolicy& policy = runtime_->model().precision();
   s.param_dtype = hp::dtype_name(policy.param_dtype);
   s.reduce_dtype = hp::dtype_name(policy.reduce_dtype);
+  s.optimizer_groups = policy_text_;
   checkpoint_->save(step, model_tensors(), optimizer_->state(), s);
   const double secs = seconds_since(t0);
   const double rise = std::max(0.0, peak_resident_memory_since_reset() - rss_before);

@@ -195,6 +195,7 @@ class VocabEmbedding : public Layer {
   VocabEmbedding(const LayerSpec& s, BuildContext& ctx, ModuleGroups m)
       : m_(std::move(m)), dtype_(ctx.precision().param_dtype) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), m_.split(0));
+    ctx.mark_embedding(weight_);
     ctx.share(s.name + ".weight", weight_);
     std::tie(begin_, end_) = m_.range(ctx, s.in);
   }
@@ -249,6 +250,7 @@ class SequencePositions : public Layer {
   SequencePositions(const LayerSpec& s, BuildContext& ctx) : g_(tp_group(ctx)), layout_(ctx.sequence_layout()) {
     weight_ = ctx.param(*this, s.name + ".weight", "weight", {s.in, s.out}, Init::normal(s.init_std), {},
                         partial_over_tp(true));
+    ctx.mark_embedding(weight_);
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);

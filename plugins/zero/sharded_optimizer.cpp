@@ -14,6 +14,8 @@ class ShardedOptimizer : public NamedStateOptimizer {
       ShardSpec spec = c.slice_spec;
       spec.name = c.param.spec.name;
       add_state(spec, c.slice_grad);
+      scale_.push_back(1.0);
+      per_param_.push_back(o_.for_param(spec.name, &scale_.back()));
     }
   }
   void step(double lr) override {
@@ -25,7 +27,7 @@ class ShardedOptimizer : public NamedStateOptimizer {
         // The parameter's slice, or the slice kept aside while a sharded
         // parameter is released (gathered before its block's next forward).
         at::Tensor target = residency_->update_target(c);
-        apply_update(o_, steps_, lr, target, c.slice_grad, state_[i]);
+        apply_update(per_param_[i], steps_, lr * scale_[i], target, c.slice_grad, state_[i]);
       }
     }
     residency_->after_update();
@@ -44,6 +46,8 @@ class ShardedOptimizer : public NamedStateOptimizer {
  private:
   std::shared_ptr<SlicePlan> s_;
   std::shared_ptr<ParamResidency> residency_;
+  std::vector<OptimizerOptions> per_param_;  ///< each parameter's group's weight decay
+  std::vector<double> scale_;                ///< each parameter's learning-rate scale
 };
 
 }  // namespace

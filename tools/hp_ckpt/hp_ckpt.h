@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
 #include "hp/checkpoint/manifest.h"
 
 namespace hp::ckpt_tool {
@@ -54,5 +58,14 @@ int run_convert(const std::string& dir, const std::string& out, const TargetLayo
 int run_consolidate(const std::string& dir, const std::string& out);
 int run_per_rank(const std::string& dir, const std::string& out, const TargetLayout& target);
 int run_import(const std::string& file, const std::string& root);
+int run_import_hf(const std::string& dir, const std::string& root);
+/// `family` "" picks the family from the model keys.
+int run_export_hf(const std::string& dir, const std::string& out, const std::string& family);
+
+/// Writes `tensors` (whole, by global name) as the committed step 0 of a new
+/// checkpoint root `root` (refused when it holds checkpoints): no optimizer
+/// state, layout pp=1 dp=1 tp=1, state.json {"step": 0} plus `state`.
+void write_step_zero(const std::string& root, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                     const std::map<std::string, std::string>& state);
 
 }  // namespace hp::ckpt_tool

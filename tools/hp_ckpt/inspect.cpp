@@ -59,11 +59,13 @@ int run_inspect(const std::string& dir, bool as_json) {
   // Which precision wrote it, as its run state records it (the tensors are
   // the fp32 masters either way).
   std::string precision = "not recorded (written before precisions were recorded, or imported)";
+  std::string groups = "not recorded (written before parameter groups were recorded, or imported)";
   {
     std::ifstream in(fs::path(step_dir) / ckpt::kStateFileName);
     if (in) {
       try {
         const json state = json::parse(in);
+        groups = state.value("optimizer_groups", groups);
         if (state.contains("precision")) {
           const auto& p = state.at("precision");
           precision = describe_precision(p.value("param_dtype", std::string()),
@@ -78,6 +80,7 @@ int run_inspect(const std::string& dir, bool as_json) {
   if (as_json) {
     json out = {{"dir", step_dir},
                 {"precision", precision},
+                {"optimizer_groups", groups},
                 {"step", m.step},
                 {"format_version", m.format_version},
                 {"layout", m.layout},
@@ -104,6 +107,7 @@ int run_inspect(const std::string& dir, bool as_json) {
                                        ? (m.config_file + ", xxh64 " + m.config_hash).c_str()
                                        : "not stored (written before configs were)");
   std::printf("precision    %s\n", precision.c_str());
+  std::printf("optimizer    %s\n", groups.c_str());
   std::printf("manifest     %s\n", m.checksum_file.empty()
                                        ? "no checksum (written before manifests had one)"
                                        : ("its xxh64 in " + m.checksum_file + ", checked").c_str());

@@ -1,4 +1,4 @@
-// hp-ckpt: inspect, verify, convert and import hyperparallel checkpoints.
+// hp-ckpt: inspect, verify, convert, import and export hyperparallel checkpoints.
 // Exit codes: 0 success, 1 a bad or unusable checkpoint (one line naming the
 // file and the tensor), 2 a usage error.
 #include <c10/util/Exception.h>
@@ -108,13 +108,27 @@ int run(int argc, char** argv) {
   cons->excludes(per);
   for (auto* o : sizes) cons->excludes(o);
 
+  std::string from_hf, to_hf, family;
   auto* import = app.add_subcommand(
       "import",
-      "Full weights by global name (one safetensors file) into a new checkpoint root "
-      "as a committed step 0");
+      "Full weights by global name (one safetensors file), or a Hugging Face model directory "
+      "(--from-hf), into a new checkpoint root as a committed step 0");
   import->footer(kImportHelp);
-  import->add_option("file", file, "safetensors file of full weights by global name")->required();
+  auto* import_file = import->add_option("file", file, "safetensors file of full weights by global name");
+  auto* import_hf = import->add_option("--from-hf", from_hf,
+                                       "Hugging Face model directory: config.json and model.safetensors (or a "
+                                       "sharded model.safetensors.index.json) of the Llama, Mistral, Qwen2, Qwen3, "
+                                       "Mixtral or Qwen3-MoE family; the model keys go to ROOT/model.yaml");
+  import_file->excludes(import_hf);
   import->add_option("--to", out, "New checkpoint root")->required();
+
+  auto* hf_export = app.add_subcommand(
+      "export", "A llama-kind checkpoint's weights in the Hugging Face layout: config.json and model.safetensors (fp32)");
+  hf_export->add_option("dir", dir, "Step directory or checkpoint root")->required();
+  hf_export->add_option("--to-hf", to_hf, "New directory for config.json and model.safetensors")->required();
+  hf_export->add_option("--family", family,
+                        "llama, mistral, qwen2, qwen3, mixtral or qwen3_moe (default: from the model keys: "
+                        "qwen3 with a QK-norm, qwen2 with q/k/v biases, mixtral or qwen3_moe with experts, else llama)");
 
   try {
     app.parse(argc, argv);
@@ -148,7 +162,12 @@ int run(int argc, char** argv) {
   try {
     if (*inspect) return tool::run_inspect(dir, json);
     if (*verify) return tool::run_verify(dir);
-    if (*import) return tool::run_import(file, out);
+    if (*import) {
+      if (!from_hf.empty()) return tool::run_import_hf(from_hf, out);
+      if (file.empty()) throw tool::UsageError("give a safetensors FILE or --from-hf DIR");
+      return tool::run_import(file, out);
+    }
+    if (*hf_export) return tool::run_export_hf(dir, to_hf, family);
     if (consolidate) return tool::run_consolidate(dir, out);
     if (per_rank) return tool::run_per_rank(dir, out, target);
     return tool::run_convert(dir, out, target);

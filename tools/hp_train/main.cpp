@@ -14,6 +14,7 @@
 #include "hp/config/config.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/runtime/setup.h"
+#include "framework/trainer/param_groups_report.h"
 #include "framework/trainer/trainer.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
@@ -142,6 +143,7 @@ int run(int argc, char** argv) {
     std::cout << "---\n";
     print_features(setup);
     std::cout << setup.mesh.describe(all_ranks);
+    std::cout << hp::describe_optimizer_groups(setup.config);
     std::cout << "dry run: config valid for " << world << " process" << (world == 1 ? "" : "es")
               << "; nothing was started\n";
     return 0;

@@ -48,6 +48,9 @@ struct ParamEntry {
   int block = -1;  ///< index (in model order) of the block that created it; -1 outside blocks
   /// Later blocks that read it too (a tied weight, through BuildContext::shared).
   std::vector<int> also_used_by;
+  /// An embedding table (token or position), marked by its layer: the
+  /// optimizer's default rule leaves it out of weight decay.
+  bool embedding = false;
 };
 
 /// Wraps a forward computation (used by recompute): gets the inner function
@@ -103,6 +106,13 @@ class BuildContext {
                       std::vector<std::string> partial_grad = {});
 
   const std::vector<ParamEntry>& params() const { return params_; }
+  /// Marks parameter `p` (created by param()) an embedding table.
+  void mark_embedding(const at::Tensor& p);
+  /// Describe-only: parameters and buffers are created on the meta device
+  /// (shapes, no storage, no initial values), to list a model's parameters
+  /// without building its tensors (hp-train --dry-run).
+  void set_meta(bool meta) { meta_ = meta; }
+  bool meta() const { return meta_; }
 
   /// Creates a model buffer: state that is not trained but is saved and
   /// loaded with the parameters (whole on every rank; zeros at start).
@@ -166,6 +176,7 @@ class BuildContext {
   std::string current_block_name_;
   std::shared_ptr<const SequenceLayout> sequence_layout_;
   PrecisionPolicy precision_;
+  bool meta_ = false;
 };
 
 /// The full tensor a parameter starts from: a function of (seed, global name).

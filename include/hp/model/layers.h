@@ -57,6 +57,9 @@ struct LayerSpec {
   /// attention.heads: RMSNorm of q and k per head before the rotation
   /// (Qwen3's QK-norm), one gain of head_dim each.
   bool qk_norm = false;
+  /// attention.heads with kv_heads > 0: biases on the q, k and v
+  /// projections only (Qwen2), whatever `bias` says of the output one.
+  bool qkv_bias = false;
   /// rms_norm, norm.heads, and the QK-norm: the epsilon.
   double norm_eps = 1e-5;
   /// mlp and moe experts: "gelu" (fc1, gelu, fc2) or "swiglu" (down(silu(gate

@@ -7,11 +7,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "hp/model/build_context.h"
+#include "hp/optim/param_groups.h"
 
 namespace hp {
 
@@ -24,10 +26,23 @@ struct OptimizerOptions {
   double weight_decay = 0.0, momentum = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   /// Global gradient-norm clip (0: off).
   double grad_clip = 1.0;
+  /// Per parameter (by global name): its group's weight decay and
+  /// learning-rate scale (include/hp/optim/param_groups.h), set by the
+  /// trainer once the model is built. Null, or a name it lacks: weight_decay
+  /// and a scale of 1.
+  std::shared_ptr<const std::map<std::string, ParamHyper>> param_hypers;
   static OptimizerOptions from(const Config& c);
   /// The state tensors this kind keeps per parameter ("exp_avg", ...).
   std::vector<std::string> state_names() const;
+  /// These options with parameter `name`'s weight decay; its learning-rate
+  /// scale in `*lr_scale`.
+  OptimizerOptions for_param(const std::string& name, double* lr_scale) const;
 };
+
+/// Every parameter's group under `policy` (by global name), from the
+/// entries' global shapes and embedding marks.
+std::map<std::string, ParamHyper> resolve_param_groups(const GroupPolicy& policy,
+                                                       const std::vector<ParamEntry>& params);
 
 /// The learning-rate schedule, read once from the config.
 struct ScheduleOptions {

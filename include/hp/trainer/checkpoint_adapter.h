@@ -48,6 +48,9 @@ struct SavedState {
   /// (written before precisions were recorded, or imported). The tensors
   /// are fp32 masters either way.
   std::string param_dtype, reduce_dtype;
+  /// The optimizer's parameter groups as the run resolved them
+  /// (GroupPolicy::describe()); "" when not recorded.
+  std::string optimizer_groups;
 };
 
 class CheckpointIO {

@@ -13,11 +13,8 @@ source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 mp=(--set features.mixed_precision.enabled=true)
-run() {  # run NAME NPROC ARGS...: a 20-step run into $WORK/NAME
-  local name=$1 n=$2; shift 2
-  HP_INTRA_OP_THREADS=1 "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" --set training.max_steps=20 "$@" \
-    --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "run $name"; }
-}
+common=()  # small_config's 20 steps; run() is tests/lib/common.sh's
+export HP_INTRA_OP_THREADS=1
 changed() {  # changed RUN FROM TO: the resume logged the precision change
   grep -qF "resuming in another precision: the checkpoint was written in $2, this run trains in $3" "$WORK/$1.log" ||
     { grep -i "resum" "$WORK/$1.log"; fail "$1 did not log the change of precision ($2 -> $3)"; }

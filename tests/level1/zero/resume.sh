@@ -9,11 +9,7 @@ source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 zero=(--set features.zero.enabled=true)
-run() {  # run NAME NPROC ARGS...: a 20-step run into $WORK/NAME
-  local name=$1 n=$2; shift 2
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" --set training.max_steps=20 "$@" --set run.output_dir="$WORK/$name" \
-    > "$WORK/$name.log" 2>&1 || { tail -20 "$WORK/$name.log"; fail "run $name"; }
-}
+common=()  # small_config's 20 steps; run() is tests/lib/common.sh's
 run z2 2 "${zero[@]}" --set checkpoint.interval=10
 ck="$WORK/z2/checkpoints/step_00000010"
 [[ -d "$ck" ]] || fail "no step-10 checkpoint"
