@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "hp/data/dataset.h"
 #include "hp/logging/logging.h"
+#include "hp/model/dropout.h"
 #include "hp/model/extensions.h"
 #include "hp/model/model.h"
 #include "hp/model/precision.h"
@@ -477,6 +478,18 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   const unsigned dumps = train_.dumps_at(step + 1);
   if (dumps) tensor_dump::begin_step(dumps);
+  if (dumps & tensor_dump::kActivations) {
+    // The step's data too, whole sequences of this rank's micro-batches
+    // ("batch:tokens@s0", "batch:labels@s0"), so a step can be reproduced
+    // outside (the tests' PyTorch reference does).
+    for (std::int64_t mb = 0; mb < work.micro_batches; ++mb) {
+      const std::int64_t first = work.first_sample(mb);
+      DropoutSiteGuard site({step, first});
+      const Batch b = make_batch(*data_, Split::kTrain, step, first, train_.micro_batch, train_.seq_len);
+      for (const auto& part : {&b.inputs, &b.targets})
+        for (const auto& item : *part) tensor_dump::record("batch", item.key(), item.value());
+    }
+  }
   StepReport report = executor_->run(model_, work);
   if (dumps) {
     // One file per rank: an activation dump holds the routing too.
