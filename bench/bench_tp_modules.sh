@@ -8,24 +8,30 @@
 # each module's outer group moved per step beside docs/rfc/0013's table
 # (section 6.4). Every run has the machine's 2 cores: ranks x 1 intra-op
 # thread. Printed, never asserted.
-#   bash bench/bench_tp_modules.sh [steps=6] [ranks="2 4"] [vocab=32768]
+# The fourth argument picks the model: gpt (default), or llama (the same
+# 4 x 256 trunk as model.type: llama: 8 query and 4 key/value heads, SwiGLU
+# of width 688, RMSNorm, rotary positions).
+#   bash bench/bench_tp_modules.sh [steps=6] [ranks="2 4"] [vocab=32768] [model=gpt]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
 STEPS=${1:-6}
 RANKS=${2:-2 4}
 V=${3:-32768}
+MODEL=${4:-gpt}
 H=256; L=4; HEADS=4; SEQ=128; MB=2
+EXTRA=""
+if [[ $MODEL == llama ]]; then HEADS=8; EXTRA=", kv_heads: 4, ffn_hidden: 688"; fi
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cat > "$W/c.yaml" <<YAML
-model: {type: gpt, layers: $L, hidden: $H, heads: $HEADS, seq_len: $SEQ, vocab_size: $V}
+model: {type: $MODEL, layers: $L, hidden: $H, heads: $HEADS, seq_len: $SEQ, vocab_size: $V$EXTRA}
 data: {type: synthetic}
 training: {max_steps: $STEPS, global_batch_size: 8, micro_batch_size: $MB, log_interval: 1}
 optimizer: {lr: 0.001, schedule: constant}
 checkpoint: {interval: 0, resume: never}
 YAML
 P=features.tensor_parallel
-echo "GPT $L x $H, $HEADS heads, seq $SEQ, vocabulary $V, global batch 8 (micro $MB), synthetic data, $STEPS steps (first not timed)"
+echo "$MODEL $L x $H, $HEADS heads${EXTRA:+ ($EXTRA)}, seq $SEQ, vocabulary $V, global batch 8 (micro $MB), synthetic data, $STEPS steps (first not timed)"
 printf '%-5s %-44s %10s %9s %10s  %s\n' ranks layout "param MiB" "peak MiB" "tokens/s" "outer-group bytes per step (table)"
 one() {  # NPROC NAME ARGS...
   local n=$1 name=$2

@@ -21,6 +21,10 @@
 # (overlap on when offered) gives the fraction of gradient-reduction time
 # hidden behind backward (bench/trace_overlap.py).
 #   bash bench/bench_vs_pytorch.sh
+# BENCH_MODEL=llama compares model.type: llama instead (RMSNorm, rotary
+# positions, SwiGLU, grouped-query attention; the twin's --model llama) at
+# small 4 x 256 (8 heads, 2 key/value heads, ffn 688) and large 12 x 768
+# (12 heads, 4 key/value heads, ffn 2048).
 # Environment: HP_BIN (default build/bin), BENCH_PYTHON (a python with torch;
 # default /usr/bin/python3, Debian's torch), BENCH_REPS (5), BENCH_SIZES
 # ("small large"), BENCH_STEPS_SMALL (20), BENCH_STEPS_LARGE (6),
@@ -92,10 +96,14 @@ variants() {
   echo "hp_2x1_zero|hp|2|$DEF_BUCKET|default|yes|pt_2x1_zero"
 }
 
-size_shape() {  # layers hidden heads steps
-  case "$1" in
-    small) echo "4 256 4 $STEPS_SMALL" ;;
-    large) echo "12 768 12 $STEPS_LARGE" ;;
+MODEL=${BENCH_MODEL:-gpt}
+[[ $MODEL == gpt || $MODEL == llama ]] || { echo "bench_vs_pytorch: BENCH_MODEL '$MODEL' (legal: gpt, llama)"; exit 1; }
+size_shape() {  # layers hidden heads kv_heads ffn steps
+  case "$MODEL/$1" in
+    gpt/small) echo "4 256 4 4 1024 $STEPS_SMALL" ;;
+    gpt/large) echo "12 768 12 12 3072 $STEPS_LARGE" ;;
+    llama/small) echo "4 256 8 2 688 $STEPS_SMALL" ;;
+    llama/large) echo "12 768 12 4 2048 $STEPS_LARGE" ;;
     *) echo "bench_vs_pytorch: BENCH_SIZES: unknown size '$1' (legal: small, large)" >&2; exit 1 ;;
   esac
 }
@@ -114,18 +122,21 @@ run_hp() {
 }
 
 for size in $SIZES; do
-  read -r L H NH STEPS <<< "$(size_shape "$size")"
+  read -r L H NH KV FFN STEPS <<< "$(size_shape "$size")"
+  TWIN=(--model "$MODEL" --kv-heads "$KV" --ffn "$FFN")
+  KVKEY=""
+  [[ $MODEL == llama ]] && KVKEY=", kv_heads: $KV"
   ((STEPS > WARMUP)) || { echo "bench_vs_pytorch: steps ($STEPS) must exceed BENCH_WARMUP ($WARMUP)"; exit 1; }
   cat > "$W/$size.yaml" <<YAML
-model: {type: gpt, layers: $L, hidden: $H, heads: $NH, seq_len: $T}
+model: {type: $MODEL, layers: $L, hidden: $H, heads: $NH, seq_len: $T, ffn_hidden: $FFN$KVKEY}
 data: {type: text}
 training: {max_steps: $STEPS, global_batch_size: $GB, micro_batch_size: $MB, log_interval: 1}
 optimizer: {type: adamw, lr: 0.001, schedule: constant}
 checkpoint: {interval: 0, resume: never}
 YAML
-  pt_params=$("$PY" bench/pytorch_gpt_ddp.py --layers "$L" --hidden "$H" --heads "$NH" --seq "$T" --count-only |
-              sed -n 's/^pytorch gpt: \([0-9]*\) parameters$/\1/p')
-  echo "== $size: gpt $L layers x $H ($NH heads), seq $T, global batch $GB, micro-batch $MB, $STEPS steps per run" \
+  pt_params=$("$PY" bench/pytorch_gpt_ddp.py "${TWIN[@]}" --layers "$L" --hidden "$H" --heads "$NH" --seq "$T" --count-only |
+              sed -n "s/^pytorch $MODEL: \([0-9]*\) parameters$/\1/p")
+  echo "== $size: $MODEL $L layers x $H ($NH heads, $KV key/value heads, ffn $FFN), seq $T, global batch $GB, micro-batch $MB, $STEPS steps per run" \
        "(first $WARMUP skipped), $REPS repetition(s), $CORES cores; PyTorch twin: $pt_params parameters"
   checked=no
   for rep in $(seq 1 "$REPS"); do
@@ -134,7 +145,7 @@ YAML
       out="$W/$size.$name.$rep"
       if [[ "$fw" == hp ]]; then
         run_hp "$size" "$name" "$ranks" "$bucket" "$overlap" "$zero" "$out"
-        hp_params=$(sed -n 's/.*model gpt: [0-9]* blocks, \([0-9]*\) parameters.*/\1/p' "$out.log" | head -1)
+        hp_params=$(sed -n "s/.*model $MODEL: [0-9]* blocks, \([0-9]*\) parameters.*/\1/p" "$out.log" | head -1)
         if [[ "$hp_params" != "$pt_params" ]]; then
           echo "bench_vs_pytorch: PARAMETER COUNT MISMATCH at $size: hp-train ${hp_params:-(no 'model gpt' line)}," \
                "bench/pytorch_gpt_ddp.py $pt_params: the two models differ; fix pytorch_gpt_ddp.py to build hp's gpt"
@@ -145,7 +156,7 @@ YAML
         fi
         metrics="$out/metrics.jsonl"
       else
-        args=(bench/pytorch_gpt_ddp.py --layers "$L" --hidden "$H" --heads "$NH" --seq "$T" --global-batch "$GB"
+        args=(bench/pytorch_gpt_ddp.py "${TWIN[@]}" --layers "$L" --hidden "$H" --heads "$NH" --seq "$T" --global-batch "$GB"
               --micro-batch "$MB" --steps "$STEPS" --threads $((CORES / ranks)) --out "$out.jsonl")
         [[ "$bucket" != - ]] && args+=(--bucket-mb "$bucket")
         [[ "$zero" == yes ]] && args+=(--zero)

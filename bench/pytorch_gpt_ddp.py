@@ -18,7 +18,17 @@ framework/model/zoo.cpp and layers.cpp build it (defaults of model.*):
     exact (erf) GELU;
   final LayerNorm, output H -> vocab without bias, untied;
   loss: cross entropy summed over the tokens / tokens.
-Init: linear and embedding weights N(0, 0.02), biases 0, LayerNorm 1 and 0.
+With --model llama, hyperparallel's `model.type: llama` instead: token
+embedding, no position table; per block, pre-RMSNorm (eps 1e-5, gain only):
+    h += proj(attention(q, k, v)), q H -> H, k and v H -> kv_heads x head_dim,
+    no biases, rotary positions (rotate-half, theta 10000) on q and k,
+    grouped-query attention (each key/value head serves heads / kv_heads
+    query heads), eager causal softmax;
+    h += down(silu(gate(x)) * up(x)), gate and up H -> ffn, down ffn -> H,
+    x = rms2(h), no biases;
+  final RMSNorm, output H -> vocab, untied.
+Init: linear and embedding weights N(0, 0.02), biases 0, LayerNorm 1 and 0
+(RMSNorm gains 1).
 Optimizer: AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0, the
 options' defaults), global-norm gradient clip 1.0 (optimizer.grad_clip's
 default), constant learning rate.
@@ -92,6 +102,74 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, hidden, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x, theta=10000.0):
+    """Rotate-half rotary embedding of x [B, T, heads, d] at positions 0..T-1."""
+    d, T = x.shape[-1], x.shape[1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), -1)[None, :, None, :]
+    half = d // 2
+    return x * emb.cos() + torch.cat((-x[..., half:], x[..., :half]), -1) * emb.sin()
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, hidden, heads, kv_heads, ffn):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.ln1, self.ln2 = RMSNorm(hidden), RMSNorm(hidden)
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.k = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.proj = nn.Linear(hidden, hidden, bias=False)
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, h):
+        B, T, H = h.shape
+        x = self.ln1(h)
+        q = rotary(self.q(x).view(B, T, self.heads, self.head_dim))
+        k = rotary(self.k(x).view(B, T, self.kv_heads, self.head_dim))
+        v = self.v(x).view(B, T, self.kv_heads, self.head_dim)
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        ctx = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(B, T, H)
+        h = h + self.proj(ctx)
+        x = self.ln2(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, layers, hidden, heads, kv_heads, ffn, std=0.02):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.blocks = nn.ModuleList(LlamaBlock(hidden, heads, kv_heads, ffn) for _ in range(layers))
+        self.ln = RMSNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+
+    def forward(self, ids, labels):
+        h = self.tok(ids)
+        for b in self.blocks:
+            h = b(h)
+        logits = self.out(self.ln(h))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
 def read_corpus(path):
     """The bytes hp's `data.type: text` reads: a file, or every regular file under
     a directory in sorted order, skipping symlinks, *.dat and files with a NUL
@@ -128,6 +206,9 @@ def vm_bytes(field):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["gpt", "llama"], default="gpt")
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: --heads)")
+    ap.add_argument("--ffn", type=int, default=0, help="FFN width (0: gpt 4 x hidden; llama required)")
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--hidden", type=int, required=True)
     ap.add_argument("--heads", type=int, required=True)
@@ -149,10 +230,15 @@ def main():
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
-    model = GPT(a.vocab, a.seq, a.layers, a.hidden, a.heads, 4 * a.hidden)
+    if a.model == "llama":
+        if not a.ffn:
+            raise SystemExit("--model llama needs --ffn")
+        model = Llama(a.vocab, a.layers, a.hidden, a.heads, a.kv_heads or a.heads, a.ffn)
+    else:
+        model = GPT(a.vocab, a.seq, a.layers, a.hidden, a.heads, a.ffn or 4 * a.hidden)
     params = sum(p.numel() for p in model.parameters())
     if a.count_only:
-        print(f"pytorch gpt: {params} parameters")
+        print(f"pytorch {a.model}: {params} parameters")
         return
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -186,7 +272,9 @@ def main():
     offsets = torch.arange(a.seq + 1)
 
     if rank == 0:
-        print(f"pytorch {torch.__version__}: gpt {a.layers} x {a.hidden} ({a.heads} heads), {params} parameters; "
+        print(f"pytorch {torch.__version__}: {a.model} {a.layers} x {a.hidden} ({a.heads} heads"
+              f"{', %d key/value heads, ffn %d' % (a.kv_heads or a.heads, a.ffn) if a.model == 'llama' else ''}), "
+              f"{params} parameters; "
               f"{world} rank(s) x {threads} thread(s), global batch {a.global_batch}, micro-batch {a.micro_batch}, "
               f"{accum} micro-batch(es) per rank per step" +
               (f", DDP gloo bucket_cap_mb {a.bucket_mb:g}" if world > 1 else "") +

@@ -82,7 +82,7 @@ TEST(ModelRegistry, ShippedModelsAndDuplicateRefused) {
     hp::models().get("nope");
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("no model named 'nope' (registered: gpt, mlp, unet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("no model named 'nope' (registered: gpt, mlp, llama, unet"), std::string::npos)
         << e.what();
   }
 }
