@@ -6,6 +6,8 @@
 # step beside the theory; expert-parameter bytes per rank; load imbalance
 # over the run with the aux loss, with the bias method, and with neither.
 #   bash bench/bench_moe.sh [steps=80] [speed]
+# BENCH_MODEL=llama: the same with model.type: llama (SwiGLU experts of
+# width 768 through the library's products, dense SwiGLU of 1536).
 # `speed` runs only the throughput runs (MoE and dense at 1 process x 2
 # threads, MoE at ep=2 and dense at dp=2, 2 processes x 1 thread, MoE with a
 # capacity factor, MoE with its experts through BLAS; then the same pairs with one micro-batch per step
@@ -43,8 +45,14 @@ H=256; L=4; T=128; B=8; M=2; E=8; K=2
 # to undo. Every run here, dense ones included, has the same schedule.
 WARMUP=$((STEPS / 4))
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+MODEL=${BENCH_MODEL:-gpt}
+FFN=$((4 * H)); [ "$MODEL" = llama ] && FFN=768
+if [ "$MODEL" = llama ] && [ "$ONLY" != speed ]; then
+  echo "bench_moe: BENCH_MODEL=llama runs the speed part only (the byte and balance tables count GELU experts): bash bench/bench_moe.sh 80 speed"
+  exit 2
+fi
 cat > "$W/c.yaml" <<YAML
-model: {type: gpt, layers: $L, hidden: $H, heads: 4, seq_len: $T}
+model: {type: $MODEL, layers: $L, hidden: $H, heads: 4, seq_len: $T, ffn_hidden: $FFN}
 data: {type: text}
 training: {max_steps: $STEPS, global_batch_size: $B, micro_batch_size: $M, log_interval: 1}
 optimizer: {lr: 0.002, schedule: constant, warmup_steps: $WARMUP}
@@ -61,7 +69,7 @@ run() {  # NAME ENV ARGS...
 # interleaved, since single runs on this machine scatter by 10-20 %.
 cap=(--set model.moe.capacity_factor=1.25)
 dev=(--set model.moe.device_balance_coef=0.05 --set model.moe.device_groups=2)
-dense=(--set model.ffn_hidden=$((2 * 4 * H)))
+dense=(--set model.ffn_hidden=$((2 * FFN)))
 from_moe=() from_dense=() from_dev=()
 throughput() {  # SUFFIX
   run moe_1p2t$1 "HP_INTRA_OP_THREADS=2" "${moe[@]}" "${from_moe[@]}"
@@ -128,8 +136,8 @@ else
   run load_ep2_dev "" --nproc 2 "${moe[@]}" "${dev[@]}" "${ep[@]}" "${from_dev[@]}" "${prof[@]}"
 fi
 if [ "$ONLY" = speed ]; then
-  python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-5}" "$AVX512" <<'PY'
-import json, statistics, sys
+  BENCH_MODEL=$MODEL python3 - "$W" "$WARM_STEPS" "${BENCH_REPS:-5}" "$AVX512" <<'PY'
+import json, os, statistics, sys
 w, warm, reps, avx512 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "yes"
 def rows(name):  # the resumed run's steps from its third on
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][2:]
@@ -171,6 +179,7 @@ for name, label, dense in ([("moe_1p2t", "MoE, 1 process x 2 threads", "dense_1p
     fratio = [fast(n) / fast(f"{dense}_r{r}") for r, n in enumerate(runs, 1)]
     imb = statistics.median(median_step(n, "moe_load_imbalance_max") for n in runs)
     drop = statistics.median(median_step(n, "moe_dropped_fraction_max") for n in runs)
+    label = label.replace("GPT", os.environ.get("BENCH_MODEL", "gpt"))
     print(f"{label:44s} {statistics.median(tps):9.0f} {statistics.median(ratio):8.2f} "
           f"{min(ratio):5.2f}-{max(ratio):<5.2f} {statistics.median(fratio):11.2f} "
           f"{min(fratio):5.2f}-{max(fratio):<5.2f} {imb:10.3f} {drop:8.3f}")
@@ -184,15 +193,15 @@ run moe_dp2 "" --nproc 2 "${moe[@]}"
 run bal_aux "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0.01
 run bal_bias "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0 --set model.moe.bias_update_rate=0.001
 run bal_none "" --nproc 2 "${moe[@]}" "${ep[@]}" --set model.moe.aux_loss_coef=0
-python3 - "$W" "$H" "$L" "$T" "$B" "$E" "$K" <<'PY'
-import json, re, sys
+BENCH_MODEL=$MODEL BENCH_FFN=$FFN python3 - "$W" "$H" "$L" "$T" "$B" "$E" "$K" <<'PY'
+import json, os, re, sys
 w, H, L, T, B, E, K = sys.argv[1], *map(int, sys.argv[2:])
 def rows(name):
     return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if l.strip()][1:]
 def tps(name):
     r = rows(name)
     return sum(x["tokens_per_second"] for x in r) / len(r)
-print(f"GPT {L} x {H}, seq {T}, batch {B}; MoE: {E} experts, top-{K}, expert FFN {4 * H}")
+print(f"{os.environ.get('BENCH_MODEL', 'gpt')} {L} x {H}, seq {T}, batch {B}; MoE: {E} experts, top-{K}, expert FFN {os.environ.get('BENCH_FFN', 4 * H)}")
 print(f"{'run':44s} {'tokens/s':>10s} {'step s':>8s} {'comm s':>8s}")
 for name, label in [("moe_1p2t", "MoE, 1 process x 2 threads"), ("moe_ep2", "MoE, ep=2 (2 processes x 1 thread)"),
                     ("moe_dp2", "MoE, dp=2 without ep"), ("dense_1p2t", "dense GPT of the same active FFN, 1 x 2")]:

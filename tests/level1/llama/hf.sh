@@ -31,6 +31,12 @@ check_variant() {  # check_variant NAME MODEL_YAML_FLOW FAMILY LAYOUT_ARGS...
   grep -q "as $family" "$WORK/$name.export" || { cat "$WORK/$name.export"; fail "$name: not exported as $family"; }
   /usr/bin/python3 "$HERE/reference.py" "$WORK/$name.hf" "$WORK/$name" 2 || fail "$name: the PyTorch reference disagrees"
   "$BIN/hp-ckpt" import --from-hf "$WORK/$name.hf" --to "$WORK/$name.rt" > /dev/null || fail "$name: import"
+  # The same weights as a sharded Hugging Face directory (two files and
+  # model.safetensors.index.json) import to the same tensors.
+  /usr/bin/python3 "$HERE/../../lib/same_tensors.py" --split "$WORK/$name.hf" "$WORK/$name.hf2" || fail "$name: split"
+  "$BIN/hp-ckpt" import --from-hf "$WORK/$name.hf2" --to "$WORK/$name.rt2" > /dev/null || fail "$name: import sharded"
+  python3 "$HERE/../../lib/same_tensors.py" "$WORK/$name.rt/step_00000000/model-rank00000.safetensors" \
+    "$WORK/$name.rt2/step_00000000/model-rank00000.safetensors" || fail "$name: the sharded index imports other tensors"
   "$BIN/hp-ckpt" convert "$WORK/$name.rt" --consolidate --to "$WORK/$name.c1" > /dev/null || fail "$name: consolidate import"
   "$BIN/hp-ckpt" convert "$ck" --consolidate --to "$WORK/$name.c0" > /dev/null || fail "$name: consolidate original"
   python3 "$HERE/../../lib/same_tensors.py" "$WORK/$name.c0/model.safetensors" "$WORK/$name.c1/model.safetensors" \
