@@ -1,6 +1,7 @@
 #include "plugins/tensor_parallel/layers.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <tuple>
 #include <utility>
@@ -82,6 +83,40 @@ struct ModuleGroups {
   }
 };
 
+/// The module input of the last column layer on this thread: column
+/// layers that read the same tensor (q, k and v; SwiGLU's gate and up) share
+/// one entry, so the sequence is gathered once forward and its gradient
+/// summed (reduce-scattered, or all-reduced) once backward, as one fused
+/// projection would. Keyed by the tensor (a weak reference: a tensor freed
+/// since cannot match, and its address cannot be reused while the
+/// reference exists), its version, the module's groups and the grad mode;
+/// the entry is weak too (alive while the first layer's graph holds it).
+/// A pipeline schedule's threads each keep their own.
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+struct EnterCache {
+  WeakTensor x{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  WeakTensor y{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  std::uint32_t version = 0;
+  const dist::Group* flat = nullptr;
+  bool sp = false, grad = false;
+};
+thread_local EnterCache t_enter;
+
+at::Tensor enter_once(const ModuleGroups& m, const at::Tensor& x) {
+  EnterCache& c = t_enter;
+  const bool grad = at::GradMode::is_enabled();
+  if (c.flat == m.flat && c.sp == m.sp && c.grad == grad && c.version == x._version()) {
+    auto held = c.x.lock();
+    if (held && held.get() == x.unsafeGetTensorImpl()) {
+      auto y = c.y.lock();
+      if (y) return at::Tensor(std::move(y));
+    }
+  }
+  at::Tensor y = m.enter(x);
+  c = EnterCache{WeakTensor(x.getIntrusivePtr()), WeakTensor(y.getIntrusivePtr()), x._version(), m.flat, m.sp, grad};
+  return y;
+}
+
 ModuleGroups groups_for(BuildContext& ctx, const Options& o, const std::string& kind) {
   ModuleGroups m;
   m.sp = o.sequence_parallel;
@@ -137,11 +172,11 @@ class ColumnLinear : public Layer {
     if (unit_.second > 0) {
       // This rank's unit of the shared weight.
       const at::Tensor b = bias_.defined() ? bias_.narrow(0, unit_.first, unit_.second) : bias_;
-      return precision::linear(m_.enter(x), weight_.narrow(0, unit_.first, unit_.second), b);
+      return precision::linear(enter_once(m_, x), weight_.narrow(0, unit_.first, unit_.second), b);
     }
     // Sequence parallel: the input is this rank's slice of the sequence;
     // gather it (reduce-scatter of the gradient in backward).
-    auto y = precision::linear(m_.enter(x), weight_, bias_);
+    auto y = precision::linear(enter_once(m_, x), weight_, bias_);
     if (!gather_) return y;
     y = dist::gather_from_group(y, *m_.inner, -1);
     // A full-width output under sequence parallel goes back to a sequence slice.

@@ -37,6 +37,20 @@ run dp2z3 2 "dp=2" $(zero) --set features.zero.stage=3
 run dp2z3rc 2 "dp=2" $(zero) --set features.zero.stage=3 $(rc full)
 }
 parity ref tp4sp "tensor x sequence parallel, key/value heads shared"
+# q, k and v (and SwiGLU's gate and up) read one gathered input: per
+# micro-batch and layer one all-gather entering attention and one entering
+# the FFN, one for the LM head, and one per reduce-scatter (2 per layer and
+# the embedding's) in backward; each moves (tp - 1) x its local [2, 8, 64]
+# fp32 slice from a rank. Three gathers for q, k, v would show here.
+python3 - "$WORK/tp4sp/metrics.jsonl" <<'PY' || fail "tp4sp: tp all-gather bytes are not the formula's"
+import json, sys
+row = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+layers, micro, tp, local = 2, 4, 4, 2 * 8 * 64 * 4
+want = micro * (2 * (2 * layers + 1)) * (tp - 1) * local
+got = row["comm_bytes_tp_all_gather"]
+print("tp all-gather bytes per step: %d, formula %d" % (got, want))
+sys.exit(0 if got == want else 1)
+PY
 resumed_within tp4sp 11 tp4sp_cp2
 parity ref pp2g "pipeline, gpipe"
 parity ref ppi2tp2blk "interleaved pipeline x tensor parallel x block attention"
