@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Weights in the Hugging Face layout, checked against an independent PyTorch
 # model (tests/level1/llama/reference.py, written from the published
-# definitions), dense (the qwen3 naming: grouped-query attention, QK-norm)
-# and MoE (the mixtral naming: SwiGLU experts, softmax top-2 router):
+# definitions), dense (the qwen3 naming: grouped-query attention, QK-norm;
+# the qwen2 naming: multi-query attention with q/k/v biases, tied
+# embeddings) and MoE (the mixtral naming: SwiGLU experts, softmax top-2
+# router):
 #   a run's step-1 checkpoint exported with hp-ckpt export --to-hf; the
 #   reference on those weights and the run's step-2 batch gives the run's
 #   step-2 loss within 1e-6 and every gradient within 1e-5;
@@ -41,7 +43,9 @@ check_variant() {  # check_variant NAME MODEL_YAML_FLOW FAMILY LAYOUT_ARGS...
   "$BIN/hp-ckpt" convert "$ck" --consolidate --to "$WORK/$name.c0" > /dev/null || fail "$name: consolidate original"
   python3 "$HERE/../../lib/same_tensors.py" "$WORK/$name.c0/model.safetensors" "$WORK/$name.c1/model.safetensors" \
     || fail "$name: export -> import -> consolidate is not the original"
-  grep -q "kv_heads: 2" "$WORK/$name.rt/model.yaml" || { cat "$WORK/$name.rt/model.yaml"; fail "$name: model.yaml"; }
+  local kv
+  kv=$(sed -n 's/.*kv_heads: \([0-9]*\).*/\1/p' <<<"$model")
+  grep -q "^  kv_heads: $kv$" "$WORK/$name.rt/model.yaml" || { cat "$WORK/$name.rt/model.yaml"; fail "$name: model.yaml"; }
   local from=(--set checkpoint.resume="$WORK/$name.rt/step_00000000" --set training.max_steps=1 --set checkpoint.interval=0
               --set training.dump_grads_at_step=0 --set training.dump_activations_steps=[])
   run "$name.one" 1 "${from[@]}"
@@ -52,6 +56,8 @@ check_variant() {  # check_variant NAME MODEL_YAML_FLOW FAMILY LAYOUT_ARGS...
 }
 check_variant dense "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 96, seq_len: 32, vocab_size: 64, qk_norm: true}" \
   qwen3 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+check_variant qwen2 "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 1, ffn_hidden: 96, seq_len: 32, vocab_size: 64, qkv_bias: true, tie_embeddings: true}" \
+  qwen2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 check_variant moe "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 32, seq_len: 32, vocab_size: 64, moe: {num_experts: 4, top_k: 2, ffn_hidden: 32, aux_loss_coef: 0}}" \
   mixtral --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
 
