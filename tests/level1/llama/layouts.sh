@@ -6,10 +6,11 @@
 #   tp=4 with sequence parallel: key/value heads shared by 2 ranks each
 #     (their weights whole on every rank, gradients summed over tp), writing
 #     sharded checkpoints; its step-10 checkpoint resumed at cp=2 (B9);
-#   pp=2 under gpipe; per-module degrees (attention at tp=2, the FFN,
+#   pp=2 under 1f1b and under gpipe; per-module degrees (attention at tp=2, the FFN,
 #     embedding and LM head at 4, sequence parallel);
 #   interleaved 1F1B (pp=2) x tp=2 (key/value heads split) x block attention;
-#   cp=2 (rotary positions by global position on the head-tail chunks) x dp=2;
+#   cp=2 (rotary positions by global position on the head-tail chunks) x dp=2
+#     under zero stage 1;
 #   dp=2 under zero stage 3, and the same with full recompute, bitwise;
 # and the MoE variant (SwiGLU experts, a shared expert) against its own
 # reference: ep=2 x tp=2 (expert tensor parallel), tp=2 (every expert split
@@ -31,11 +32,12 @@ llama_config "$CONFIG"
 run ref 1 ""
 run tp4sp 4 "dp=1 tp=4" $(tp 4) $(sp) --set features.sharded_checkpoint.enabled=true --set checkpoint.interval=10
 run tp4sp_cp2 2 "" $(cp 2) --set checkpoint.resume="$WORK/tp4sp/checkpoints/step_00000010"
+run pp2 2 "pp=2 dp=1" $(pp 2)
 run pp2g 2 "pp=2 dp=1" $(pp 2) --set features.pipeline_parallel.schedule=gpipe
 run mod4 4 "" $(tp 2) $(sp) --set features.tensor_parallel.ffn_size=4 --set features.tensor_parallel.embedding_size=4 \
   --set features.tensor_parallel.lm_head_size=4
 run ppi2tp2blk 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(blk)
-run cp2dp2 4 "" $(cp 2)
+run cp2dp2 4 "" $(cp 2) $(zero)
 run dp2z3 2 "dp=2" $(zero) --set features.zero.stage=3
 run dp2z3rc 2 "dp=2" $(zero) --set features.zero.stage=3 $(rc full)
 }
@@ -55,10 +57,11 @@ print("tp all-gather bytes per step: %d, formula %d" % (got, want))
 sys.exit(0 if got == want else 1)
 PY
 resumed_within tp4sp 11 tp4sp_cp2
+parity ref pp2 "pipeline, 1f1b"
 parity ref pp2g "pipeline, gpipe"
 parity ref mod4 "per-module degrees: attention 2, FFN, embedding and LM head 4, sequence parallel"
 parity ref ppi2tp2blk "interleaved pipeline x tensor parallel x block attention"
-parity ref cp2dp2 "context x data parallel"
+parity ref cp2dp2 "context x data parallel x zero stage 1"
 parity ref dp2z3 "data parallel x zero stage 3"
 replayed_every_step "$WORK/dp2z3rc" || fail "full recompute did not run"
 bitwise dp2z3 dp2z3rc "full recompute under zero stage 3"
