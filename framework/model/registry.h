@@ -5,6 +5,7 @@
 // `model.type` names an entry. The shipped models (gpt, mlp, unet) are
 // registered on first use; an application registers its own before it
 // builds a Trainer (see examples/custom_model).
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -40,6 +41,10 @@ ModelRegistry& models();
 ModelInfo model_info(const Config& config);
 /// The description of the config's `model.type`.
 ModelDescription describe_model(const Config& config);
+
+/// The llama's FFN width when model.ffn_hidden is 0: two thirds of 4 x
+/// hidden, rounded up to a multiple of 256 (Llama's rule).
+std::int64_t llama_ffn_width(std::int64_t hidden);
 
 /// Declares `path` with `declare` unless some model already did.
 void declare_once(Schema& schema, const std::string& path, const std::function<void(Schema&)>& declare);

@@ -23,13 +23,6 @@ namespace {
 enum class Decoder { kGpt, kMlp, kLlama };
 const char* name_of(Decoder k) { return k == Decoder::kGpt ? "gpt" : k == Decoder::kMlp ? "mlp" : "llama"; }
 
-/// Llama's FFN width rule for model.ffn_hidden: 0: two thirds of 4 x
-/// hidden, rounded up to a multiple of 256.
-std::int64_t llama_ffn(std::int64_t hidden) {
-  const std::int64_t f = 2 * (4 * hidden) / 3;
-  return (f + 255) / 256 * 256;
-}
-
 struct Dims {
   Decoder kind = Decoder::kGpt;
   std::int64_t vocab, hidden, heads, ffn, seq, layers;
@@ -55,7 +48,7 @@ Dims dims_of(const Config& c, Decoder kind) {
   d.heads = c.get_int("model.heads");
   d.attention_block = c.get_int("model.attention_block");
   const std::int64_t ffn = c.get_int("model.ffn_hidden");
-  d.ffn = ffn != 0 ? ffn : d.llama() ? llama_ffn(d.hidden) : 4 * d.hidden;
+  d.ffn = ffn != 0 ? ffn : d.llama() ? llama_ffn_width(d.hidden) : 4 * d.hidden;
   if (d.llama()) {
     d.kv_heads = c.get_int("model.kv_heads") == 0 ? d.heads : c.get_int("model.kv_heads");
     d.rope_theta = c.get_float("model.rope_theta");
@@ -431,6 +424,11 @@ void register_decoder(ModelRegistry& r, Decoder kind) {
 }  // namespace
 
 void register_unet(ModelRegistry& r);  // unet.cpp
+
+std::int64_t llama_ffn_width(std::int64_t hidden) {
+  const std::int64_t f = 2 * (4 * hidden) / 3;
+  return (f + 255) / 256 * 256;
+}
 
 void declare_once(Schema& schema, const std::string& path, const std::function<void(Schema&)>& declare) {
   if (!schema.find(path)) declare(schema);

@@ -19,4 +19,9 @@ refused "$CONFIG" "features.tensor_parallel.size = 2: the key/value head count =
   --set model.hidden=96 --set model.heads=6 --set model.kv_heads=3
 refused "$CONFIG" "model.heads = 12: the head width model.hidden / model.heads = 21 must be even" \
   --set model.hidden=252 --set model.heads=12 --set model.kv_heads=4 --set features.tensor_parallel.enabled=false
+P=features.tensor_parallel
+refused "$CONFIG" "features.tensor_parallel.attention_size = 4: sharing the 2 key/value heads (model.kv_heads) over an attention degree above features.tensor_parallel.size = 2 is not supported yet" \
+  --nproc 4 --set $P.attention_size=4
+refused "$CONFIG" "features.tensor_parallel.attention_size = 4: a model with a QK-norm (model.qk_norm) runs attention at the stream's degree only" \
+  --nproc 4 --set $P.attention_size=4 --set model.kv_heads=4 --set model.qk_norm=true
 echo PASS

@@ -18,6 +18,7 @@
 #include "checkpoint/error.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
+#include "framework/model/registry.h"
 #include "hp/checkpoint/file_names.h"
 #include "tools/hp_ckpt/hp_ckpt.h"
 
@@ -317,7 +318,7 @@ int run_export_hf(const std::string& dir, const std::string& out, const std::str
   const bool is_moe = moe && moe["num_experts"].as<std::int64_t>() > 0;
   // The ffn width the model used (0: Llama's rule).
   d.ffn = m["ffn_hidden"].as<std::int64_t>();
-  if (d.ffn == 0) d.ffn = (2 * (4 * d.hidden) / 3 + 255) / 256 * 256;
+  if (d.ffn == 0) d.ffn = llama_ffn_width(d.hidden);
   if (is_moe) {
     d.experts = moe["num_experts"].as<std::int64_t>();
     d.top_k = moe["top_k"].as<std::int64_t>();

@@ -14,7 +14,10 @@
 #   the imported checkpoint loads at tp=2 (dense) or ep=2 (MoE), whose first
 #   step matches one process loading it;
 #   a file whose shapes do not match config.json is refused naming the tensor
-#   and the expected shape.
+#   and the expected shape; so are rope scaling, another head width, another
+#   activation, an unknown family, a missing config.json, a tensor the
+#   family lacks and a missing one; export refuses another family than the
+#   model's, a checkpoint without a stored config, a gpt, shared experts.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 HERE=$(dirname "$0")
@@ -68,4 +71,57 @@ out=$("$BIN/hp-ckpt" import --from-hf "$WORK/bad.hf" --to "$WORK/bad.rt" 2>&1); 
 [[ $rc -eq 1 ]] || fail "a mismatched file: exit $rc, wanted 1: $out"
 grep -qF "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [96, 64], the qwen3 family with config.json's dimensions expects [100, 64]" \
   <<<"$out" || fail "the refusal does not name the tensor and the expected shape: $out"
+import_refused() {  # import_refused DIR EXIT TEXT: hp-ckpt import --from-hf DIR exits EXIT naming TEXT
+  local out rc
+  out=$("$BIN/hp-ckpt" import --from-hf "$1" --to "$WORK/refused.rt" 2>&1); rc=$?
+  [[ $rc -eq $2 ]] || fail "import of $1: exit $rc, wanted $2: $out"
+  grep -qF -- "$3" <<<"$out" || fail "import of $1: the refusal lacks '$3': $out"
+}
+edit_config() {  # edit_config NAME PYTHON: a copy of dense.hf with config.json changed by PYTHON (c is the dict)
+  rm -rf "$WORK/$1.hf"; cp -r "$WORK/dense.hf" "$WORK/$1.hf"
+  python3 - "$WORK/$1.hf/config.json" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+edit_config scaled 'c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}'
+import_refused "$WORK/scaled.hf" 1 'rope_scaling {"factor":8.0,"rope_type":"llama3"}: scaled rotary frequencies'
+edit_config wide 'c["head_dim"] = 32'
+import_refused "$WORK/wide.hf" 1 "head_dim 32 differs from hidden_size / num_attention_heads = 16"
+edit_config gelu 'c["hidden_act"] = "gelu"'
+import_refused "$WORK/gelu.hf" 1 "hidden_act 'gelu': only silu (SwiGLU) is computed"
+edit_config other 'c["model_type"] = "gpt_neox"'
+import_refused "$WORK/other.hf" 2 "config.json model_type 'gpt_neox' is not a family this tool maps (known: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)"
+import_refused "$WORK" 2 "config.json is missing: --from-hf needs a Hugging Face model directory"
+# A sharded index that names a tensor the family lacks, and one that lacks one.
+python3 - "$WORK/dense.hf2/model.safetensors.index.json" "$WORK/extra.idx" "$WORK/short.idx" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+extra = json.loads(json.dumps(j)); extra["weight_map"]["model.layers.0.mlp.bogus.weight"] = "model-00001-of-00002.safetensors"
+short = json.loads(json.dumps(j)); del short["weight_map"]["model.norm.weight"]
+json.dump(extra, open(sys.argv[2], "w")); json.dump(short, open(sys.argv[3], "w"))
+PY
+for k in extra short; do
+  rm -rf "$WORK/$k.hf"; cp -r "$WORK/dense.hf2" "$WORK/$k.hf"; cp "$WORK/$k.idx" "$WORK/$k.hf/model.safetensors.index.json"
+done
+import_refused "$WORK/extra.hf" 1 "tensor 'model.layers.0.mlp.bogus.weight' is not one the qwen3 family has with these dimensions"
+import_refused "$WORK/short.hf" 1 "tensor 'model.norm.weight' of shape [64] is missing"
+
+echo "== exports refused"
+export_refused() {  # export_refused DIR EXIT TEXT ARGS...
+  local dir=$1 code=$2 text=$3 out rc; shift 3
+  out=$("$BIN/hp-ckpt" export "$dir" --to-hf "$WORK/refused.hf" "$@" 2>&1); rc=$?
+  [[ $rc -eq $code ]] || fail "export of $dir: exit $rc, wanted $code: $out"
+  grep -qF -- "$text" <<<"$out" || fail "export of $dir: the refusal lacks '$text': $out"
+}
+export_refused "$WORK/dense/checkpoints" 2 "--family llama does not hold this model (experts no, qk_norm yes, qkv_bias no)" --family llama
+export_refused "$WORK/dense.rt" 2 "stores no config (written before configs were, or imported)"
+small_config "$WORK/g.yaml"
+"$BIN/hp-train" "$WORK/g.yaml" --set training.max_steps=1 --set checkpoint.interval=1 --set run.output_dir="$WORK/gpt" \
+  > "$WORK/gpt.log" 2>&1 || { tail "$WORK/gpt.log"; fail "gpt run"; }
+export_refused "$WORK/gpt/checkpoints" 2 "model.type gpt: only the llama kind maps to a Hugging Face family"
+sed -i "s/^model: .*/model: {type: llama, layers: 1, hidden: 64, heads: 4, seq_len: 32, vocab_size: 64, moe: {num_experts: 4, shared_experts: 1, ffn_hidden: 32}}/" "$WORK/g.yaml"
+"$BIN/hp-train" "$WORK/g.yaml" --set training.max_steps=1 --set checkpoint.interval=1 --set run.output_dir="$WORK/shared" \
+  > "$WORK/shared.log" 2>&1 || { tail "$WORK/shared.log"; fail "shared-expert run"; }
+export_refused "$WORK/shared/checkpoints" 2 "the model has shared experts (no family here has them ungated), which no mapped family holds"
 echo PASS

@@ -5,7 +5,8 @@
 # query and 2 key/value heads and the QK-norm, so every split path runs:
 #   tp=4 with sequence parallel: key/value heads shared by 2 ranks each
 #     (their weights whole on every rank, gradients summed over tp), writing
-#     sharded checkpoints; its step-10 checkpoint resumed at cp=2 (B9);
+#     sharded checkpoints; its step-10 checkpoint resumed at cp=2 (B9) and
+#     at the same layout (bitwise, B2);
 #   pp=2 under 1f1b and under gpipe; per-module degrees (attention at tp=2, the FFN,
 #     embedding and LM head at 4, sequence parallel);
 #   interleaved 1F1B (pp=2) x tp=2 (key/value heads split) x block attention;
@@ -32,6 +33,8 @@ llama_config "$CONFIG"
 run ref 1 ""
 run tp4sp 4 "dp=1 tp=4" $(tp 4) $(sp) --set features.sharded_checkpoint.enabled=true --set checkpoint.interval=10
 run tp4sp_cp2 2 "" $(cp 2) --set checkpoint.resume="$WORK/tp4sp/checkpoints/step_00000010"
+run tp4sp_again 4 "dp=1 tp=4" $(tp 4) $(sp) --set features.sharded_checkpoint.enabled=true \
+  --set checkpoint.resume="$WORK/tp4sp/checkpoints/step_00000010"
 run pp2 2 "pp=2 dp=1" $(pp 2)
 run pp2g 2 "pp=2 dp=1" $(pp 2) --set features.pipeline_parallel.schedule=gpipe
 run mod4 4 "" $(tp 2) $(sp) --set features.tensor_parallel.ffn_size=4 --set features.tensor_parallel.embedding_size=4 \
@@ -57,6 +60,7 @@ print("tp all-gather bytes per step: %d, formula %d" % (got, want))
 sys.exit(0 if got == want else 1)
 PY
 resumed_within tp4sp 11 tp4sp_cp2
+resumed_bitwise tp4sp tp4sp_again 11
 parity ref pp2 "pipeline, 1f1b"
 parity ref pp2g "pipeline, gpipe"
 parity ref mod4 "per-module degrees: attention 2, FFN, embedding and LM head 4, sequence parallel"
