@@ -63,6 +63,19 @@ find_path(HP_XXHASH_INCLUDE xxhash.h)
 find_library(HP_XXHASH_LIB xxhash)
 hp_require(HP_XXHASH_LIB "xxhash" libxxhash-dev)
 
+# Tokenizers (framework/data/tokenizer.cpp): PCRE2 runs the byte-level BPE
+# pre-tokenizer regexes (Unicode classes \p{L}, \p{N}, lookahead), which
+# std::regex cannot; SentencePiece is reached only through its own module
+# (framework/data/sentencepiece_module.cpp says why).
+find_path(HP_PCRE2_INCLUDE pcre2.h)
+find_library(HP_PCRE2_LIB pcre2-8)
+hp_require(HP_PCRE2_LIB "pcre2-8" libpcre2-dev)
+find_path(HP_SENTENCEPIECE_INCLUDE sentencepiece_processor.h)
+find_library(HP_SENTENCEPIECE_LIB sentencepiece)
+find_library(HP_SENTENCEPIECE_TRAIN_LIB sentencepiece_train)
+hp_require(HP_SENTENCEPIECE_LIB "sentencepiece" libsentencepiece-dev)
+hp_require(HP_SENTENCEPIECE_TRAIN_LIB "sentencepiece_train" libsentencepiece-dev)
+
 # The metrics registry, types and text format (framework/metrics) are
 # prometheus-cpp's core library; only its pull Exposer is left unused:
 find_package(prometheus-cpp QUIET CONFIG)

@@ -54,9 +54,18 @@ void declare_core_options(Schema& s) {
   // data
   s.add_enum("data.type", "text", datasets().names())
       .describe("`text`: byte tokens from a file or directory; `synthetic`: a generated learnable task; "
-                "`field`: a generated field-regression task for the unet model.");
+                "`field`: a generated field-regression task for the unet model; `tokens`: shards made by hp-data "
+                "prepare (data.path or data.blend; model.vocab_size defaults to the tokenizer's).");
   s.add_string("data.path", "/usr/share/games/fortunes")
-      .describe("Text file or directory of text files (binary files are skipped).");
+      .describe("data.type text: a text file or directory of text files (binary files are skipped); data.type "
+                "tokens: a directory made by hp-data prepare.");
+  s.add_string_list("data.blend", {})
+      .describe("data.type tokens: several prepared corpora mixed by weight, [{path: DIR, weight: W}, ...] "
+                "(Megatron's rule: each global sample's corpus chosen deterministically so every prefix follows "
+                "the weights); when set, data.path is not read.");
+  s.add_string("data.tokenizer", "")
+      .describe("data.type tokens: the tokenizer (tokenizer.json, SentencePiece .model or bytes) the run expects; "
+                "refused before start unless the corpus was prepared with it. Empty: the corpus's own copy.");
   s.add_float("data.valid_fraction", 0.05).range(0.0, 0.5)
       .describe("Fraction of the corpus held out for evaluation.");
 

@@ -264,6 +264,7 @@ DatasetRegistry& datasets() {
   static DatasetRegistry* r = [] {
     auto* reg = new DatasetRegistry("dataset");
     register_builtin_datasets(*reg);
+    register_tokens_dataset(*reg);
     return reg;
   }();
   return *r;
@@ -292,6 +293,12 @@ void check_data_against_model(const Config& c, const ModelInfo& model, ConfigErr
           "is below " + std::to_string(d->token_range) + ", but data.type " + d->name + " yields tokens 0.." +
               std::to_string(d->token_range - 1),
           ">= " + std::to_string(d->token_range));
+  }
+}
+
+void complete_data_options(RawConfig& raw) {
+  for (const auto& d : datasets().entries()) {
+    if (d.complete) d.complete(raw);
   }
 }
 

@@ -15,6 +15,7 @@
 namespace hp {
 
 class Config;
+class RawConfig;
 class ConfigErrors;
 class Dataset;
 struct ModelInfo;
@@ -29,9 +30,19 @@ struct DatasetEntry {
   /// Rules on the data options (may be empty).
   std::function<void(const Config&, ConfigErrors&)> validate;
   std::function<std::shared_ptr<Dataset>(const Config&)> make;
+  /// Fills options the user left unset from the dataset itself, before the
+  /// config is resolved (the token corpus: model.vocab_size from its
+  /// tokenizer). May be empty.
+  std::function<void(RawConfig&)> complete;
 };
 
 using DatasetRegistry = Registry<DatasetEntry>;
+
+/// `data.type: tokens` (framework/data/token_dataset.cpp).
+void register_tokens_dataset(DatasetRegistry& r);
+
+/// Runs every dataset's `complete` on a raw config.
+void complete_data_options(RawConfig& raw);
 
 /// The process's dataset registry.
 DatasetRegistry& datasets();

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "hp/fault/fault.h"
+#include "framework/data/registry.h"
 #include "framework/model/registry.h"
 #include "hp/plugin/feature.h"
 #include "framework/trainer/resume_check.h"
@@ -93,7 +94,9 @@ Setup prepare(const RawConfig& raw, int world_size) {
     }
   }
 
-  s.config = resolve(s.schema, raw, world_size, errors, skip);
+  RawConfig completed = raw;
+  complete_data_options(completed);
+  s.config = resolve(s.schema, completed, world_size, errors, skip);
 
   std::vector<std::string> enabled;
   for (const auto& lf : named) {

@@ -1,0 +1,74 @@
+#!/bin/bash
+# Tokenizers against a reference written from the published algorithm
+# (tests/ut/data/bpe_reference.py, Python's `regex` for \p{L}), on text with
+# accents, CJK, emoji, digits, contractions and whitespace runs; round trips
+# for byte-level BPE, SentencePiece and bytes; the refusals of a bad file.
+# Usage: tokenizers.sh HP_DATA
+set -euo pipefail
+HP_DATA=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+CORPUS=/usr/share/games/fortunes/computers
+TEXTS=$W/texts.jsonl
+# The hand-written texts, and 40 fortunes the merges were not learned from.
+cp "$HERE/texts.jsonl" "$TEXTS"
+$PY - "$CORPUS" >> "$TEXTS" <<'PY'
+import json, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()[210000:]
+for f in text.split("\n%\n")[1:41]:
+    print(json.dumps({"text": f}))
+PY
+
+# A corpus with every kind of text the checks use, so merges cover them.
+{ head -c 200000 "$CORPUS"; for _ in $(seq 20); do sed -n 's/.*"text": "\(.*\)"}/\1/p' "$HERE/texts.jsonl"; done; } > "$W/corpus.txt"
+
+for form in "gpt2" "llama3 --pairs"; do
+  set -- $form
+  name=$1
+  $PY "$HERE/bpe_reference.py" train "$W/corpus.txt" 800 "$W/$name.json" --pattern $form
+  $PY "$HERE/bpe_reference.py" encode "$W/$name.json" "$TEXTS" > "$W/$name.ref"
+  "$HP_DATA" encode --tokenizer "$W/$name.json" --file "$TEXTS" --check-roundtrip > "$W/$name.out"
+  if ! diff -u "$W/$name.ref" "$W/$name.out" > "$W/$name.diff"; then
+    echo "FAIL: byte-level BPE ($name pattern) differs from the reference:"; head -20 "$W/$name.diff"; exit 1
+  fi
+  n=$(wc -l < "$W/$name.out")
+  [ "$n" -eq "$(grep -c text "$TEXTS")" ] || { echo "FAIL: $n outputs"; exit 1; }
+  echo "ok: byte-level BPE ($name pattern) equals the reference on $n texts and round-trips"
+done
+# The merges did something: fewer tokens than bytes.
+tokens=$(head -12 "$W/gpt2.out" | tr -cd ',' | wc -c); bytes=$(wc -c < "$HERE/texts.jsonl")
+[ "$tokens" -lt $((bytes / 2)) ] || { echo "FAIL: $tokens tokens for $bytes bytes: merges not applied"; exit 1; }
+
+# SentencePiece: train (byte fallback), round-trip the same texts.
+"$HP_DATA" train-tokenizer --input "$W/corpus.txt" --vocab-size 600 --out "$W/sp.model" --threads 1 > "$W/train.log"
+grep -q 'vocabulary 600, end of document 1' "$W/train.log" || { cat "$W/train.log"; echo "FAIL: sp training"; exit 1; }
+"$HP_DATA" encode --tokenizer "$W/sp.model" --file "$TEXTS" --check-roundtrip > "$W/sp.out"
+echo "ok: SentencePiece trained (vocabulary 600) and round-trips every text"
+"$HP_DATA" encode --tokenizer bytes --file "$TEXTS" --check-roundtrip > /dev/null
+echo "ok: bytes round-trip"
+
+# Refusals: one line naming the file and the reason.
+expect_fail() {  # expect_fail PATTERN COMMAND...
+  local pat=$1; shift
+  if out=$("$@" 2>&1); then echo "FAIL: accepted: $*"; exit 1; fi
+  echo "$out" | grep -q -- "$pat" || { echo "FAIL: '$pat' not in: $out"; exit 1; }
+  [ "$(echo "$out" | wc -l)" -eq 1 ] || { echo "FAIL: more than one line: $out"; exit 1; }
+  echo "ok: refused: $out"
+}
+echo '{"model": {"type": "Unigram", "vocab": []}}' > "$W/uni.json"
+expect_fail "only byte-level BPE" "$HP_DATA" encode --tokenizer "$W/uni.json" --text x
+$PY - "$W/gpt2.json" "$W/nfc.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["normalizer"] = {"type": "NFC"}; json.dump(d, open(sys.argv[2], "w"))
+PY
+expect_fail "normalizer 'NFC' is not supported" "$HP_DATA" encode --tokenizer "$W/nfc.json" --text x
+$PY - "$W/gpt2.json" "$W/badmerge.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["model"]["merges"].append("zzzq qqqz"); json.dump(d, open(sys.argv[2], "w"))
+PY
+expect_fail "names a token not in the vocabulary" "$HP_DATA" encode --tokenizer "$W/badmerge.json" --text x
+head -c 100 "$W/sp.model" > "$W/cut.model"
+expect_fail "not a SentencePiece model" "$HP_DATA" encode --tokenizer "$W/cut.model" --text x
+expect_fail "cannot be read" "$HP_DATA" encode --tokenizer "$W/none.model" --text x
