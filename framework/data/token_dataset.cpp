@@ -233,7 +233,7 @@ void validate_tokens(const Config& c, ConfigErrors& e) {
     const auto problems = check_token_dir(s.path, /*checksums=*/true);
     if (!problems.empty()) {
       for (const auto& p : problems)
-        e.add(key, s.path, p, "a directory made by hp-data prepare, whole (rerun hp-data prepare to repair it)");
+        e.add(key, s.path, p, "a directory made by hp-data prepare, whole (delete a damaged shard's .json and rerun the same hp-data prepare to make it again)");
       continue;
     }
     const TokenManifest m = read_token_manifest(s.path);
