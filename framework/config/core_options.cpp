@@ -66,6 +66,19 @@ void declare_core_options(Schema& s) {
   s.add_string("data.tokenizer", "")
       .describe("data.type tokens: the tokenizer (tokenizer.json, SentencePiece .model or bytes) the run expects; "
                 "refused before start unless the corpus was prepared with it. Empty: the corpus's own copy.");
+  // Read by `hp-data prepare --config` (not by hp-train): how data.path is made.
+  s.add_string_list("data.prepare.inputs", {})
+      .describe("hp-data prepare --config: text files, directories or .jsonl files tokenized into data.path.");
+  s.add_string("data.prepare.tokenizer", "")
+      .describe("hp-data prepare --config: a tokenizer.json, a SentencePiece .model, or bytes; with "
+                "data.prepare.train_vocab_size > 0 a SentencePiece model trained there on the inputs when absent.");
+  s.add_int("data.prepare.train_vocab_size", 0).range(0, 16777216)
+      .describe("hp-data prepare --config: 0 uses data.prepare.tokenizer as it is; N > 0 trains a SentencePiece "
+                "model of N pieces at that path first, unless the file exists.");
+  s.add_string("data.prepare.split_on", "")
+      .describe("hp-data prepare --config: a line equal to this ends a document in text files (fortune files: %).");
+  s.add_string("data.prepare.text_field", "text").describe("hp-data prepare --config: the JSON Lines text field.");
+  s.add_float("data.prepare.shard_mb", 64).range(0.001, 1e6).describe("hp-data prepare --config: text per shard, MB.");
   s.add_float("data.valid_fraction", 0.05).range(0.0, 0.5)
       .describe("Fraction of the corpus held out for evaluation.");
 

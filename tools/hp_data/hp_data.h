@@ -24,4 +24,9 @@ struct Options {
 
 int prepare(const Options& o);
 
+/// The text files of paths (directories walked, sorted by name; symlinks,
+/// fortune's .dat indexes and binary files skipped). Throws UsageError
+/// naming a path that does not exist.
+std::vector<std::string> text_files(const std::vector<std::string>& paths);
+
 }  // namespace hp::data_tool

@@ -91,10 +91,15 @@ int run(int argc, char** argv) {
       "prepare",
       "Tokenize text files, directories (every text file, sorted by name) and JSON Lines (.jsonl) into shards; "
       "an end-of-document token after every document. Resumable: the same command continues an interrupted run.");
-  prep->add_option("--input", o.inputs, "Text file, directory or .jsonl file (repeatable)")->required();
-  prep->add_option("--tokenizer", o.tokenizer,
-                   "A tokenizer.json (byte-level BPE), a SentencePiece .model, or 'bytes'")->required();
-  prep->add_option("--out", o.out, "Output directory")->required();
+  std::string prep_config;
+  std::vector<std::string> prep_sets;
+  prep->add_option("--config", prep_config,
+                   "A training config: its data.prepare.* options and data.path (the output) give the defaults "
+                   "(a SentencePiece model trained first when data.prepare.train_vocab_size > 0 and it is absent)");
+  prep->add_option("--set", prep_sets, "KEY=VALUE override of the config (repeatable), as hp-train");
+  prep->add_option("--input", o.inputs, "Text file, directory or .jsonl file (repeatable)");
+  prep->add_option("--tokenizer", o.tokenizer, "A tokenizer.json (byte-level BPE), a SentencePiece .model, or 'bytes'");
+  prep->add_option("--out", o.out, "Output directory");
   prep->add_option("--text-field", o.text_field, "The JSON Lines field holding the text")->capture_default_str();
   prep->add_option("--split-on", o.split_on,
                    "In text files, a line equal to this ends a document (fortune files: %); default: one document "
@@ -153,7 +158,52 @@ int run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
   }
   try {
-    if (*prep) return tool::prepare(o);
+    if (*prep) {
+      if (!prep_config.empty()) {
+        // The config's data.prepare.* and data.path, read from the file
+        // itself: the corpus is what this makes, so the trainer's checks of
+        // data.path (a prepared corpus) cannot hold yet.
+        auto raw = hp::RawConfig::parse_file(prep_config);
+        for (const auto& s : prep_sets) raw.apply_override(s);
+        const auto str = [&](const char* key, const std::string& fallback) {
+          const auto* e = raw.find(key);
+          return e ? e->shown() : fallback;
+        };
+        const auto num = [&](const char* key, double fallback) {
+          const auto* e = raw.find(key);
+          if (!e) return fallback;
+          try {
+            return std::stod(e->shown());
+          } catch (const std::exception&) {
+            throw tool::UsageError(prep_config + ": " + key + " = " + e->shown() + ": not a number");
+          }
+        };
+        if (o.inputs.empty()) {
+          if (const auto* e = raw.find("data.prepare.inputs")) o.inputs = e->items.empty() ? std::vector<std::string>{e->shown()} : e->items;
+        }
+        if (prep->count("--tokenizer") == 0) o.tokenizer = str("data.prepare.tokenizer", o.tokenizer);
+        if (o.out.empty()) o.out = str("data.path", "");
+        if (o.split_on.empty()) o.split_on = str("data.prepare.split_on", "");
+        if (prep->count("--text-field") == 0) o.text_field = str("data.prepare.text_field", o.text_field);
+        if (prep->count("--shard-mb") == 0) o.shard_mb = num("data.prepare.shard_mb", o.shard_mb);
+        const auto vocab = static_cast<std::int64_t>(num("data.prepare.train_vocab_size", 0));
+        std::error_code ec;
+        if (vocab > 0 && !fs::exists(o.tokenizer, ec)) {
+          if (o.tokenizer.empty()) throw tool::UsageError(prep_config + ": data.prepare.tokenizer is empty");
+          hp::SentencePieceTraining t;
+          t.inputs = tool::text_files(o.inputs);
+          t.vocab_size = vocab;
+          t.threads = o.threads;
+          if (fs::path(o.tokenizer).has_parent_path()) fs::create_directories(fs::path(o.tokenizer).parent_path());
+          std::cerr << "hp-data prepare: training a SentencePiece model of " << vocab << " pieces at " << o.tokenizer
+                    << "\n";
+          hp::train_sentencepiece(t, o.tokenizer);
+        }
+      }
+      if (o.inputs.empty()) throw tool::UsageError("prepare: give --input (or data.prepare.inputs with --config)");
+      if (o.out.empty()) throw tool::UsageError("prepare: give --out (or data.path with --config)");
+      return tool::prepare(o);
+    }
     if (*insp) {
       if (config_file.empty()) {
         if (dir.empty()) throw tool::UsageError("inspect: give a prepared DIR or --config FILE");
@@ -209,23 +259,7 @@ int run(int argc, char** argv) {
       return 0;
     }
     if (*tt) {
-      std::vector<std::string> files;
-      for (const auto& p : train.inputs) {
-        std::error_code ec;
-        if (!fs::exists(p, ec)) throw tool::UsageError("--input " + p + ": does not exist");
-        if (fs::is_directory(p, ec)) {
-          std::vector<std::string> found;
-          for (const auto& e : fs::recursive_directory_iterator(p, ec)) {
-            if (e.is_symlink() || !e.is_regular_file() || e.path().extension() == ".dat") continue;
-            found.push_back(e.path().string());
-          }
-          std::sort(found.begin(), found.end());
-          files.insert(files.end(), found.begin(), found.end());
-        } else {
-          files.push_back(p);
-        }
-      }
-      train.inputs = files;
+      train.inputs = tool::text_files(train.inputs);
       hp::train_sentencepiece(train, train_out);
       const auto tok = hp::load_tokenizer(train_out);
       std::printf("trained %s: %s, vocabulary %lld, end of document %d, %s\n", train_out.c_str(), tok->kind().c_str(),

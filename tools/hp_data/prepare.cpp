@@ -202,6 +202,14 @@ std::string fmt_duration(double s) {
 
 }  // namespace
 
+std::vector<std::string> text_files(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const auto& in : list_inputs(paths)) {
+    if (!in.jsonl) out.push_back(in.file);
+  }
+  return out;
+}
+
 int prepare(const Options& o) {
   if (o.inputs.empty()) throw UsageError("prepare: give at least one --input");
   if (o.out.empty()) throw UsageError("prepare: --out DIR is required");
@@ -358,7 +366,7 @@ int prepare(const Options& o) {
   }
   for (auto& t : pool) t.join();
   if (!error.empty()) throw std::runtime_error(error);
-  progress(true);
+  if (!todo.empty()) progress(true);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (std::count(finished.begin(), finished.end(), 1) < static_cast<long>(shards.size())) {
@@ -381,6 +389,11 @@ int prepare(const Options& o) {
     m.shards.push_back(s);
   }
   write_token_manifest(o.out, m);
+  if (todo.empty()) {
+    std::printf("%s is already prepared: %zu shards, %lld documents, %lld tokens; nothing to do\n", o.out.c_str(),
+                shards.size(), static_cast<long long>(m.documents), static_cast<long long>(m.tokens));
+    return 0;
+  }
   const auto [hits, lookups] = tok->cache_hits_and_lookups();
   std::printf("prepared %s: %zu shards, %lld documents, %lld tokens (%s), %.1f MB of text in %.2f s = %.1f MB/s "
               "with %d threads, %.3f tokens/byte%s\n",
