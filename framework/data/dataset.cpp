@@ -13,6 +13,7 @@
 #include "hp/config/errors.h"
 #include "framework/data/registry.h"
 #include "hp/model/model_info.h"
+#include "hp/profile/trace.h"
 
 namespace fs = std::filesystem;
 
@@ -31,6 +32,9 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64
 
 Batch make_batch(const Dataset& ds, Split split, std::int64_t step, std::int64_t first,
                  std::int64_t count, std::int64_t seq) {
+  // The loader's share of a step, on the trace beside forward and backward.
+  profile::Span span("data", "batch");
+  span.arg("samples", count);
   return ds.make(split, step, first, count, seq);
 }
 

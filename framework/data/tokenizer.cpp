@@ -169,11 +169,11 @@ class Regex {
   pcre2_code* re_ = nullptr;
 };
 
-std::atomic<std::uint64_t> g_bpe_instances{0};
+std::atomic<std::uint64_t> g_tokenizer_instances{0};
 
 class BpeTokenizer : public Tokenizer {
  public:
-  BpeTokenizer(const std::string& path, const std::string& blob) : path_(path), instance_(++g_bpe_instances) {
+  BpeTokenizer(const std::string& path, const std::string& blob) : path_(path), instance_(++g_tokenizer_instances) {
     hash_ = "bpe:" + hex64(XXH64(blob.data(), blob.size(), 0));
     nlohmann::json j;
     try {
@@ -366,6 +366,7 @@ class BpeTokenizer : public Tokenizer {
   std::pair<std::uint64_t, std::uint64_t> cache_hits_and_lookups() const override {
     return {hits_.load(), lookups_.load()};
   }
+  void disable_cache() override { cache_on_ = false; }
 
  private:
   struct Cache {
@@ -379,7 +380,7 @@ class BpeTokenizer : public Tokenizer {
       cache.words.clear();
       cache.owner = instance_;
     }
-    const bool cacheable = piece.size() < 256;
+    const bool cacheable = cache_on_ && piece.size() < 256;
     if (cacheable) {
       lookups_.fetch_add(1, std::memory_order_relaxed);
       auto it = cache.words.find(std::string(piece));
@@ -452,7 +453,7 @@ class BpeTokenizer : public Tokenizer {
   std::string path_, hash_;
   std::uint64_t instance_;
   std::unique_ptr<Regex> regex_;
-  bool add_prefix_space_ = false, ignore_merges_ = false;
+  bool add_prefix_space_ = false, ignore_merges_ = false, cache_on_ = true;
   std::unordered_map<std::string, std::int32_t> by_bytes_, specials_;
   std::vector<std::string> pieces_;
   std::int32_t byte_id_[256];
@@ -534,7 +535,16 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   ~SentencePieceTokenizer() override { mod_.free_(handle_); }
   std::string kind() const override { return "sentencepiece"; }
-  std::vector<std::int32_t> encode(std::string_view text) const override {
+
+  // No word cache: SentencePiece's Viterbi search sums float scores over
+  // the whole text, so a word encoded alone can break a tie between equal
+  // segmentations the other way (measured: "FACILITY REJECTED 100044200000;"
+  // in the fortunes gave 0 00 00 for "00000" alone and 00 00 0 in context).
+  // Every text goes to the library whole.
+  std::vector<std::int32_t> encode(std::string_view text) const override { return encode_raw(text); }
+
+ private:
+  std::vector<std::int32_t> encode_raw(std::string_view text) const {
     std::int32_t* ids = nullptr;
     std::size_t n = 0;
     char err[512] = {0};
@@ -544,6 +554,8 @@ class SentencePieceTokenizer : public Tokenizer {
     std::free(ids);
     return out;
   }
+
+ public:
   std::string decode(const std::vector<std::int32_t>& ids) const override {
     check_ids(ids, size_, "tokenizer " + path_);
     char* text = nullptr;

@@ -648,8 +648,11 @@ FitResult TrainingRun::fit() {
   result.last_step = train_.max_steps;
   result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
   // Every rank says what it holds, so sharding is visible per rank.
-  log::logger()->info("this rank: optimizer state {} bytes, peak resident memory {:.1f} MiB",
-                      optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0));
+  const auto [anon, file] = resident_anon_and_file_bytes();
+  log::logger()->info("this rank: optimizer state {} bytes, peak resident memory {:.1f} MiB (now {:.1f} MiB "
+                      "anonymous, {:.1f} MiB file-backed)",
+                      optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0),
+                      anon / (1024.0 * 1024.0), file / (1024.0 * 1024.0));
   if (profiler_->enabled()) profiler_->write_rank_file();
   ctx_->group("world").barrier();
   if (profiler_->enabled() && rank0()) {

@@ -31,6 +31,21 @@ std::pair<double, double> resident_memory_bytes() {
   return {rss, std::max(hwm, g_peak_before_reset)};
 }
 
+std::pair<double, double> resident_anon_and_file_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  double anon = 0, file = 0;
+  while (std::getline(in, line)) {
+    std::istringstream is(line);
+    std::string key;
+    double kb = 0;
+    is >> key >> kb;
+    if (key == "RssAnon:") anon = kb * 1024;
+    if (key == "RssFile:") file = kb * 1024;
+  }
+  return {anon, file};
+}
+
 double reset_peak_resident_memory() {
   const auto [rss, peak] = resident_memory_bytes();
   g_peak_before_reset = std::max(g_peak_before_reset, peak);

@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
   tt->add_option("--out", train_out, "The .model file to write")->required();
 
   std::string enc_tok, enc_text, enc_file, enc_field = "text";
-  bool roundtrip = false;
+  bool roundtrip = false, no_cache = false;
   auto* enc = app.add_subcommand("encode",
                                  "Token ids of a text, or of every line of a JSON Lines file (one JSON list per line); "
                                  "--check-roundtrip also decodes and fails (exit 1) on the first text that differs");
@@ -151,6 +151,7 @@ int run(int argc, char** argv) {
   enc->add_option("--file", enc_file, "A JSON Lines file");
   enc->add_option("--text-field", enc_field, "Its text field")->capture_default_str();
   enc->add_flag("--check-roundtrip", roundtrip, "decode(encode(text)) must equal text");
+  enc->add_flag("--no-cache", no_cache, "Without the tokenizer's word cache (the same ids, slower)");
 
   try {
     app.parse(argc, argv);
@@ -235,6 +236,7 @@ int run(int argc, char** argv) {
     }
     if (*enc) {
       const auto tok = hp::load_tokenizer(enc_tok);
+      if (no_cache) tok->disable_cache();
       std::vector<std::string> texts;
       if (!enc_file.empty()) {
         std::ifstream in(enc_file);

@@ -37,6 +37,9 @@ class Tokenizer {
   virtual std::string hash() const = 0;
   /// Statistics of a word cache, when the kind has one ({0, 0} otherwise).
   virtual std::pair<std::uint64_t, std::uint64_t> cache_hits_and_lookups() const { return {0, 0}; }
+  /// Switches the word cache off (the same ids, computed without it; the
+  /// tests compare the two).
+  virtual void disable_cache() {}
 };
 
 /// One token per byte (ids 0-255), no end-of-document token.

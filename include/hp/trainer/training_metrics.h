@@ -63,6 +63,10 @@ class TrainingMetrics {
 };
 
 /// Resident and peak resident memory of this process in bytes (from /proc).
+/// This process's resident memory split as the kernel counts it: anonymous
+/// (heap, tensors) and file-backed (mapped files: libraries, token shards),
+/// in bytes (RssAnon, RssFile of /proc/self/status).
+std::pair<double, double> resident_anon_and_file_bytes();
 std::pair<double, double> resident_memory_bytes();
 /// Restarts the kernel's peak (VmHWM) from the current resident memory, and
 /// returns that; resident_memory_bytes() still reports the overall peak.

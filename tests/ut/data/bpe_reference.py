@@ -47,18 +47,25 @@ def train(corpus, merges, out, pattern_name, pairs_form):
         words[w] = words.get(w, 0) + 1
     vocab = {alpha[b]: i for i, b in enumerate(range(256))}
     merge_list = []
+    # Pair counts kept up to date: a merge recounts only the words holding it.
+    words = [[list(w), n] for w, n in words.items()]
+    counts, where = {}, {}
+    for k, (w, n) in enumerate(words):
+        for pair in zip(w, w[1:]):
+            counts[pair] = counts.get(pair, 0) + n
+            where.setdefault(pair, set()).add(k)
     for _ in range(merges):
-        counts = {}
-        for w, n in words.items():
-            for a, b in zip(w, w[1:]):
-                counts[(a, b)] = counts.get((a, b), 0) + n
         if not counts:
             break
         best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        if counts[best] <= 0:
+            break
         merge_list.append(best)
         vocab[best[0] + best[1]] = len(vocab)
-        new_words = {}
-        for w, n in words.items():
+        for k in list(where.get(best, ())):
+            w, n = words[k]
+            for pair in zip(w, w[1:]):
+                counts[pair] -= n
             out_w, i = [], 0
             while i < len(w):
                 if i + 1 < len(w) and (w[i], w[i + 1]) == best:
@@ -67,8 +74,12 @@ def train(corpus, merges, out, pattern_name, pairs_form):
                 else:
                     out_w.append(w[i])
                     i += 1
-            new_words[tuple(out_w)] = new_words.get(tuple(out_w), 0) + n
-        words = new_words
+            words[k][0] = out_w
+            for pair in zip(out_w, out_w[1:]):
+                counts[pair] = counts.get(pair, 0) + n
+                where.setdefault(pair, set()).add(k)
+        counts = {p: c for p, c in counts.items() if c > 0} if len(counts) > 4 * len(vocab) + 100000 else counts
+        counts.pop(best, None)
     eot = len(vocab)
     if pattern_name == "gpt2":
         pre = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
