@@ -10,8 +10,11 @@
 #      (2.6 MB) on 1 thread.
 #   3. A GPT-2-small shape (12 x 768, seq 256, 8 samples a step, one process
 #      on 2 threads) on the large corpus and on a 10 MB one: the trace's
-#      data/batch span against the step, and the rank's anonymous and
-#      file-backed resident memory at the end (the shards are memory-mapped).
+#      data/batch span against the step. Then the 4 x 256 GPT (12 steps,
+#      twice each) on both: the rank's anonymous and file-backed resident
+#      memory at the end (the shards are memory-mapped). The small model
+#      shows the loader's share of anonymous memory without the allocator's
+#      noise of a 4 GB process (about 50 MiB from run to run).
 # Usage: bench/bench_data.sh [GB]   (figures on stdout; ~10 min at GB=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +22,11 @@ GB=${1:-1}
 B=build/bin
 PY=/usr/bin/python3
 W=${BENCH_WORK:-$(mktemp -d /tmp/bench_data.XXXXXX)}
+mkdir -p "$W"
 echo "work directory $W (commit $(git rev-parse --short HEAD))"
 F=/usr/share/games/fortunes
 find "$F" -maxdepth 1 -type f ! -name '*.dat' | sort | xargs cat > "$W/fortunes.txt"
-fort_mb=$(du -m "$W/fortunes.txt" | cut -f1)
+fort_bytes=$(wc -c < "$W/fortunes.txt")
 echo "fortunes: $(wc -c < "$W/fortunes.txt") bytes"
 
 [[ -s "$W/bpe.json" ]] || $PY tests/ut/data/bpe_reference.py train "$W/fortunes.txt" 8000 "$W/bpe.json" --pattern gpt2
@@ -31,7 +35,7 @@ echo "fortunes: $(wc -c < "$W/fortunes.txt") bytes"
 
 make_corpus() {  # make_corpus FILE MB
   [[ -s "$1" ]] && return
-  local n=$(( ($2 + fort_mb - 1) / fort_mb )) i
+  local n=$(( ($2 * 1024 * 1024 + fort_bytes - 1) / fort_bytes )) i
   for ((i = 0; i < n; i++)); do cat "$W/fortunes.txt"; done | head -c $(($2 * 1024 * 1024)) > "$1"
 }
 make_corpus "$W/big.txt" $((GB * 1024))
@@ -60,9 +64,11 @@ for tok in bpe sp; do
 done
 prepare "sp_10MB" "$W/small.txt" "$W/sp.model" 2 > /dev/null
 
-train() {  # train NAME CORPUS
+train() {  # train NAME CORPUS [MODEL]
+  local model="{type: gpt, layers: 12, hidden: 768, heads: 12, seq_len: 256}"
+  [[ -n ${3:-} ]] && model=$3
   cat > "$W/$1.yaml" <<YAML
-model: {type: gpt, layers: 12, hidden: 768, heads: 12, seq_len: 256}
+model: $model
 data: {type: tokens, path: $2}
 training: {max_steps: 12, global_batch_size: 8, micro_batch_size: 8, log_interval: 1, eval_interval: 0}
 optimizer: {lr: 0.0003, schedule: constant}
@@ -83,7 +89,17 @@ print("| %-10s | %8.1f | %8.2f | %6.3f %% | %9s | %9s |" % (sys.argv[3], step / 
 PY
 }
 echo
+echo "GPT-2 small (12 x 768, seq 256, 8 samples a step):"
 echo "| corpus     | step ms  | batch ms | share    | anon MiB  | file MiB  |"
 echo "|------------|----------|----------|----------|-----------|-----------|"
 train "sp_10MB" "$W/sp_10MB"
 train "sp_${GB}GB" "$W/sp_${GB}GB"
+echo
+echo "GPT 4 x 256 (seq 128, 8 samples a step), each corpus twice:"
+echo "| corpus     | step ms  | batch ms | share    | anon MiB  | file MiB  |"
+echo "|------------|----------|----------|----------|-----------|-----------|"
+small="{type: gpt, layers: 4, hidden: 256, heads: 4, seq_len: 128}"
+for rep in 1 2; do
+  train "sp_10MB" "$W/sp_10MB" "$small"
+  train "sp_${GB}GB" "$W/sp_${GB}GB" "$small"
+done

@@ -63,6 +63,10 @@ void declare_core_options(Schema& s) {
       .describe("data.type tokens: several prepared corpora mixed by weight, [{path: DIR, weight: W}, ...] "
                 "(Megatron's rule: each global sample's corpus chosen deterministically so every prefix follows "
                 "the weights); when set, data.path is not read.");
+  s.add_bool("data.document_attention", false)
+      .describe("data.type tokens: attention stays inside each document (a position attends to the earlier "
+                "positions of its own document only; Megatron's reset_attention_mask, torchtitan's block-causal "
+                "mask), in the eager, block and ring (context parallel) attention. Positions are not reset.");
   s.add_string("data.tokenizer", "")
       .describe("data.type tokens: the tokenizer (tokenizer.json, SentencePiece .model or bytes) the run expects; "
                 "refused before start unless the corpus was prepared with it. Empty: the corpus's own copy.");

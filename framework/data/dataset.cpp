@@ -279,6 +279,18 @@ void check_data_against_model(const Config& c, const ModelInfo& model, ConfigErr
   const DatasetEntry* d = datasets().find(c.get_string("data.type"));
   if (!d) return;  // the enum check reported it
   if (d->validate) d->validate(c, e);
+  if (c.ok({"data.document_attention"}) && c.get_bool("data.document_attention")) {
+    std::string legal;
+    for (const auto& other : datasets().entries()) {
+      if (other.has_documents) legal += (legal.empty() ? "" : ", ") + other.name;
+    }
+    if (!d->has_documents) {
+      e.add("data.document_attention", "true", "data.type " + d->name + " has no documents to keep attention inside",
+            "false, or data.type " + legal);
+    } else if (!model.layer_kinds.count("attention.heads")) {
+      e.add("data.document_attention", "true", "model '" + model.name + "' has no attention", "false");
+    }
+  }
   for (const auto& input : model.inputs) {
     if (std::find(d->inputs.begin(), d->inputs.end(), input) != d->inputs.end()) continue;
     std::string legal;

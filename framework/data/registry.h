@@ -34,6 +34,8 @@ struct DatasetEntry {
   /// config is resolved (the token corpus: model.vocab_size from its
   /// tokenizer). May be empty.
   std::function<void(RawConfig&)> complete;
+  /// It knows its documents (Dataset::documents): data.document_attention.
+  bool has_documents = false;
 };
 
 using DatasetRegistry = Registry<DatasetEntry>;

@@ -10,6 +10,8 @@
 // rule over the global sample number step x global batch + index.
 #include <yaml-cpp/yaml.h>
 
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -157,26 +159,33 @@ class TokensDataset : public TokenDataset {
 
   void sample(Split split, std::int64_t step, std::int64_t index, std::int64_t* tokens, std::int64_t* targets,
               std::int64_t seq) const override {
-    const bool train = split == Split::kTrain;
-    std::size_t d = 0;
-    if (blend_) {
-      auto& rule = train ? *blend_ : valid_blend();
-      d = rule.source(step * global_batch_ + index);
-    }
-    const Source& s = sources_[d];
-    const SplitRange r = train ? s.train : s.valid;
-    const std::uint64_t span = static_cast<std::uint64_t>(r.end - r.begin - seq - 1) + 1;
-    const std::uint64_t salt = blend_ ? mix(seed_, 0x626c656e64ULL, d) : seed_;  // per-corpus draws in a blend
-    const std::int64_t start =
-        r.begin + static_cast<std::int64_t>(mix(salt, train ? 1 : 2, static_cast<std::uint64_t>(step),
-                                                static_cast<std::uint64_t>(index)) % span);
+    const auto [s, start] = locate(split, step, index, seq);
     thread_local std::vector<std::int64_t> buf;
     buf.resize(static_cast<std::size_t>(seq + 1));
-    s.corpus->read(start, seq + 1, buf.data());
+    s->corpus->read(start, seq + 1, buf.data());
     for (std::int64_t i = 0; i < seq; ++i) {
       tokens[i] = buf[i];
       targets[i] = buf[i + 1];
     }
+  }
+
+  at::Tensor documents(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                       std::int64_t seq) const override {
+    at::Tensor out = at::empty({count, seq}, at::kLong);
+    auto* p = out.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto [s, start] = locate(split, step, first + i, seq);
+      // Walk the document boundaries from the sample's first position.
+      std::int64_t doc = s->corpus->document_of(start), next = s->corpus->document_start(doc + 1), n = 0;
+      for (std::int64_t t = 0; t < seq; ++t) {
+        while (start + t >= next) {
+          ++n;
+          next = s->corpus->document_start(++doc + 1);
+        }
+        p[i * seq + t] = n;
+      }
+    }
+    return out;
   }
 
   std::string describe() const override {
@@ -197,6 +206,22 @@ class TokensDataset : public TokenDataset {
     std::unique_ptr<TokenCorpus> corpus;
     SplitRange train, valid;
   };
+  // The corpus and stream position of sample `index` of `step`.
+  std::pair<const Source*, std::int64_t> locate(Split split, std::int64_t step, std::int64_t index,
+                                                       std::int64_t seq) const {
+    const bool train = split == Split::kTrain;
+    std::size_t d = 0;
+    if (blend_) {
+      auto& rule = train ? *blend_ : valid_blend();
+      d = rule.source(step * global_batch_ + index);
+    }
+    const Source& s = sources_[d];
+    const SplitRange r = train ? s.train : s.valid;
+    const std::uint64_t span = static_cast<std::uint64_t>(r.end - r.begin - seq - 1) + 1;
+    const std::uint64_t salt = blend_ ? mix(seed_, 0x626c656e64ULL, d) : seed_;  // per-corpus draws in a blend
+    return {&s, r.begin + static_cast<std::int64_t>(mix(salt, train ? 1 : 2, static_cast<std::uint64_t>(step),
+                                                        static_cast<std::uint64_t>(index)) % span)};
+  }
   const BlendRule& valid_blend() const {
     std::call_once(valid_once_, [&] {
       std::vector<double> w;
@@ -277,6 +302,7 @@ void register_tokens_dataset(DatasetRegistry& r) {
   d.doc = "token shards made by hp-data prepare (data.path, or data.blend), read by memory map";
   d.inputs = {"tokens"};
   d.token_range = 0;  // the corpus's vocabulary, checked by validate
+  d.has_documents = true;
   d.validate = validate_tokens;
   d.complete = [](RawConfig& raw) {
     const RawEntry* type = raw.find("data.type");

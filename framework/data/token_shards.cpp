@@ -165,7 +165,8 @@ void write_token_manifest(const std::string& dir, const TokenManifest& m) {
 
 ShardInfo write_token_shard(const std::string& dir, const std::string& name, const std::vector<std::uint32_t>& tokens,
                             const std::vector<std::uint64_t>& offsets, int token_bytes) {
-  std::vector<unsigned char> bin(tokens.size() * static_cast<std::size_t>(token_bytes));
+  thread_local std::vector<unsigned char> bin;  // capacity reused shard after shard
+  bin.resize(tokens.size() * static_cast<std::size_t>(token_bytes));
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::uint32_t v = tokens[i];
     for (int b = 0; b < token_bytes; ++b) bin[i * token_bytes + b] = static_cast<unsigned char>(v >> (8 * b));

@@ -48,9 +48,27 @@ void for_each_head(std::int64_t BH, const std::function<void(std::int64_t)>& f) 
 }
 
 void add_block(OnlineSoftmax& st, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
-               const at::Tensor& mask) {
+               const at::Tensor& mask, bool rows_may_be_hidden) {
   auto s = at::mm(qs, k.t());  // [rows, cols]
   if (mask.defined()) s.masked_fill_(mask, kNegInf);
+  if (rows_may_be_hidden) {
+    // A row that has seen no key yet keeps m = -inf; its exponentials are
+    // taken against 0 instead (all zero), so no -inf - -inf.
+    auto m_new = std::get<0>(s.max(-1, /*keepdim=*/true));
+    if (st.m.defined()) m_new = at::maximum(st.m, m_new);
+    auto m_safe = m_new.masked_fill(m_new.eq(kNegInf), 0.0f);
+    auto p = (s - m_safe).exp_();
+    if (!st.m.defined()) {
+      st.l = p.sum(-1, /*keepdim=*/true);
+      st.acc = at::mm(p, v);
+    } else {
+      auto alpha = (st.m - m_safe).exp_();
+      st.l = st.l * alpha + p.sum(-1, /*keepdim=*/true);
+      st.acc = st.acc * alpha + at::mm(p, v);
+    }
+    st.m = m_new;
+    return;
+  }
   if (!st.m.defined()) {
     // Every row of a block given here sees at least one key: m is finite.
     st.m = std::get<0>(s.max(-1, /*keepdim=*/true));
@@ -84,16 +102,28 @@ void backward_block(const at::Tensor& qs, const at::Tensor& k, const at::Tensor&
   dk.add_(at::mm(ds.t(), qs));
 }
 
+bool document_block(const at::Tensor& docs, std::int64_t q0, std::int64_t rows, std::int64_t k0, std::int64_t cols,
+                    at::Tensor& mask) {
+  const auto* d = docs.data_ptr<std::int64_t>();
+  if (d[k0 + cols - 1] < d[q0]) return false;          // every key in an earlier document
+  if (d[k0] == d[q0 + rows - 1]) return true;           // one document: causal only
+  auto other = docs.narrow(0, q0, rows).unsqueeze(1).ne(docs.narrow(0, k0, cols).unsqueeze(0));
+  mask = mask.defined() ? mask.logical_or(other) : other;
+  return true;
+}
+
 }  // namespace block_step
 
 namespace {
 
+using block_step::DocumentsArg;
 using block_step::for_each_head;
 using block_step::to_rows;
 
 struct BlockAttention : torch::autograd::Function<BlockAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, std::int64_t block) {
+                            const at::Tensor& v_in, std::int64_t block, const DocumentsArg& documents_arg) {
+    const at::Tensor& documents = documents_arg.t;
     const auto B = q_in.size(0), T = q_in.size(1), h = q_in.size(2), d = q_in.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     // Saved for backward: q already scaled (one [B·h, T, d] copy, not two),
@@ -116,6 +146,7 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
     auto lse = at::empty({B * h, T}, q.options());
     const auto bd = std::min(block, T);
     const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
+    const at::Tensor docs = documents.defined() ? documents.contiguous() : documents;
     for_each_head(B * h, [&](std::int64_t bh) {
       const auto q_h = q[bh], k_h = k[bh], v_h = v[bh];  // [T, d]
       auto o_h = out_heads[bh / h][bh % h];
@@ -127,13 +158,15 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
         // Key blocks wholly after the last row of this query block are skipped.
         for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
           const auto cols = std::min(block, T - c0);
-          block_step::add_block(st, qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols),
-                                diag_mask(diag, r0, rows, c0, cols));
+          at::Tensor mask = diag_mask(diag, r0, rows, c0, cols);
+          if (docs.defined() && !block_step::document_block(docs[bh / h], r0, rows, c0, cols, mask)) continue;
+          block_step::add_block(st, qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols), mask, docs.defined());
         }
         block_step::finish(st, o_h.narrow(0, r0, rows), lse_h.narrow(0, r0, rows));
       }
     });
     ctx->saved_data["narrow"] = narrow;
+    ctx->saved_data["documents"] = docs;
     if (narrow) {
       at::Tensor out16 = out.to(dt);
       ctx->save_for_backward({q16, k16, v16, out16, lse});
@@ -168,6 +201,7 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
     auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
     const auto bd = std::min(block, T);
     const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
+    const at::Tensor docs = ctx->saved_data["documents"].toTensor();
     for_each_head(BH, [&](std::int64_t bh) {
       const auto q_h = q[bh], k_h = k[bh], v_h = v[bh];
       const auto do_h = do_heads[bh / h][bh % h], o_h = o_heads[bh / h][bh % h];
@@ -183,9 +217,10 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
         auto dq_i = dq_h.narrow(0, r0, rows);
         for (std::int64_t c0 = 0; c0 <= r0; c0 += block) {
           const auto cols = std::min(block, T - c0);
-          block_step::backward_block(qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols), do_i, lse_i, D_i,
-                                     diag_mask(diag, r0, rows, c0, cols), dq_i, dk_h.narrow(0, c0, cols),
-                                     dv_h.narrow(0, c0, cols));
+          at::Tensor mask = diag_mask(diag, r0, rows, c0, cols);
+          if (docs.defined() && !block_step::document_block(docs[bh / h], r0, rows, c0, cols, mask)) continue;
+          block_step::backward_block(qs_i, k_h.narrow(0, c0, cols), v_h.narrow(0, c0, cols), do_i, lse_i, D_i, mask,
+                                     dq_i, dk_h.narrow(0, c0, cols), dv_h.narrow(0, c0, cols));
         }
       }
     });
@@ -194,14 +229,14 @@ struct BlockAttention : torch::autograd::Function<BlockAttention> {
       auto r = g.view({B, h, T, d}).transpose(1, 2);
       return narrow ? r.to(dt) : r;
     };  // [B, T, h, d]
-    return {back(dq), back(dk), back(dv), at::Tensor()};
+    return {back(dq), back(dk), back(dv), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  std::int64_t block) {
+                                  std::int64_t block, const at::Tensor& documents) {
   if (block < 1) {
     throw std::invalid_argument("block_causal_attention: block = " + std::to_string(block) +
                                 ": must be >= 1");
@@ -210,7 +245,12 @@ at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, cons
     throw std::invalid_argument(
         "block_causal_attention: q, k and v must all be [batch, seq, heads, head_dim]");
   }
-  return BlockAttention::apply(q, k, v, block);
+  if (documents.defined() &&
+      (documents.dim() != 2 || documents.size(0) != q.size(0) || documents.size(1) != q.size(1))) {
+    throw std::invalid_argument("block_causal_attention: documents must be [batch, seq] = [" +
+                                std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + "]");
+  }
+  return BlockAttention::apply(q, k, v, block, block_step::DocumentsArg{documents});
 }
 
 std::string resolve_attention(const std::string& option, std::int64_t seq, std::int64_t auto_seq) {

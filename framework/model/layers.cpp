@@ -13,7 +13,23 @@
 
 namespace hp {
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+namespace {
+// The micro-batch's documents must cover the samples and positions the
+// attention holds.
+void check_documents(const at::Tensor& documents, const at::Tensor& q) {
+  if (documents.dim() != 2 || documents.size(0) != q.size(0) || documents.size(1) != q.size(1)) {
+    throw std::invalid_argument(
+        "attention: the micro-batch's documents are [" + std::to_string(documents.size(0)) + ", " +
+        std::to_string(documents.dim() > 1 ? documents.size(1) : 0) + "] but the attention holds [" +
+        std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) +
+        "] (samples, positions): data.document_attention does not support an attention module that gathers "
+        "other ranks' samples (tensor_parallel.attention_size above size)");
+  }
+}
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& documents) {
   // [B, T, h, d] -> [B, h, T, d]
   auto qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
   const auto T = q.size(1);
@@ -22,6 +38,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto scores = precision::cast(precision::matmul(qt, kt.transpose(-2, -1)), at::kFloat) /
                 std::sqrt(static_cast<double>(q.size(3)));
   auto mask = at::ones({T, T}, q.options().dtype(at::kBool)).triu(1);
+  if (documents.defined()) {  // [B, 1, T, T]: also another document's keys
+    check_documents(documents, q);
+    mask = mask.logical_or(documents.unsqueeze(2).ne(documents.unsqueeze(1))).unsqueeze(1);
+  }
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   auto ctx = precision::matmul(precision::softmax_as(scores, q.scalar_type()), vt);  // [B, h, T, d]
   return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
@@ -242,10 +262,14 @@ class HeadsAttention : public Layer {
     // wrapper (selective recompute), which replays it in backward.
     // Under a sequence layout, the layout's attention (other ranks hold the
     // rest of the keys and values).
-    auto attend = [block = block_, &layout = layout_attention_](const at::Tensor& q, const at::Tensor& k,
-                                                               const at::Tensor& v) {
-      if (layout) return layout(q, k, v);
-      return block > 0 ? block_causal_attention(q, k, v, block) : causal_attention(q, k, v);
+    // With data.document_attention, the micro-batch's documents, taken
+    // now and held by the closure: a replay in backward (selective
+    // recompute) sees the same ones.
+    auto attend = [block = block_, &layout = layout_attention_, docs = current_dropout_site().documents](
+                      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      if (layout) return layout(q, k, v, docs);
+      if (docs.defined()) check_documents(docs, q);
+      return block > 0 ? block_causal_attention(q, k, v, block, docs) : causal_attention(q, k, v, docs);
     };
     at::Tensor ctx;
     if (core_wrapper_) {
@@ -266,7 +290,7 @@ class HeadsAttention : public Layer {
   std::shared_ptr<Layer> qkv_, q_, k_, v_, q_norm_, k_norm_, proj_;
   std::shared_ptr<const SequenceLayout> layout_;
   Wrapper core_wrapper_;
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> layout_attention_;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)> layout_attention_;
 };
 
 class ColumnRowMlp : public Layer {

@@ -18,7 +18,8 @@ at::Tensor take_aux_losses(const AuxLossScope& scope, double scale, StepReport& 
 }
 
 DropoutSite dropout_site(const StepWork& work, std::int64_t mb) {
-  return {work.step, work.first_sample ? work.first_sample(mb) : 0};
+  return {work.step, work.first_sample ? work.first_sample(mb) : 0,
+          work.documents ? work.documents(mb) : at::Tensor()};
 }
 
 namespace {

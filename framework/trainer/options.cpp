@@ -21,6 +21,7 @@ TrainingOptions TrainingOptions::from(const Config& c) {
   o.global_batch = c.get_int("training.global_batch_size");
   o.micro_batch = c.get_int("training.micro_batch_size");
   o.seq_len = c.get_int("model.seq_len");
+  o.document_attention = c.get_bool("data.document_attention");
   o.log_interval = c.get_int("training.log_interval");
   o.eval_interval = c.get_int("training.eval_interval");
   // 0: one global batch.

@@ -476,6 +476,11 @@ StepResult TrainingRun::step(std::int64_t step) {
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
   work.step = step;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
+  if (train_.document_attention) {
+    work.documents = [&](std::int64_t mb) {
+      return data_->documents(Split::kTrain, step, work.first_sample(mb), train_.micro_batch, train_.seq_len);
+    };
+  }
   const unsigned dumps = train_.dumps_at(step + 1);
   if (dumps) tensor_dump::begin_step(dumps);
   if (dumps & tensor_dump::kActivations) {
@@ -556,6 +561,11 @@ double TrainingRun::evaluate() {
     return local_positions(
         make_batch(*data_, Split::kValid, 0, work.first_sample(mb), train_.micro_batch, train_.seq_len));
   };
+  if (train_.document_attention) {
+    work.documents = [&](std::int64_t mb) {
+      return data_->documents(Split::kValid, 0, work.first_sample(mb), train_.micro_batch, train_.seq_len);
+    };
+  }
   StepReport rep = executor_->run(model_, work);
   for (auto& b : model_.blocks) b->train();
   at::Tensor t = at::tensor({rep.loss_sum, rep.tokens}, at::kDouble);

@@ -140,7 +140,9 @@ struct RingStep {
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, std::int64_t group_address, std::int64_t block) {
+                            const at::Tensor& v_in, std::int64_t group_address, std::int64_t block,
+                            const bs::DocumentsArg& documents_arg) {
+    const at::Tensor& documents = documents_arg.t;
     auto& g = *reinterpret_cast<dist::Group*>(static_cast<std::intptr_t>(group_address));
     const int cp = g.size(), r = g.rank();
     const auto B = q_in.size(0), T = q_in.size(1), h = q_in.size(2), d = q_in.size(3), L = T / 2;
@@ -158,6 +160,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     // One running state per query block of each local chunk of each head.
     const std::int64_t nrb = (L + block - 1) / block;
     std::vector<bs::OnlineSoftmax> state(static_cast<std::size_t>(B * h * 2 * nrb));
+    // Documents (by global position: chunk c holds [c L, (c + 1) L)).
+    const at::Tensor docs = documents.defined() ? documents.contiguous() : documents;
     at::Tensor cur = kv;
     for (int s = 0; s < cp; ++s) {
       const int src = (r - s + cp) % cp;  // whose keys and values `cur` holds
@@ -168,13 +172,18 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         bs::for_each_head(B * h, [&](std::int64_t bh) {
           for (int qi = 0; qi < 2; ++qi) {
             for (int ki = 0; ki < 2; ++ki) {
-              for_each_block(chunk_of(r, qi, cp), chunk_of(src, ki, cp), L, block, diag,
+              const int qc = chunk_of(r, qi, cp), kc = chunk_of(src, ki, cp);
+              for_each_block(qc, kc, L, block, diag,
                              [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols,
-                                 const at::Tensor& mask) {
+                                 const at::Tensor& causal) {
+                               at::Tensor mask = causal;
+                               if (docs.defined() &&
+                                   !bs::document_block(docs[bh / h], qc * L + r0, rows, kc * L + c0, cols, mask))
+                                 return;
                                auto& st = state[static_cast<std::size_t>((bh * 2 + qi) * nrb + r0 / block)];
                                bs::add_block(st, q[bh].narrow(0, qi * L + r0, rows),
                                              kvf[0][bh].narrow(0, ki * L + c0, cols),
-                                             kvf[1][bh].narrow(0, ki * L + c0, cols), mask);
+                                             kvf[1][bh].narrow(0, ki * L + c0, cols), mask, docs.defined());
                              });
             }
           }
@@ -198,6 +207,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     ctx->saved_data["block"] = block;
     ctx->saved_data["heads"] = h;
     ctx->saved_data["narrow"] = narrow;
+    ctx->saved_data["documents"] = docs;
     if (narrow) {
       at::Tensor out16 = out.to(dt);
       ctx->save_for_backward({q16, kv, out16, lse});
@@ -234,6 +244,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const auto bd = std::min(block, L);
     const auto diag = at::ones({bd, bd}, q.options().dtype(at::kBool)).triu(1);
     auto dq = at::zeros_like(q);
+    const at::Tensor docs = ctx->saved_data["documents"].toTensor();
     at::Tensor cur = kv;
     // The gradients of the keys and values held at step s travel with them:
     // each member adds its share and passes them on; after the last step they
@@ -253,9 +264,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
           const auto do_h = do_heads[bh / h][bh % h];
           for (int qi = 0; qi < 2; ++qi) {
             for (int ki = 0; ki < 2; ++ki) {
+              const int qc = chunk_of(r, qi, cp), kc = chunk_of(src, ki, cp);
               for_each_block(
-                  chunk_of(r, qi, cp), chunk_of(src, ki, cp), L, block, diag,
-                  [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols, const at::Tensor& mask) {
+                  qc, kc, L, block, diag,
+                  [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols, const at::Tensor& causal) {
+                    at::Tensor mask = causal;
+                    if (docs.defined() && !bs::document_block(docs[bh / h], qc * L + r0, rows, kc * L + c0, cols, mask))
+                      return;
                     const auto qr = qi * L + r0, kr = ki * L + c0;
                     bs::backward_block(q[bh].narrow(0, qr, rows), kvf[0][bh].narrow(0, kr, cols),
                                        kvf[1][bh].narrow(0, kr, cols), do_h.narrow(0, qr, rows),
@@ -281,21 +296,27 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       auto r = t.view({B, h, T, d}).transpose(1, 2);
       return narrow ? r.to(dt) : r;
     };  // [B, T, h, d]
-    return {back(dq), back(mine[0]), back(mine[1]), at::Tensor(), at::Tensor()};
+    return {back(dq), back(mine[0]), back(mine[1]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, dist::Group& group,
-                          std::int64_t block) {
+                          std::int64_t block, const at::Tensor& documents) {
   if (q.dim() != 4 || !q.sizes().equals(k.sizes()) || !q.sizes().equals(v.sizes()) || q.size(1) % 2 != 0) {
     throw std::invalid_argument(
         "ring_attention: q, k and v must all be [batch, local seq, heads, head_dim] with an even local seq (two "
         "chunks)");
   }
   if (block < 1) throw std::invalid_argument("ring_attention: block = " + std::to_string(block) + ": must be >= 1");
-  return RingAttention::apply(q, k, v, static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&group)), block);
+  if (documents.defined() && (documents.dim() != 2 || documents.size(0) != q.size(0) ||
+                              documents.size(1) != q.size(1) * group.size())) {
+    throw std::invalid_argument("ring_attention: documents must be [batch, global seq] = [" +
+                                std::to_string(q.size(0)) + ", " + std::to_string(q.size(1) * group.size()) + "]");
+  }
+  return RingAttention::apply(q, k, v, static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&group)), block,
+                              bs::DocumentsArg{documents});
 }
 
 SequenceLayout balanced_layout(dist::Group& g, std::int64_t block) {
@@ -304,9 +325,8 @@ SequenceLayout balanced_layout(dist::Group& g, std::int64_t block) {
   layout.pieces = [parts = g.size(), index = g.rank()](std::int64_t len) {
     return balanced_pieces(len, parts, index);
   };
-  layout.attention = [&g, block](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return ring_attention(q, k, v, g, block);
-  };
+  layout.attention = [&g, block](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& documents) { return ring_attention(q, k, v, g, block, documents); };
   layout.sum = [&g](at::Tensor& t) { g.all_reduce(t); };
   layout.gather = [&g](const at::Tensor& x) { return gather_sequence(x, g); };
   return layout;

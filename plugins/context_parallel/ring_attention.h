@@ -36,8 +36,10 @@ at::Tensor gather_sequence(const at::Tensor& x, dist::Group& group);
 /// blocks of `block` positions (the last may be shorter), so no score
 /// matrix is larger than block x block. Differentiable in q, k and v; every
 /// member of `group` must call it at the same time with the same shapes.
+/// `documents` ([batch, global seq] int64 by global position), when
+/// defined, keeps attention inside documents (block_step::document_block).
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, dist::Group& group,
-                          std::int64_t block = 128);
+                          std::int64_t block = 128, const at::Tensor& documents = at::Tensor());
 
 /// Where this process's ring attention spent its time since the last call
 /// (forward and backward): computing blocks, and waiting for a ring message

@@ -32,6 +32,14 @@ class Dataset {
   /// Samples [first, first + count) of `step`, each of `seq` positions.
   virtual Batch make(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
                      std::int64_t seq) const = 0;
+  /// The document number of every position of those samples, [count, seq]
+  /// int64, counted from 0 at each sample's first position (attention
+  /// inside documents). Undefined when the dataset has no documents.
+  virtual at::Tensor documents(Split split, std::int64_t step, std::int64_t first, std::int64_t count,
+                               std::int64_t seq) const {
+    (void)split, (void)step, (void)first, (void)count, (void)seq;
+    return {};
+  }
 };
 
 /// A dataset of byte or integer tokens, sample by sample.

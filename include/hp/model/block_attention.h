@@ -15,9 +15,12 @@ namespace hp {
 /// Same contract as causal_attention (include/hp/model/layers.h): q, k, v are
 /// [batch, seq, heads, head_dim]; returns [batch, seq, heads * head_dim].
 /// `block` (>= 1) is the query and key block length; it need not divide seq.
-/// Differentiable in q, k and v.
+/// Differentiable in q, k and v. `documents` ([batch, seq] int64, the
+/// document number of each position, non-decreasing along a sample), when
+/// defined, also hides every key of another document than its query's;
+/// key blocks wholly in earlier documents are skipped.
 at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  std::int64_t block);
+                                  std::int64_t block, const at::Tensor& documents = at::Tensor());
 
 /// The block step both block attention and ring attention (context
 /// parallel) are made of: the online-softmax recurrence over key blocks and
@@ -41,9 +44,27 @@ struct OnlineSoftmax {
 
 /// Adds key block k, v ([cols, d]) to the state of query rows qs ([rows, d]):
 /// scores qs k^T, masked to -inf where `mask` ([rows, cols], true = hidden;
-/// undefined: nothing hidden) is set. Every row must see at least one key.
+/// undefined: nothing hidden) is set. Every row must see at least one key,
+/// unless `rows_may_be_hidden` (documents: a row may see none of a block;
+/// its state stays empty until a block it sees, and every row sees its own
+/// position in some block).
 void add_block(OnlineSoftmax& st, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
-               const at::Tensor& mask);
+               const at::Tensor& mask, bool rows_may_be_hidden = false);
+
+/// Documents handed to an autograd function as a plain argument: an
+/// undefined tensor argument is refused by LibTorch's autograd functions,
+/// and the documents take no gradient.
+struct DocumentsArg {
+  at::Tensor t;
+};
+
+/// The document part of a block of one sample: queries at positions [q0,
+/// q0 + rows), keys at [k0, k0 + cols) of `docs` ([seq] int64, contiguous,
+/// non-decreasing). False when every key lies in an earlier document than
+/// every query (nothing to add: skip the block). Otherwise, when the block
+/// spans more than one document, `mask` becomes mask | (documents differ).
+bool document_block(const at::Tensor& docs, std::int64_t q0, std::int64_t rows, std::int64_t k0, std::int64_t cols,
+                    at::Tensor& mask);
 
 /// Writes acc / l into `out` ([rows, d]) and m + log l into `lse` ([rows]).
 void finish(const OnlineSoftmax& st, at::Tensor out, at::Tensor lse);

@@ -27,6 +27,12 @@ struct DropoutSite {
   /// Global index (within the step's global batch) of the micro-batch's
   /// first sample; sample b of the micro-batch is first_sample + b.
   std::int64_t first_sample = 0;
+  /// With `data.document_attention`: the document number of every position
+  /// of every sample of the micro-batch, [samples, seq] int64 by global
+  /// position (undefined otherwise). Attention reads it from here, so every
+  /// executor, pipeline stage and recomputed region sees the micro-batch's
+  /// documents as it sees its dropout site.
+  at::Tensor documents;
 };
 
 /// The site of the current thread ({0, 0} when no executor set one).

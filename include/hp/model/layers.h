@@ -135,7 +135,10 @@ class LayerRegistry {
 
 /// Causal softmax attention over [batch, seq, heads, head_dim] q, k, v;
 /// returns [batch, seq, heads * head_dim]. Shared by every attention layer.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+/// `documents` ([batch, seq] int64), when defined, also hides every key of
+/// another document than its query's (data.document_attention).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& documents = at::Tensor());
 
 /// Grouped-query attention's key/value heads for `heads` query heads:
 /// [batch, seq, kv_heads, d] -> [batch, seq, heads, d], query head j using

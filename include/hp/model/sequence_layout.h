@@ -31,8 +31,12 @@ struct SequenceLayout {
   std::function<std::vector<SeqPiece>(std::int64_t global_len)> pieces;
   /// Causal attention by global position over q, k, v ([batch, local, heads,
   /// head_dim], this rank's positions in local order); returns [batch, local,
-  /// heads * head_dim]. Differentiable in q, k and v.
-  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)> attention;
+  /// heads * head_dim]. Differentiable in q, k and v. `documents` ([batch,
+  /// global seq] int64 by global position, or undefined) keeps attention
+  /// inside documents as block_causal_attention does.
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& documents)>
+      attention;
   /// Sums `t` in place over the ranks that hold the other positions of the
   /// same samples (per-sequence statistics: a router's expert counts).
   std::function<void(at::Tensor& t)> sum;

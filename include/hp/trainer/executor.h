@@ -36,6 +36,10 @@ struct StepWork {
   /// first_sample(mb)}) (include/hp/model/dropout.h).
   std::int64_t step = 0;
   std::function<std::int64_t(std::int64_t mb)> first_sample;
+  /// With `data.document_attention`: micro-batch `mb`'s document numbers
+  /// ([samples, seq] by global position), put in its dropout site; empty
+  /// otherwise.
+  std::function<at::Tensor(std::int64_t mb)> documents;
 };
 
 /// The dropout site of micro-batch `mb` of `work`.

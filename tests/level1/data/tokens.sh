@@ -5,6 +5,10 @@
 # checkpoint resumed at tp=2 reads the same next sequences (the step-12
 # batches compared token by token) and continues within the resume bar;
 # a blend of two corpora (weights 0.3 / 0.7) at dp=2 against one process.
+# With data.document_attention (attention inside each document): block
+# attention, cp=2 (ring attention), tp=2 with sequence parallel and pp=2
+# against one process's eager attention; selective recompute (attention
+# replayed in backward) bitwise; and the option changes the numbers.
 # model.vocab_size is left unset: it follows the tokenizer.
 source "$(dirname "$0")/../combinations/lib.sh"
 BIN=$1
@@ -31,6 +35,14 @@ run tp2r 2 "dp=1 tp=2" $(tp 2) $(sp) --set checkpoint.resume="$WORK/ref/checkpoi
 blend=(--set "data.blend=[{path: $WORK/computers, weight: 0.3}, {path: $WORK/science, weight: 0.7}]")
 run bref 1 "" "${blend[@]}"
 run bdp2 2 "dp=2" "${blend[@]}"
+doc=(--set data.document_attention=true)
+run dref 1 "" "${doc[@]}"
+run dblk 1 "" "${doc[@]}" $(blk)
+run dcp2 2 "" "${doc[@]}" --set features.context_parallel.enabled=true --set features.context_parallel.size=2 \
+  --set features.context_parallel.block=5
+run dtp2 2 "dp=1 tp=2" "${doc[@]}" $(tp 2) $(sp)
+run dpp2 2 "pp=2 dp=1" "${doc[@]}" $(pp 2)
+run drc 1 "" "${doc[@]}" $(rc selective)
 }
 parity ref dp2 "data parallel"
 parity ref tp2 "tensor x sequence parallel"
@@ -57,4 +69,16 @@ print("step-12 batches equal: %d tensors" % len(ref))
 PY
 grep -q "science" "$WORK/bref.log" || fail "the blend run does not describe its second corpus"
 parity bref bdp2 "blend of two corpora, data parallel"
+python3 - "$WORK/ref" "$WORK/dref" <<'PY' || fail "data.document_attention did not change the losses"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(r + "/metrics.jsonl") if l.strip()] for r in sys.argv[1:])
+print("step-20 loss: causal %.6f, inside documents %.6f" % (a[-1], b[-1]))
+sys.exit(0 if a[0] != b[0] and a[-1] != b[-1] else 1)
+PY
+parity dref dblk "documents: block attention against eager"
+parity dref dcp2 "documents: context parallel (ring attention)"
+parity dref dtp2 "documents: tensor x sequence parallel"
+parity dref dpp2 "documents: pipeline, 1f1b"
+replayed_every_step "$WORK/drc" || fail "selective recompute did not run"
+bitwise dref drc "documents: selective recompute"
 finish

@@ -101,23 +101,33 @@ TEST(OnlineSoftmax, BlocksCombineToOneSoftmaxOverTheRow) {
 // Ring attention on `parts` ranks (blocks of `block` inside each chunk)
 // against eager attention on the whole sequence: each rank's output and its
 // q, k, v gradients are its pieces of the one-process ones.
-void check_ring(int parts, std::int64_t seq, std::int64_t heads, std::int64_t block) {
+void check_ring(int parts, std::int64_t seq, std::int64_t heads, std::int64_t block, bool documents = false) {
   const std::int64_t B = 2, d = 8;
   torch::manual_seed(11);
   auto qkv = torch::randn({B, seq, heads, 3, d});
   auto dout = torch::randn({B, seq, heads * d});
+  // Documents (data.document_attention): sample 0 cut at seq/3 and 3 seq/4
+  // (inside chunks), sample 1 at 1 and seq - 1.
+  torch::Tensor docs;
+  if (documents) {
+    docs = torch::zeros({B, seq}, torch::kLong);
+    docs[0].narrow(0, seq / 3, seq - seq / 3).add_(1);
+    docs[0].narrow(0, 3 * seq / 4, seq - 3 * seq / 4).add_(1);
+    docs[1].narrow(0, 1, seq - 1).add_(1);
+    docs[1].narrow(0, seq - 1, 1).add_(1);
+  }
   auto full = qkv.clone().requires_grad_(true);
   auto fp = full.unbind(3);
-  auto ref = hp::causal_attention(fp[0], fp[1], fp[2]);
+  auto ref = hp::causal_attention(fp[0], fp[1], fp[2], docs);
   ref.backward(dout);
   hp::test::run_ranks(parts, [&](hp::dist::DistributedContext& ctx) {
     auto& g = ctx.group("dp");
     const auto pieces = cp::balanced_pieces(seq, parts, g.rank());
     auto mine = hp::take_pieces(qkv, 1, pieces).requires_grad_(true);
     auto p = mine.unbind(3);
-    auto out = cp::ring_attention(p[0], p[1], p[2], g, block);
+    auto out = cp::ring_attention(p[0], p[1], p[2], g, block, docs);
     out.backward(hp::take_pieces(dout, 1, pieces));
-    const std::string at = std::to_string(parts) + " ranks, seq " + std::to_string(seq) + ", block " +
+    const std::string at = std::string(documents ? "documents, " : "") + std::to_string(parts) + " ranks, seq " + std::to_string(seq) + ", block " +
                            std::to_string(block) + ", rank " + std::to_string(g.rank());
     EXPECT_LE(rel(out.detach(), hp::take_pieces(ref.detach(), 1, pieces)), 1e-6) << at << " output";
     auto got = mine.grad().unbind(3), want = hp::take_pieces(full.grad(), 1, pieces).unbind(3);
@@ -133,6 +143,13 @@ TEST(RingAttention, MatchesEagerOverTheWholeSequenceOnOneToFourRanks) {
   check_ring(2, 64, 3, 5);   // blocks that do not divide the chunk
   check_ring(3, 36, 2, 4);
   check_ring(4, 64, 2, 3);
+}
+
+TEST(RingAttention, KeepsAttentionInsideDocuments) {
+  check_ring(1, 24, 2, 5, true);
+  check_ring(2, 48, 2, 5, true);
+  check_ring(3, 36, 2, 4, true);
+  check_ring(4, 64, 2, 3, true);
 }
 
 // Capacity ranks a whole sequence and the load-balancing losses (expert-

@@ -88,4 +88,6 @@ refused "is not a prepared corpus: it has no manifest.json" --set data.path="$W"
 "$BIN/hp-data" prepare --input "$IN" --tokenizer bytes --split-on % --out "$W/bytes" > /dev/null 2>&1
 refused "was tokenized with bytes:" --set 'data.blend=[{path: '"$W/full"', weight: 1}, {path: '"$W/bytes"', weight: 1}]'
 refused "weight must be a finite number > 0" --set 'data.blend=[{path: '"$W/full"', weight: 0}]'
+refused "data.type text has no documents to keep attention inside" --set data.type=text --set data.document_attention=true
+refused "model 'mlp' has no attention" --set model.type=mlp --set data.document_attention=true
 echo PASS

@@ -29,11 +29,12 @@ struct Result {
 
 /// q, k, v as the attention layer sees them: views of one projection
 /// [B, T, h, 3, d] (not contiguous).
-Result run(const torch::Tensor& qkv0, const torch::Tensor& dout, std::int64_t block) {
+Result run(const torch::Tensor& qkv0, const torch::Tensor& dout, std::int64_t block,
+           const torch::Tensor& docs = torch::Tensor()) {
   auto qkv = qkv0.clone().requires_grad_(true);
   auto parts = qkv.unbind(3);
-  auto out = block > 0 ? hp::block_causal_attention(parts[0], parts[1], parts[2], block)
-                       : hp::causal_attention(parts[0], parts[1], parts[2]);
+  auto out = block > 0 ? hp::block_causal_attention(parts[0], parts[1], parts[2], block, docs)
+                       : hp::causal_attention(parts[0], parts[1], parts[2], docs);
   out.backward(dout);
   auto g = qkv.grad().unbind(3);
   return {out.detach(), g[0], g[1], g[2]};
@@ -160,3 +161,60 @@ TEST(BlockAttention, Seq4096PeakMemoryBelowTheScoreMatrix) {
 }
 
 }  // namespace
+
+namespace {
+
+// Document numbers of a sample from its document lengths.
+torch::Tensor docs_of(const std::vector<std::int64_t>& lengths) {
+  std::vector<std::int64_t> d;
+  for (std::size_t i = 0; i < lengths.size(); ++i) d.insert(d.end(), lengths[i], static_cast<std::int64_t>(i));
+  return torch::tensor(d, torch::kLong);
+}
+
+}  // namespace
+
+// Attention inside documents: each document's positions get what causal
+// attention over that document alone gives them (outputs and gradients),
+// in the eager path and the block path (blocks crossing, ending at and
+// skipping document boundaries).
+TEST(DocumentAttention, EachDocumentAsIfAlone) {
+  torch::manual_seed(5);
+  const std::int64_t T = 24, h = 2, d = 4;
+  const std::vector<std::vector<std::int64_t>> samples = {{5, 1, 9, 9}, {24}, {1, 1, 1, 21}, {12, 12}};
+  std::vector<torch::Tensor> rows;
+  for (const auto& s : samples) rows.push_back(docs_of(s));
+  const auto docs = torch::stack(rows);
+  const auto B = docs.size(0);
+  auto qkv = torch::randn({B, T, h, 3, d});
+  auto dout = torch::randn({B, T, h * d});
+  const Result eager = run(qkv, dout, 0, docs);
+  // The reference: each document through causal attention on its own.
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int64_t at = 0;
+    for (auto len : samples[static_cast<std::size_t>(b)]) {
+      const Result alone = run(qkv.narrow(0, b, 1).narrow(1, at, len), dout.narrow(0, b, 1).narrow(1, at, len), 0);
+      const std::string where = "sample " + std::to_string(b) + " document at " + std::to_string(at);
+      EXPECT_LE(rel(eager.out.narrow(0, b, 1).narrow(1, at, len), alone.out), 1e-6) << where;
+      EXPECT_LE(rel(eager.dq.narrow(0, b, 1).narrow(1, at, len), alone.dq), 1e-6) << where;
+      EXPECT_LE(rel(eager.dk.narrow(0, b, 1).narrow(1, at, len), alone.dk), 1e-6) << where;
+      EXPECT_LE(rel(eager.dv.narrow(0, b, 1).narrow(1, at, len), alone.dv), 1e-6) << where;
+      at += len;
+    }
+  }
+  for (std::int64_t block : {1, 3, 5, 8, 24, 64}) {
+    const Result blk = run(qkv, dout, block, docs);
+    const std::string where = "block " + std::to_string(block);
+    EXPECT_LE(rel(blk.out, eager.out), 1e-6) << where;
+    EXPECT_LE(rel(blk.dq, eager.dq), 1e-6) << where;
+    EXPECT_LE(rel(blk.dk, eager.dk), 1e-6) << where;
+    EXPECT_LE(rel(blk.dv, eager.dv), 1e-6) << where;
+  }
+  // And the mask does something: without documents the outputs differ.
+  EXPECT_GT(rel(run(qkv, dout, 0).out, eager.out), 1e-3);
+}
+
+TEST(DocumentAttention, RefusesDocumentsOfOtherSamples) {
+  auto x = torch::randn({2, 6, 1, 4});
+  EXPECT_THROW(hp::causal_attention(x, x, x, torch::zeros({1, 6}, torch::kLong)), std::invalid_argument);
+  EXPECT_THROW(hp::block_causal_attention(x, x, x, 2, torch::zeros({2, 5}, torch::kLong)), std::invalid_argument);
+}
