@@ -36,7 +36,8 @@ echo "fortunes: $(wc -c < "$W/fortunes.txt") bytes"
 make_corpus() {  # make_corpus FILE MB
   [[ -s "$1" ]] && return
   local n=$(( ($2 * 1024 * 1024 + fort_bytes - 1) / fort_bytes )) i
-  for ((i = 0; i < n; i++)); do cat "$W/fortunes.txt"; done | head -c $(($2 * 1024 * 1024)) > "$1"
+  # head closes the pipe once it has the size: no pipefail here.
+  (set +o pipefail; for ((i = 0; i < n; i++)); do cat "$W/fortunes.txt"; done | head -c $(($2 * 1024 * 1024)) > "$1")
 }
 make_corpus "$W/big.txt" $((GB * 1024))
 make_corpus "$W/mid.txt" 100

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -65,6 +66,26 @@ int hp_spm_encode(const void* handle, const char* text, std::size_t len, std::in
   *count = out.size();
   *ids = static_cast<std::int32_t*>(std::malloc(std::max<std::size_t>(1, out.size()) * sizeof(std::int32_t)));
   for (std::size_t i = 0; i < out.size(); ++i) (*ids)[i] = out[i];
+  return 0;
+}
+
+// Encodes as hp_spm_encode, and gives the score of the best segmentation
+// and its margin over the second best (n-best search; +inf when there is
+// no other). Returns 2, ids still set, when the model has no n-best search
+// (model_type bpe): its merges are decided per word without scores summed.
+int hp_spm_encode_scored(const void* handle, const char* text, std::size_t len, std::int32_t** ids,
+                         std::size_t* count, float* best, float* gap, char* err, std::size_t err_len) {
+  const int rc = hp_spm_encode(handle, text, len, ids, count, err, err_len);
+  if (rc != 0) return rc;
+  const auto* sp = static_cast<const sentencepiece::SentencePieceProcessor*>(handle);
+  sentencepiece::ImmutableNBestSentencePieceText nbest;
+  if (!sp->NBestEncode(std::string_view(text, len), 2, nbest.mutable_proto()).ok() || nbest.nbests_size() == 0) {
+    *best = 0;
+    *gap = std::numeric_limits<float>::infinity();
+    return 2;
+  }
+  *best = nbest.nbests(0).score();
+  *gap = nbest.nbests_size() > 1 ? *best - nbest.nbests(1).score() : std::numeric_limits<float>::infinity();
   return 0;
 }
 

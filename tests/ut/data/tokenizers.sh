@@ -59,10 +59,28 @@ tokens=$(head -12 "$W/gpt2.out" | tr -cd ',' | wc -c); bytes=$(wc -c < "$HERE/te
 grep -q 'vocabulary 600, end of document 1' "$W/train.log" || { cat "$W/train.log"; echo "FAIL: sp training"; exit 1; }
 "$HP_DATA" encode --tokenizer "$W/sp.model" --file "$TEXTS" --check-roundtrip > "$W/sp.out"
 echo "ok: SentencePiece trained (vocabulary 600) and round-trips every text"
-# SentencePiece's BPE model kind too.
+# Its word cache (words cut before each space; a word's ids from the cache
+# only when its best segmentation beats the second by more than float
+# rounding can reach) gives the library's ids for the whole text: on 400
+# fortunes as whole documents (one holds "100044200000;", whose "00000" ties
+# 0 00 00 against 00 00 0), runs of spaces, tabs and newlines; and for the
+# bpe model kind.
+$PY - "$CORPUS" "$W/docs.jsonl" <<'PY'
+import json, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+with open(sys.argv[2], "w") as out:
+    for t in text.split("\n%\n")[:400] + ["  a  b   c", " lead", "trail ", "   ", " ", "a\t b\n  c", "\u3000x y",
+                                          "FACILITY REJECTED 100044200000;", "00000 00000 0000000000"]:
+        out.write(json.dumps({"text": t}) + "\n")
+PY
 "$HP_DATA" train-tokenizer --input "$W/corpus.txt" --vocab-size 600 --model-type bpe --out "$W/spb.model" --threads 1 > /dev/null
-"$HP_DATA" encode --tokenizer "$W/spb.model" --file "$TEXTS" --check-roundtrip > /dev/null
-echo "ok: SentencePiece's bpe kind round-trips every text"
+for tok in sp spb; do
+  "$HP_DATA" encode --tokenizer "$W/$tok.model" --file "$W/docs.jsonl" --check-roundtrip > "$W/cached.out"
+  "$HP_DATA" encode --tokenizer "$W/$tok.model" --file "$W/docs.jsonl" --no-cache > "$W/uncached.out"
+  cmp -s "$W/cached.out" "$W/uncached.out" || { diff "$W/cached.out" "$W/uncached.out" | head -5; fail "SentencePiece ($tok): the word cache changes the ids"; }
+  "$HP_DATA" encode --tokenizer "$W/$tok.model" --file "$TEXTS" --check-roundtrip > /dev/null
+done
+echo "ok: SentencePiece (unigram and bpe): with the word cache = without, on $(wc -l < "$W/docs.jsonl") documents; round trips"
 "$HP_DATA" encode --tokenizer bytes --file "$TEXTS" --check-roundtrip > /dev/null
 echo "ok: bytes round-trip"
 
