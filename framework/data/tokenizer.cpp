@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace fs = std::filesystem;
 
@@ -555,10 +556,11 @@ class SentencePieceTokenizer : public Tokenizer {
   // choice (measured: "FACILITY REJECTED 100044200000;" in the fortunes
   // gave 0 00 00 for "00000" alone and 00 00 0 in context). So each word
   // in the cache keeps its best score and its margin over the second best
-  // (an n-best search, once per distinct word), and a text whose words all
-  // have a margin above what float rounding at the text's running sum can
-  // reach takes their cached ids; any other text goes to the library
-  // whole. Words are cut before each space; a word encoded alone gets the
+  // (an n-best search, once per distinct word, when it is seen a second
+  // time), and a text whose words are all cached with a margin above what
+  // float rounding at the text's running sum can reach takes their cached
+  // ids; any other text (a word seen for the first time, a near tie) goes
+  // to the library whole. Words are cut before each space; a word encoded alone gets the
   // dummy prefix mark in front, and for a word starting with a space that
   // prefix's ids (`prefix_`, half of the ids of " ") are dropped. When " "
   // does not encode to two equal halves the cache stays off. The tests
@@ -568,13 +570,15 @@ class SentencePieceTokenizer : public Tokenizer {
     thread_local Cache cache;
     if (cache.owner != instance_) {
       cache.words.clear();
+      cache.seen.clear();
       cache.owner = instance_;
     }
     thread_local std::vector<const Word*> words;
     thread_local std::vector<std::size_t> lengths;
     words.clear();
     lengths.clear();
-    double sum = 0;  // a bound on |the running score| over the text
+    double sum = 0;      // |the text's best score|: a bound on its running sum
+    bool whole = false;  // a word not (yet) in the cache: the library encodes the text
     std::size_t start = 0;
     for (std::size_t i = 1; i <= text.size(); ++i) {
       if (i < text.size() && text[i] != ' ') continue;
@@ -582,25 +586,33 @@ class SentencePieceTokenizer : public Tokenizer {
       start = i;
       if (w.size() >= 256) return encode_raw(text);  // long words are not cached
       lookups_.fetch_add(1, std::memory_order_relaxed);
-      auto it = cache.words.find(std::string(w));
-      if (it != cache.words.end()) {
+      const std::uint64_t key = XXH64(w.data(), w.size(), 0);
+      auto it = cache.words.find(key);
+      if (it != cache.words.end() && it->second.text == w) {
         hits_.fetch_add(1, std::memory_order_relaxed);
-      } else {
+      } else if (it == cache.words.end() && !cache.seen.insert(key).second) {
+        // Seen before: worth its n-best search now. A word seen once is
+        // never scored (its text goes to the library whole anyway).
         if (cache.words.size() > (1u << 18)) cache.words.clear();  // bounded memory
-        it = cache.words.emplace(std::string(w), score_word(w)).first;
+        if (cache.seen.size() > (1u << 20)) cache.seen.clear();
+        it = cache.words.emplace(key, score_word(w)).first;
+      } else {
+        whole = true;  // first sight, or a hash shared with another word
+        continue;
       }
       words.push_back(&it->second);
       lengths.push_back(w.size());
-      sum += std::fabs(it->second.best) + 32.0 * static_cast<double>(w.size() + 1);
+      sum += std::fabs(it->second.best);
     }
-    // Rounding of a float sum near `sum`: at most 2^-23 * sum per addition,
-    // a word's paths differ in at most 2 (length + 1) additions; 4x margin.
-    const double ulp = sum * 1.1920928955078125e-07;
+    if (whole) return encode_raw(text);
+    // A float sum of magnitude up to `sum` (+ a word's own alternative
+    // paths, pieces scoring above -32 each) rounds by at most 2^-23 of it
+    // per addition; a word's two paths differ in at most 2 (length + 1)
+    // additions; 4x margin.
     for (std::size_t k = 0; k < words.size(); ++k) {
-      if (!(words[k]->gap > 8.0 * static_cast<double>(lengths[k] + 1) * ulp + 1e-6)) {
-        whole_.fetch_add(1, std::memory_order_relaxed);
-        return encode_raw(text);
-      }
+      const double len = static_cast<double>(lengths[k] + 1);
+      const double ulp = (sum + 32.0 * len) * 1.1920928955078125e-07;
+      if (!(words[k]->gap > 8.0 * len * ulp + 1e-6)) return encode_raw(text);
     }
     std::vector<std::int32_t> out;
     if (text[0] == ' ') out.insert(out.end(), prefix_.begin(), prefix_.end());
@@ -614,18 +626,23 @@ class SentencePieceTokenizer : public Tokenizer {
 
  private:
   struct Word {
+    std::string text;
     std::vector<std::int32_t> ids;  ///< in context (the dummy prefix's ids dropped for a spaced word)
     float best = 0, gap = 0;
   };
+  // Keyed by the word's xxh64 (no string built per lookup); the entry keeps
+  // the text, compared on every hit.
   struct Cache {
     std::uint64_t owner = 0;
-    std::unordered_map<std::string, Word> words;
+    std::unordered_map<std::uint64_t, Word> words;
+    std::unordered_set<std::uint64_t> seen;
   };
   Word score_word(std::string_view word) const {
     std::int32_t* ids = nullptr;
     std::size_t n = 0;
     char err[512] = {0};
     Word w;
+    w.text = std::string(word);
     const int rc = mod_.encode_scored(handle_, word.data(), word.size(), &ids, &n, &w.best, &w.gap, err, sizeof err);
     if (rc == 1) throw std::runtime_error("tokenizer " + path_ + ": " + err);
     std::size_t skip = 0;
@@ -676,7 +693,7 @@ class SentencePieceTokenizer : public Tokenizer {
   void* handle_ = nullptr;
   bool cache_on_ = false;
   std::vector<std::int32_t> prefix_;
-  mutable std::atomic<std::uint64_t> hits_{0}, lookups_{0}, whole_{0};
+  mutable std::atomic<std::uint64_t> hits_{0}, lookups_{0};
   std::int64_t size_ = 0;
   std::int32_t eos_ = -1;
 };
