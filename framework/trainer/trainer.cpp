@@ -92,6 +92,7 @@ class TrainingRun {
   explicit TrainingRun(const RawConfig& raw);
   ~TrainingRun();
   FitResult fit();
+  EvalResult evaluate_checkpoint();
   /// Writes this rank's flight record after a failure; logs where.
   void record_failure(const std::string& reason);
 
@@ -676,7 +677,36 @@ FitResult TrainingRun::fit() {
   return result;
 }
 
+EvalResult TrainingRun::evaluate_checkpoint() {
+  if (ckpt_.resume_dir().empty())
+    throw std::runtime_error("evaluate: no checkpoint to evaluate (checkpoint.resume names none, or the root has "
+                             "no committed step)");
+  setup_process();
+  setup_model();
+  resume();
+  std::map<std::string, double> figures;
+  StepContext hc = context(start_, 0.0, &figures);
+  runtime_->run_hooks(StepEvent::kEval, hc);
+  EvalResult r;
+  r.step = start_;
+  r.loss = evaluate();
+  r.samples = train_.eval_samples;
+  r.seq = train_.seq_len;
+  ctx_->group("world").barrier();
+  return r;
+}
+
 }  // namespace
+
+EvalResult Trainer::evaluate() {
+  TrainingRun run(raw_);
+  try {
+    return run.evaluate_checkpoint();
+  } catch (const std::exception& e) {
+    run.record_failure(std::string("exception: ") + e.what());
+    throw;
+  }
+}
 
 FitResult Trainer::fit() {
   TrainingRun run(raw_);

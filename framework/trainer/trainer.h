@@ -33,6 +33,14 @@ struct FitResult {
   double tokens_per_second = 0;
 };
 
+/// What Trainer::evaluate() measured.
+struct EvalResult {
+  std::int64_t step = 0;     ///< the checkpoint's step
+  double loss = 0;           ///< mean per-token cross entropy (nats) over the validation samples
+  std::int64_t samples = 0;  ///< training.eval_samples (0 resolved to the global batch)
+  std::int64_t seq = 0;      ///< model.seq_len
+};
+
 class Trainer {
  public:
   explicit Trainer(RawConfig raw);
@@ -47,6 +55,11 @@ class Trainer {
 
   /// Trains the model and data named by the config.
   FitResult fit();
+  /// Loads the checkpoint `checkpoint.resume` names at this config's layout
+  /// and evaluates it on the validation samples training evaluates
+  /// (training.eval_samples of data's validation split): no step, no save.
+  /// Throws std::runtime_error when no checkpoint is named.
+  EvalResult evaluate();
 
   const RawConfig& raw_config() const { return raw_; }
 
