@@ -47,6 +47,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return ctx.transpose(1, 2).reshape({q.size(0), T, q.size(2) * q.size(3)});
 }
 
+at::Tensor LossLayer::log_probs(const at::Tensor& logits) {
+  return at::log_softmax(precision::cast(logits, at::kFloat), -1);
+}
+
 at::Tensor repeat_kv(const at::Tensor& kv, std::int64_t heads) {
   const std::int64_t h = kv.size(2);
   if (h == heads) return kv;

@@ -180,6 +180,8 @@ class CrossEntropyBlock : public LossBlock {
   LossOutput forward(const Activations& out, const Activations& targets) override {
     return loss_->forward(out["logits"], targets["labels"]);
   }
+  std::string logits_name() const override { return "logits"; }
+  at::Tensor log_probs(const at::Tensor& rows) override { return loss_->log_probs(rows); }
 
  private:
   std::shared_ptr<LossLayer> loss_;

@@ -93,6 +93,7 @@ class TrainingRun {
   ~TrainingRun();
   FitResult fit();
   EvalResult evaluate_checkpoint();
+  GenerateResult generate(const GenerateOptions& o);
   /// Writes this rank's flight record after a failure; logs where.
   void record_failure(const std::string& reason);
 
@@ -677,6 +678,187 @@ FitResult TrainingRun::fit() {
   return result;
 }
 
+/// Stands in for the loss during generation: from the rows of the logits
+/// at the wanted global positions (one per sample), the log-probabilities
+/// over the whole vocabulary (a collective over a split vocabulary), kept
+/// for the samples whose position this rank holds.
+class LogitsProbe : public LossBlock {
+ public:
+  LogitsProbe(std::shared_ptr<LossBlock> inner, std::vector<std::int64_t> want, const SequenceLayout* layout)
+      : inner_(std::move(inner)), want_(std::move(want)), layout_(layout) {}
+  LossOutput forward(const Activations& out, const Activations& targets) override {
+    (void)targets;
+    const at::Tensor& z = out[inner_->logits_name()];  // [samples, local positions, local vocabulary]
+    const std::int64_t B = z.size(0), T = z.size(1);
+    if (B != static_cast<std::int64_t>(want_.size()))
+      throw std::invalid_argument("generation: the logits hold " + std::to_string(B) + " samples, the step " +
+                                  std::to_string(want_.size()));
+    const at::Tensor pos = layout_ ? piece_positions(layout_->local_pieces(T)) : at::arange(T, at::kLong);
+    const auto* p = pos.data_ptr<std::int64_t>();
+    std::vector<std::int64_t> local(static_cast<std::size_t>(B), 0);
+    held_.assign(static_cast<std::size_t>(B), false);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (p[t] == want_[static_cast<std::size_t>(b)]) {
+          local[static_cast<std::size_t>(b)] = t;
+          held_[static_cast<std::size_t>(b)] = true;
+        }
+      }
+    }
+    const at::Tensor index = at::tensor(local, at::kLong);
+    const at::Tensor rows = z.detach().gather(1, index.view({B, 1, 1}).expand({B, 1, z.size(2)})).squeeze(1);
+    log_probs_ = inner_->log_probs(rows);  // [samples, vocabulary]
+    return {at::zeros({}, at::kFloat), 0};
+  }
+  const at::Tensor& log_probs() const { return log_probs_; }
+  bool held(std::size_t b) const { return b < held_.size() && held_[b]; }
+
+ private:
+  std::shared_ptr<LossBlock> inner_;
+  std::vector<std::int64_t> want_;
+  const SequenceLayout* layout_;
+  std::vector<bool> held_;
+  at::Tensor log_probs_;
+};
+
+/// The token `o` picks from log-probabilities `lp` ([vocabulary], fp32) of
+/// prompt `g` at new token `s`: argmax, or a draw by the uniform number
+/// mix(seed, g, s) (the same on every rank and layout).
+std::int64_t pick_token(const at::Tensor& lp_in, const GenerateOptions& o, std::size_t g, std::int64_t s) {
+  at::Tensor lp = lp_in.to(at::kDouble);
+  if (o.vocab_limit > 0 && o.vocab_limit < lp.size(0)) lp = lp.narrow(0, 0, o.vocab_limit);
+  const auto* v = lp.data_ptr<double>();
+  const std::int64_t V = lp.size(0);
+  if (o.temperature <= 0) {
+    std::int64_t best = 0;
+    for (std::int64_t i = 1; i < V; ++i)
+      if (v[i] > v[best]) best = i;
+    return best;
+  }
+  std::vector<std::pair<double, std::int64_t>> c;  // (probability, id), most likely first
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < V; ++i) m = std::max(m, v[i] / o.temperature);
+  for (std::int64_t i = 0; i < V; ++i) c.emplace_back(std::exp(v[i] / o.temperature - m), i);
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  if (o.top_k > 0 && static_cast<std::size_t>(o.top_k) < c.size()) c.resize(static_cast<std::size_t>(o.top_k));
+  double total = 0;
+  for (const auto& e : c) total += e.first;
+  if (o.top_p < 1.0) {
+    double acc = 0;
+    std::size_t keep = 0;
+    while (keep < c.size() && acc < o.top_p * total) acc += c[keep++].first;
+    c.resize(std::max<std::size_t>(1, keep));
+    total = acc;
+  }
+  const double u = static_cast<double>(mix(o.seed, static_cast<std::uint64_t>(g), static_cast<std::uint64_t>(s)) >> 11) /
+                   9007199254740992.0 * total;
+  double acc = 0;
+  for (const auto& e : c) {
+    acc += e.first;
+    if (u < acc) return e.second;
+  }
+  return c.back().second;
+}
+
+GenerateResult TrainingRun::generate(const GenerateOptions& o) {
+  if (ckpt_.resume_dir().empty())
+    throw std::runtime_error("generate: no checkpoint (checkpoint.resume names none, or the root has no committed step)");
+  const std::int64_t T = train_.seq_len;
+  const std::size_t n = o.prompts.size();
+  if (n == 0) throw std::invalid_argument("generate: no prompt");
+  for (std::size_t g = 0; g < n; ++g) {
+    const auto len = static_cast<std::int64_t>(o.prompts[g].size());
+    if (len == 0) throw std::invalid_argument("generate: prompt " + std::to_string(g) + " is empty");
+    if (len >= T)
+      throw std::invalid_argument("generate: prompt " + std::to_string(g) + " has " + std::to_string(len) +
+                                  " tokens; model.seq_len " + std::to_string(T) + " leaves room for at most " +
+                                  std::to_string(T - 1));
+  }
+  setup_process();
+  setup_model();
+  resume();
+  if (model_.loss && model_.loss->logits_name().empty())
+    throw std::invalid_argument("generate: model '" + desc_.name + "' predicts no tokens");
+  for (auto& b : model_.blocks) b->eval();
+  {
+    std::map<std::string, double> figures;
+    StepContext hc = context(start_, 0.0, &figures);
+    runtime_->run_hooks(StepEvent::kEval, hc);
+  }
+  const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
+  const std::int64_t per_rank = (static_cast<std::int64_t>(n) + replicas - 1) / replicas;
+  const std::int64_t total = per_rank * replicas;
+  std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(total));
+  for (std::int64_t g = 0; g < total; ++g) seqs[static_cast<std::size_t>(g)] = o.prompts[static_cast<std::size_t>(g) < n ? static_cast<std::size_t>(g) : 0];
+  std::vector<bool> active(n, true);
+  GenerateResult result;
+  result.step = start_;
+  result.tokens.resize(n);
+  result.log_probs.resize(n);
+  result.top2_gaps.resize(n);
+  const SequenceLayout* layout = runtime_->model().sequence_layout() ? &*runtime_->model().sequence_layout() : nullptr;
+  const std::shared_ptr<LossBlock> inner = model_.loss;
+  for (std::int64_t s = 0; s < o.max_new_tokens; ++s) {
+    if (std::none_of(active.begin(), active.end(), [](bool a) { return a; })) break;
+    at::Tensor tokens = at::zeros({per_rank, T}, at::kLong), labels = at::zeros({per_rank, T}, at::kLong);
+    std::vector<std::int64_t> want(static_cast<std::size_t>(per_rank));
+    for (std::int64_t r = 0; r < per_rank; ++r) {
+      const auto& q = seqs[static_cast<std::size_t>(replica * per_rank + r)];
+      for (std::size_t t = 0; t < q.size(); ++t) tokens[r][static_cast<std::int64_t>(t)] = q[t];
+      want[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(q.size()) - 1;
+    }
+    std::shared_ptr<LogitsProbe> probe;
+    if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, layout);
+    StepWork work;
+    work.micro_batches = 1;
+    work.backward = false;
+    work.step = 0;
+    work.first_sample = [&](std::int64_t) { return replica * per_rank; };
+    work.batch = [&](std::int64_t) {
+      return local_positions(Batch{make_activations({{"tokens", tokens}}), make_activations({{"labels", labels}})});
+    };
+    reducer_->begin_step(1);
+    try {
+      executor_->run(model_, work);
+    } catch (...) {
+      model_.loss = inner;
+      throw;
+    }
+    model_.loss = inner;
+    at::Tensor chosen = at::full({total}, -1.0, at::kDouble);
+    at::Tensor chosen_lp = at::full({total}, -std::numeric_limits<double>::infinity(), at::kDouble);
+    at::Tensor gap = at::full({total}, -1.0, at::kDouble);
+    if (probe && probe->log_probs().defined()) {
+      for (std::int64_t r = 0; r < per_rank; ++r) {
+        const std::size_t g = static_cast<std::size_t>(replica * per_rank + r);
+        if (g >= n || !active[g] || !probe->held(static_cast<std::size_t>(r))) continue;
+        const at::Tensor lp = probe->log_probs()[r];
+        const std::int64_t tok = pick_token(lp, o, g, s);
+        chosen[static_cast<std::int64_t>(g)] = static_cast<double>(tok);
+        chosen_lp[static_cast<std::int64_t>(g)] = lp[tok].item<double>();
+        const auto top2 = std::get<0>(lp.to(at::kDouble).topk(2));
+        gap[static_cast<std::int64_t>(g)] = (top2[0] - top2[1]).item<double>();
+      }
+    }
+    ctx_->group("world").all_reduce(chosen, dist::ReduceKind::kMax);
+    ctx_->group("world").all_reduce(chosen_lp, dist::ReduceKind::kMax);
+    ctx_->group("world").all_reduce(gap, dist::ReduceKind::kMax);
+    for (std::size_t g = 0; g < n; ++g) {
+      if (!active[g]) continue;
+      const auto tok = static_cast<std::int64_t>(chosen[static_cast<std::int64_t>(g)].item<double>());
+      if (tok < 0) throw std::runtime_error("generate: no rank computed the logits of prompt " + std::to_string(g));
+      seqs[g].push_back(tok);
+      result.tokens[g].push_back(tok);
+      result.log_probs[g].push_back(chosen_lp[static_cast<std::int64_t>(g)].item<double>());
+      result.top2_gaps[g].push_back(gap[static_cast<std::int64_t>(g)].item<double>());
+      if (rank0() && o.on_token) o.on_token(g, tok);
+      if (tok == o.stop_token || static_cast<std::int64_t>(seqs[g].size()) >= T) active[g] = false;
+    }
+  }
+  ctx_->group("world").barrier();
+  return result;
+}
+
 EvalResult TrainingRun::evaluate_checkpoint() {
   if (ckpt_.resume_dir().empty())
     throw std::runtime_error("evaluate: no checkpoint to evaluate (checkpoint.resume names none, or the root has "
@@ -697,6 +879,16 @@ EvalResult TrainingRun::evaluate_checkpoint() {
 }
 
 }  // namespace
+
+GenerateResult Trainer::generate(const GenerateOptions& options) {
+  TrainingRun run(raw_);
+  try {
+    return run.generate(options);
+  } catch (const std::exception& e) {
+    run.record_failure(std::string("exception: ") + e.what());
+    throw;
+  }
+}
 
 EvalResult Trainer::evaluate() {
   TrainingRun run(raw_);

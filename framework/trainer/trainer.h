@@ -14,6 +14,7 @@
 // any process group exists), then joins the job described by the environment
 // (torchrun / hp-launch / Slurm / Open MPI variables, or one process).
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -41,6 +42,37 @@ struct EvalResult {
   std::int64_t seq = 0;      ///< model.seq_len
 };
 
+/// What Trainer::generate() decodes: prompts as token ids, and how.
+struct GenerateOptions {
+  std::vector<std::vector<std::int64_t>> prompts;
+  std::int64_t max_new_tokens = 32;
+  /// 0: greedy (the most likely token; the lowest id among equals).
+  /// Otherwise sampling at this temperature, from the top_k most likely
+  /// (0: all) within the smallest set of probability >= top_p.
+  double temperature = 0;
+  std::int64_t top_k = 0;
+  double top_p = 1.0;
+  std::uint64_t seed = 1;
+  /// Ends a prompt's generation (the end-of-document token); -1: none.
+  std::int64_t stop_token = -1;
+  /// Tokens at or above this id are never chosen (the tokenizer's
+  /// vocabulary inside a padded model vocabulary); 0: no limit.
+  std::int64_t vocab_limit = 0;
+  /// Called on rank 0 with (prompt, token) as each token is chosen.
+  std::function<void(std::size_t, std::int64_t)> on_token;
+};
+
+struct GenerateResult {
+  std::int64_t step = 0;  ///< the checkpoint's step
+  /// Per prompt: the generated tokens (the stop token included) and the
+  /// log-probability the model gave each.
+  std::vector<std::vector<std::int64_t>> tokens;
+  std::vector<std::vector<double>> log_probs;
+  /// The gap between the two most likely tokens' log-probabilities at each
+  /// choice (where layouts may pick differently when it is within rounding).
+  std::vector<std::vector<double>> top2_gaps;
+};
+
 class Trainer {
  public:
   explicit Trainer(RawConfig raw);
@@ -60,6 +92,11 @@ class Trainer {
   /// (training.eval_samples of data's validation split): no step, no save.
   /// Throws std::runtime_error when no checkpoint is named.
   EvalResult evaluate();
+  /// Loads the checkpoint `checkpoint.resume` names at this config's layout
+  /// and continues each prompt one token at a time: the whole context runs
+  /// through the model's forward at this layout (no cache yet), padded to
+  /// model.seq_len. Every rank returns the same tokens.
+  GenerateResult generate(const GenerateOptions& options);
 
   const RawConfig& raw_config() const { return raw_; }
 

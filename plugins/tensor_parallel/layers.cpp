@@ -329,8 +329,20 @@ class SequenceDropout : public Layer {
 /// rank of the module, which must see every row's loss).
 class VocabParallelCrossEntropy : public LossLayer {
  public:
-  VocabParallelCrossEntropy(std::int64_t vocab, BuildContext& ctx, ModuleGroups m) : m_(std::move(m)) {
+  VocabParallelCrossEntropy(std::int64_t vocab, BuildContext& ctx, ModuleGroups m) : m_(std::move(m)), vocab_(vocab) {
     std::tie(begin_, end_) = m_.range(ctx, vocab);
+  }
+  // The whole vocabulary: each rank's slice in place, zeros elsewhere,
+  // summed over the split (exact: one term per entry).
+  at::Tensor log_probs(const at::Tensor& rows) override {
+    if (m_.outer)
+      throw std::invalid_argument("generation with the LM head above the stream's tensor-parallel degree "
+                                  "(lm_head_size > size) is not supported");
+    auto z = precision::cast(rows, at::kFloat).reshape({-1, rows.size(-1)});
+    at::Tensor full = at::zeros({z.size(0), vocab_}, z.options());
+    full.narrow(1, begin_, end_ - begin_).copy_(z);
+    m_.flat->all_reduce(full);
+    return at::log_softmax(full, -1);
   }
   LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) override {
     dist::Group& g = *m_.flat;
@@ -355,6 +367,7 @@ class VocabParallelCrossEntropy : public LossLayer {
 
  private:
   ModuleGroups m_;
+  std::int64_t vocab_ = 0;
   std::int64_t begin_ = 0, end_ = 0;
 };
 

@@ -1,4 +1,6 @@
 #pragma once
+#include <stdexcept>
+#include <string>
 // A model is an ordered list of named blocks plus a loss. Each block maps
 // Activations -> Activations and can say what it costs, which the pipeline
 // feature uses to balance stages.
@@ -35,6 +37,16 @@ class LossBlock : public torch::nn::Module {
  public:
   /// `targets`: the batch's named targets ("labels", "field", ...).
   virtual LossOutput forward(const Activations& out, const Activations& targets) = 0;
+  /// The name of the output whose rows are token logits ("logits"), or ""
+  /// when the model predicts no tokens (generation refuses it).
+  virtual std::string logits_name() const { return ""; }
+  /// Log-probabilities over the vocabulary of rows of that output
+  /// ([rows, local vocabulary] -> [rows, vocabulary]); see
+  /// LossLayer::log_probs.
+  virtual at::Tensor log_probs(const at::Tensor& logits_rows) {
+    (void)logits_rows;
+    throw std::logic_error("this model's loss gives no token probabilities");
+  }
 };
 
 }  // namespace hp

@@ -35,6 +35,12 @@ class Layer : public torch::nn::Module {
 class LossLayer : public torch::nn::Module {
  public:
   virtual LossOutput forward(const at::Tensor& logits, const at::Tensor& targets) = 0;
+  /// Log-probabilities over the whole vocabulary of some rows of logits
+  /// ([rows, this rank's vocabulary slice] -> [rows, vocabulary], fp32), on
+  /// every rank that holds a slice of those rows (generation). The default:
+  /// log_softmax of whole logits. A vocabulary split over ranks overrides it
+  /// (every rank of the split calls it at once, with the same rows).
+  virtual at::Tensor log_probs(const at::Tensor& logits);
 };
 
 struct MoeOptions;  // include/hp/model/moe.h

@@ -97,7 +97,7 @@ grep -qF "data.type = synthetic: model 'unet' reads input 'field', which this da
 grep -qF "model.seq_len = 15: unet halves the grid in its down-sample block, so it must be even (legal: an even number)" <<<"$out" || fail "$out"
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=field 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "field with gpt: expected exit 2, got $rc: $out"
-grep -qF "data.type = field: model 'gpt' reads input 'tokens', which this dataset does not produce (legal: text, synthetic)" <<<"$out" || fail "$out"
+grep -qF "data.type = field: model 'gpt' reads input 'tokens', which this dataset does not produce (legal: text, synthetic, tokens)" <<<"$out" || fail "$out"
 # A text corpus yields bytes: a smaller vocabulary is refused, naming the model's own key.
 out=$("$HP_TRAIN" "$dir/ok.yaml" --dry-run --set data.type=text --set model.vocab_size=100 2>&1); rc=$?
 [[ $rc -eq 2 ]] || fail "vocab 100 on text: expected exit 2, got $rc: $out"

@@ -1,0 +1,273 @@
+// hp-generate: text from a checkpoint, at any layout.
+//
+//   hp-generate STEP_DIR --prompt TEXT | --prompts FILE [--max-new-tokens N]
+//               [--greedy | --temperature T --top-k K --top-p P --seed S]
+//               [--nproc N] [--set KEY=V ...] [--out DIR]
+//
+// The checkpoint's stored config (model, data, features) with the --set
+// overrides (a layout: --set features.tensor_parallel.enabled=true ...) is
+// resumed from STEP_DIR; each prompt is continued one token at a time, the
+// whole context through the model's forward at that layout (no KV cache
+// yet). The tokenizer is the one the checkpoint was trained with: bytes for
+// data.type text, the prepared corpus's for data.type tokens. Standard
+// output carries only the generated text (rank 0, as it comes with one
+// prompt; prompt by prompt with several); logs go to standard error.
+// Exit codes: 0 success, 1 a failure (the rank and the cause), 2 a usage
+// error or a refused config or prompt.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/reader.h"
+#include "framework/runtime/setup.h"
+#include "framework/trainer/trainer.h"
+#include "hp/comm/env.h"
+#include "hp/config/config.h"
+#include "hp/data/token_shards.h"
+#include "hp/data/tokenizer.h"
+#include "hp/data/tokens.h"
+#include "tools/exit_now.h"
+#include "tools/hp_launch/launcher.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The caller's standard output, kept before a launcher redirects the
+/// workers' (rank 0 writes the text there, unprefixed, as it comes).
+int g_text_fd = 1;
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("hp-generate") : p.string();
+}
+
+std::string step_dir_of(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  const std::string latest = hp::ckpt::CheckpointReader::latest(path);
+  if (latest.empty())
+    throw std::invalid_argument(path + " is neither a checkpoint step directory (no manifest.json) nor a root with "
+                                "a committed step (no latest)");
+  return latest;
+}
+
+/// The tokenizer the run read its data with.
+std::unique_ptr<hp::Tokenizer> tokenizer_of(const hp::Config& c) {
+  const std::string kind = c.get_string("data.type");
+  if (kind == "text") return hp::make_byte_tokenizer();
+  if (kind != "tokens")
+    throw std::invalid_argument("data.type " + kind + " has no tokenizer: generation needs data.type text or tokens");
+  if (!c.get_string("data.tokenizer").empty()) return hp::load_tokenizer(c.get_string("data.tokenizer"));
+  std::string dir = c.get_string("data.path");
+  const auto& blend = c.get_string_list("data.blend");
+  if (!blend.empty()) dir = hp::parse_data_blend(blend, nullptr).front().path;
+  const hp::TokenManifest m = hp::read_token_manifest(dir);
+  if (m.tokenizer_file == "bytes") return hp::make_byte_tokenizer();
+  const std::string file = (fs::path(dir) / m.tokenizer_file).string();
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    throw std::invalid_argument("the tokenizer the checkpoint was trained with, " + file +
+                                ", is missing (give data.tokenizer with --set)");
+  return hp::load_tokenizer(file);
+}
+
+struct Job {
+  std::string config_yaml;
+  std::vector<std::string> overrides;
+  std::vector<std::string> prompts;
+  hp::GenerateOptions options;
+  bool ids = false;  ///< prompts and output as token ids
+  std::string out;
+};
+
+int generate_here(Job& job) {
+  int rank = 0;
+  try {
+    const auto env = hp::dist::read_dist_env();
+    rank = env.rank;
+    hp::RawConfig raw = hp::RawConfig::parse_string(job.config_yaml, "checkpoint config.yaml");
+    for (const auto& o : job.overrides) raw.apply_override(o);
+    const auto tok = tokenizer_of(hp::prepare(raw, env.world_size).config);
+    hp::GenerateOptions o = job.options;
+    for (const auto& p : job.prompts) {
+      std::vector<std::int64_t> ids;
+      for (auto id : tok->encode(p)) ids.push_back(id);
+      o.prompts.push_back(ids);
+    }
+    o.stop_token = tok->eos_id();
+    o.vocab_limit = tok->vocab_size();
+    const bool stream = job.prompts.size() == 1;
+    if (stream) {
+      o.on_token = [&](std::size_t, std::int64_t t) {
+        const std::string s = tok->decode({static_cast<std::int32_t>(t)});
+        if (::write(g_text_fd, s.data(), s.size()) < 0) {
+        }
+      };
+    }
+    hp::Trainer trainer(raw);
+    const hp::GenerateResult r = trainer.generate(o);
+    if (rank == 0) {
+      nlohmann::json j;
+      j["step"] = r.step;
+      j["prompts"] = job.prompts;
+      j["tokens"] = r.tokens;
+      j["log_probs"] = r.log_probs;
+      j["top2_gaps"] = r.top2_gaps;
+      std::vector<std::string> texts;
+      for (const auto& ids : r.tokens) {
+        std::vector<std::int32_t> v(ids.begin(), ids.end());
+        texts.push_back(tok->decode(v));
+      }
+      j["texts"] = texts;
+      std::ofstream(fs::path(job.out) / "generate.json") << j.dump() << "\n";
+      std::string text;
+      if (stream) {
+        text = "\n";
+      } else {
+        for (std::size_t i = 0; i < texts.size(); ++i) text += job.prompts[i] + texts[i] + "\n";
+      }
+      if (::write(g_text_fd, text.data(), text.size()) < 0) {
+      }
+    }
+    return 0;
+  } catch (const hp::ConfigException& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "hp-generate: %s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-generate: rank %d failed: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "hp-generate: continue prompts from a checkpoint at any layout (the checkpoint's stored config with --set "
+      "applied). Standard output: the text only. Exit codes: 0 success, 1 failure, 2 usage error or refusal."};
+  Job job;
+  std::string step, prompt, prompts_file;
+  int nproc = 0, threads_per_worker = 0;
+  bool greedy = false;
+  std::vector<std::string> sets;
+  app.add_option("step", step, "A checkpoint step directory, or a checkpoint root (its latest step)")->required();
+  app.add_option("--prompt", prompt, "The prompt");
+  app.add_option("--prompts", prompts_file, "A file of prompts, one per line (a batch)");
+  app.add_option("--max-new-tokens", job.options.max_new_tokens, "Tokens to generate per prompt")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--greedy", greedy, "The most likely token each time (the default)");
+  app.add_option("--temperature", job.options.temperature, "Sampling temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", job.options.top_k, "Sample among the K most likely (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", job.options.top_p, "Sample within the smallest set of probability >= P")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", job.options.seed, "The sampling seed");
+  app.add_option("--nproc", nproc, "Launch this many local processes")->check(CLI::PositiveNumber);
+  app.add_option("--threads-per-worker", threads_per_worker, "With --nproc: intra-op threads of each process")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--set", sets, "Override a key, e.g. a layout: --set features.tensor_parallel.enabled=true");
+  app.add_option("--out", job.out, "Directory of the run's files and generate.json (default: a new temporary one)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
+  }
+  if (greedy) job.options.temperature = 0;
+  try {
+    if (prompt.empty() == prompts_file.empty()) throw std::invalid_argument("give one of --prompt TEXT or --prompts FILE");
+    if (!prompt.empty()) {
+      job.prompts.push_back(prompt);
+    } else {
+      std::ifstream in(prompts_file);
+      if (!in) throw std::invalid_argument("--prompts " + prompts_file + ": cannot be read");
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) job.prompts.push_back(line);
+      if (job.prompts.empty()) throw std::invalid_argument("--prompts " + prompts_file + ": no prompt");
+    }
+    step = step_dir_of(step);
+    job.config_yaml = hp::ckpt::CheckpointReader(step).config_text();
+    if (job.config_yaml.empty()) throw std::invalid_argument(step + " stores no config (an imported checkpoint)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-generate: %s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  }
+  if (job.out.empty()) {
+    char tmpl[] = "/tmp/hp-generate.XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      std::fprintf(stderr, "hp-generate: cannot create a temporary directory\n");
+      return 1;
+    }
+    job.out = tmpl;
+  }
+  fs::create_directories(job.out);
+  job.overrides = sets;
+  for (const char* kv : {"checkpoint.interval=0", "metrics.jsonl=false", "metrics.prometheus.enabled=false",
+                         "run.report=false", "run.profile.enabled=false", "training.dump_grads_at_step=0",
+                         "training.dump_activations_steps=[]", "training.dump_routing_steps=[]"})
+    job.overrides.push_back(kv);
+  job.overrides.push_back("checkpoint.resume=" + fs::absolute(step).string());
+  job.overrides.push_back("run.output_dir=" + job.out);
+
+  hp::dist::DistEnv env;
+  try {
+    env = hp::dist::read_dist_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-generate: %s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  }
+  const bool launched = std::getenv("HP_LAUNCHED") != nullptr || env.source != "single";
+  const int world = nproc > 0 && !launched ? nproc : env.world_size;
+  try {
+    hp::RawConfig raw = hp::RawConfig::parse_string(job.config_yaml, "checkpoint config.yaml");
+    for (const auto& o : job.overrides) raw.apply_override(o);
+    const hp::Setup setup = hp::prepare(raw, world);
+    // A missing tokenizer, and a prompt the model cannot hold, refused
+    // before any process starts.
+    const auto tok = tokenizer_of(setup.config);
+    const std::int64_t T = setup.config.get_int("model.seq_len");
+    for (std::size_t i = 0; i < job.prompts.size(); ++i) {
+      const auto len = static_cast<std::int64_t>(tok->encode(job.prompts[i]).size());
+      if (len >= T)
+        throw std::invalid_argument("prompt " + std::to_string(i) + " is " + std::to_string(len) +
+                                    " tokens; model.seq_len " + std::to_string(T) + " holds at most " +
+                                    std::to_string(T - 1) + " (one position for the next token)");
+    }
+  } catch (const hp::ConfigException& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "hp-generate: the config was refused (%zu problem%s); nothing was started\n",
+                 e.issues().size(), e.issues().size() == 1 ? "" : "s");
+    return hp::kConfigErrorExitCode;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-generate: %s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  }
+  if (nproc > 0 && !launched) {
+    g_text_fd = ::dup(1);  // the forked workers inherit it; the launcher takes over their 1
+    std::vector<std::string> cmd{self_exe()};
+    for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);
+    hp::launch::LaunchOptions lo;
+    lo.nproc_per_node = nproc;
+    lo.threads_per_worker = threads_per_worker;
+    lo.in_process = [&] {
+      const int c = generate_here(job);
+      spdlog::shutdown();
+      return c;
+    };
+    return hp::launch::run(lo, cmd);
+  }
+  return generate_here(job);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { hp::tools::exit_now(run(argc, argv)); }
