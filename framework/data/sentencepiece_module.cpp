@@ -53,6 +53,16 @@ int hp_spm_eos_id(const void* handle) {
   return static_cast<const sentencepiece::SentencePieceProcessor*>(handle)->eos_id();
 }
 
+// Whether piece `id` is a control or the unknown piece, and its text.
+int hp_spm_is_special(const void* handle, int id) {
+  const auto* sp = static_cast<const sentencepiece::SentencePieceProcessor*>(handle);
+  return sp->IsControl(id) || sp->IsUnknown(id) ? 1 : 0;
+}
+
+const char* hp_spm_piece(const void* handle, int id) {
+  return static_cast<const sentencepiece::SentencePieceProcessor*>(handle)->IdToPiece(id).c_str();
+}
+
 // Encodes into a malloc'ed array (*ids, *count) the caller frees with free().
 int hp_spm_encode(const void* handle, const char* text, std::size_t len, std::int32_t** ids,
                   std::size_t* count, char* err, std::size_t err_len) {

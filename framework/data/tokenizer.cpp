@@ -5,6 +5,7 @@
 #include <pcre2.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -68,6 +69,7 @@ class ByteTokenizer : public Tokenizer {
   }
   std::int64_t vocab_size() const override { return 256; }
   std::int32_t eos_id() const override { return -1; }
+  std::vector<std::pair<std::string, std::int32_t>> special_tokens() const override { return {}; }
   std::string hash() const override { return "bytes:" + hex64(XXH64(kByteName.data(), kByteName.size(), 0)); }
 };
 
@@ -320,6 +322,11 @@ class BpeTokenizer : public Tokenizer {
   }
 
   std::string kind() const override { return "bpe"; }
+  std::vector<std::pair<std::string, std::int32_t>> special_tokens() const override {
+    std::vector<std::pair<std::string, std::int32_t>> out(specials_.begin(), specials_.end());
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    return out;
+  }
   std::int64_t vocab_size() const override { return vocab_size_; }
   std::int32_t eos_id() const override { return eos_; }
   std::string hash() const override { return hash_; }
@@ -478,6 +485,8 @@ struct SpmModule {
   int (*train)(const char* const*, const char* const*, std::size_t, unsigned, char*, std::size_t) = nullptr;
   int (*encode_scored)(const void*, const char*, std::size_t, std::int32_t**, std::size_t*, float*, float*, char*,
                        std::size_t) = nullptr;
+  int (*is_special)(const void*, int) = nullptr;
+  const char* (*piece)(const void*, int) = nullptr;
 };
 
 std::string this_library_dir() {
@@ -523,6 +532,8 @@ const SpmModule& spm_module() {
     mod.decode = reinterpret_cast<decltype(mod.decode)>(sym("hp_spm_decode"));
     mod.train = reinterpret_cast<decltype(mod.train)>(sym("hp_spm_train"));
     mod.encode_scored = reinterpret_cast<decltype(mod.encode_scored)>(sym("hp_spm_encode_scored"));
+    mod.is_special = reinterpret_cast<decltype(mod.is_special)>(sym("hp_spm_is_special"));
+    mod.piece = reinterpret_cast<decltype(mod.piece)>(sym("hp_spm_piece"));
   });
   if (!error.empty()) throw std::runtime_error(error);
   return mod;
@@ -537,6 +548,9 @@ class SentencePieceTokenizer : public Tokenizer {
     if (!handle_) throw std::runtime_error("tokenizer " + path + ": not a SentencePiece model or tokenizer.json (" + err + ")");
     size_ = mod_.piece_size(handle_);
     eos_ = mod_.eos_id(handle_);
+    for (int id = 0; id < size_; ++id) {
+      if (mod_.is_special(handle_, id)) specials_.emplace_back(mod_.piece(handle_, id), id);
+    }
     const auto space = encode_raw(" ");
     const std::size_t half = space.size() / 2;
     cache_on_ = half > 0 && space.size() % 2 == 0 &&
@@ -546,6 +560,7 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   ~SentencePieceTokenizer() override { mod_.free_(handle_); }
   std::string kind() const override { return "sentencepiece"; }
+  std::vector<std::pair<std::string, std::int32_t>> special_tokens() const override { return specials_; }
 
   // A word cache, exact. SentencePiece writes each space as U+2581, and no
   // piece holds that mark except first, so every space starts a word no
@@ -693,6 +708,7 @@ class SentencePieceTokenizer : public Tokenizer {
   void* handle_ = nullptr;
   bool cache_on_ = false;
   std::vector<std::int32_t> prefix_;
+  std::vector<std::pair<std::string, std::int32_t>> specials_;
   mutable std::atomic<std::uint64_t> hits_{0}, lookups_{0};
   std::int64_t size_ = 0;
   std::int32_t eos_ = -1;

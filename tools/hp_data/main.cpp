@@ -52,6 +52,13 @@ int inspect(const std::string& dir, int samples, std::int64_t sample_tokens, boo
               static_cast<long long>(m.documents), m.shards.size(), static_cast<double>(m.input_bytes) / 1e6,
               m.input_bytes ? static_cast<double>(m.tokens) / static_cast<double>(m.input_bytes) : 0.0);
   std::printf("checksums   %s\n", checksums ? "every shard matches its xxh64" : "not checked (--no-checksums)");
+  {
+    const std::string file = m.tokenizer_file == "bytes" ? "bytes" : (fs::path(dir) / m.tokenizer_file).string();
+    std::string specials;
+    for (const auto& [name, id] : hp::load_tokenizer(file)->special_tokens())
+      specials += (specials.empty() ? "" : ", ") + name + " " + std::to_string(id);
+    std::printf("special     %s\n", specials.empty() ? "(none)" : specials.c_str());
+  }
   for (const auto& s : m.shards)
     std::printf("  %s  %lld documents  %lld tokens  bin %s  idx %s\n", s.name.c_str(),
                 static_cast<long long>(s.documents), static_cast<long long>(s.tokens), s.bin_xxh64.c_str(),

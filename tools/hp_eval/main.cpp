@@ -29,6 +29,7 @@
 #include "framework/trainer/trainer.h"
 #include "hp/comm/env.h"
 #include "hp/config/config.h"
+#include "tools/checkpoint_run.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
@@ -42,16 +43,6 @@ std::string self_exe() {
   return ec ? std::string("hp-eval") : p.string();
 }
 
-/// A step directory (holding manifest.json), or a root's `latest` step.
-std::string step_dir_of(const std::string& path) {
-  std::error_code ec;
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
-  const std::string latest = hp::ckpt::CheckpointReader::latest(path);
-  if (latest.empty())
-    throw std::invalid_argument(path + " is neither a checkpoint step directory (no manifest.json) nor a root with "
-                                "a committed step (no latest)");
-  return latest;
-}
 
 /// The run: the stored config, the caller's overrides, then what keeps it
 /// an evaluation writing only into `out`.
@@ -63,12 +54,7 @@ std::vector<std::string> overrides_for(const std::string& step, const std::strin
     o.push_back("data.blend=[]");
   }
   o.insert(o.end(), sets.begin(), sets.end());
-  for (const char* kv : {"checkpoint.interval=0", "metrics.jsonl=false", "metrics.prometheus.enabled=false",
-                         "run.report=false", "run.profile.enabled=false", "training.dump_grads_at_step=0",
-                         "training.dump_activations_steps=[]", "training.dump_routing_steps=[]"})
-    o.push_back(kv);
-  o.push_back("checkpoint.resume=" + step);
-  o.push_back("run.output_dir=" + out);
+  for (const auto& kv : hp::tools::checkpoint_run_overrides(step, out)) o.push_back(kv);
   return o;
 }
 
@@ -120,7 +106,7 @@ int run(int argc, char** argv) {
 
   std::string config_yaml;
   try {
-    step = step_dir_of(step);
+    step = hp::tools::checkpoint_step_dir(step);
     config_yaml = hp::ckpt::CheckpointReader(step).config_text();
     if (!config_file.empty()) {
       std::ifstream in(config_file);

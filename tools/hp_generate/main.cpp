@@ -33,6 +33,7 @@
 #include "hp/data/token_shards.h"
 #include "hp/data/tokenizer.h"
 #include "hp/data/tokens.h"
+#include "tools/checkpoint_run.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
@@ -50,15 +51,6 @@ std::string self_exe() {
   return ec ? std::string("hp-generate") : p.string();
 }
 
-std::string step_dir_of(const std::string& path) {
-  std::error_code ec;
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
-  const std::string latest = hp::ckpt::CheckpointReader::latest(path);
-  if (latest.empty())
-    throw std::invalid_argument(path + " is neither a checkpoint step directory (no manifest.json) nor a root with "
-                                "a committed step (no latest)");
-  return latest;
-}
 
 /// The tokenizer the run read its data with.
 std::unique_ptr<hp::Tokenizer> tokenizer_of(const hp::Config& c) {
@@ -194,7 +186,7 @@ int run(int argc, char** argv) {
         if (!line.empty()) job.prompts.push_back(line);
       if (job.prompts.empty()) throw std::invalid_argument("--prompts " + prompts_file + ": no prompt");
     }
-    step = step_dir_of(step);
+    step = hp::tools::checkpoint_step_dir(step);
     job.config_yaml = hp::ckpt::CheckpointReader(step).config_text();
     if (job.config_yaml.empty()) throw std::invalid_argument(step + " stores no config (an imported checkpoint)");
   } catch (const std::exception& e) {
@@ -211,12 +203,7 @@ int run(int argc, char** argv) {
   }
   fs::create_directories(job.out);
   job.overrides = sets;
-  for (const char* kv : {"checkpoint.interval=0", "metrics.jsonl=false", "metrics.prometheus.enabled=false",
-                         "run.report=false", "run.profile.enabled=false", "training.dump_grads_at_step=0",
-                         "training.dump_activations_steps=[]", "training.dump_routing_steps=[]"})
-    job.overrides.push_back(kv);
-  job.overrides.push_back("checkpoint.resume=" + fs::absolute(step).string());
-  job.overrides.push_back("run.output_dir=" + job.out);
+  for (const auto& kv : hp::tools::checkpoint_run_overrides(step, job.out)) job.overrides.push_back(kv);
 
   hp::dist::DistEnv env;
   try {

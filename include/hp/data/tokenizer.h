@@ -32,6 +32,10 @@ class Tokenizer {
   virtual std::int64_t vocab_size() const = 0;
   /// The token put between documents; -1 when the tokenizer has none (bytes).
   virtual std::int32_t eos_id() const = 0;
+  /// The special tokens (control and unknown pieces, a tokenizer.json's
+  /// special added tokens) by id; encode() never produces them from text
+  /// except the unknown piece.
+  virtual std::vector<std::pair<std::string, std::int32_t>> special_tokens() const = 0;
   /// "<kind>:<16 hex digits>": xxh64 of what defines the mapping (the file's
   /// bytes; for bytes a fixed name), equal for equal tokenizers.
   virtual std::string hash() const = 0;

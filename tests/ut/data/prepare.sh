@@ -54,6 +54,7 @@ printf '%s\n' '{"body": "first document", "id": 1}' '{"body": "second, with üñ
 grep -q "3 documents" "$W/jl.txt" || { cat "$W/jl.txt"; fail "jsonl document count"; }
 grep -q "second, with üñíçødé and 東京" "$W/jl.txt" || { cat "$W/jl.txt"; fail "jsonl decode"; }
 grep -q "end of document 1" "$W/jl.txt" || fail "eos id"
+grep -q "^special     <unk> 0, </s> 1" "$W/jl.txt" || { cat "$W/jl.txt"; fail "special tokens"; }
 printf '%s\n' '{"text": "no body"}' > "$W/bad.jsonl"
 if "$BIN/hp-data" prepare --input "$W/bad.jsonl" --tokenizer "$W/sp.model" --text-field body --out "$W/jb" > "$W/o" 2>&1; then
   fail "a JSON line without the field was accepted"

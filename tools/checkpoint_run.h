@@ -1,0 +1,41 @@
+#pragma once
+// What the tools that run a checkpoint's model (hp-eval, hp-generate) share:
+// finding the step, and the overrides that keep such a run from training,
+// saving or writing into the training run's directory.
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/reader.h"
+
+namespace hp::tools {
+
+/// A step directory (holding manifest.json), or a checkpoint root's latest
+/// committed step. Throws std::invalid_argument naming the path otherwise.
+inline std::string checkpoint_step_dir(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", ec)) return path;
+  const std::string latest = hp::ckpt::CheckpointReader::latest(path);
+  if (latest.empty())
+    throw std::invalid_argument(path + " is neither a checkpoint step directory (no manifest.json) nor a root with "
+                                "a committed step (no latest)");
+  return latest;
+}
+
+/// Appended after the user's overrides: resume from `step`, write into
+/// `out` only, no checkpoints, metrics files, pages, traces or dumps.
+inline std::vector<std::string> checkpoint_run_overrides(const std::string& step, const std::string& out) {
+  return {"checkpoint.interval=0",
+          "metrics.jsonl=false",
+          "metrics.prometheus.enabled=false",
+          "run.report=false",
+          "run.profile.enabled=false",
+          "training.dump_grads_at_step=0",
+          "training.dump_activations_steps=[]",
+          "training.dump_routing_steps=[]",
+          "checkpoint.resume=" + std::filesystem::absolute(step).string(),
+          "run.output_dir=" + out};
+}
+
+}  // namespace hp::tools
