@@ -150,7 +150,7 @@ int run(int argc, char** argv) {
   Job job;
   std::string step, prompt, prompts_file;
   int nproc = 0, threads_per_worker = 0;
-  bool greedy = false;
+  bool greedy = false, dry_run = false;
   std::vector<std::string> sets;
   app.add_option("step", step, "A checkpoint step directory, or a checkpoint root (its latest step)")->required();
   app.add_option("--prompt", prompt, "The prompt");
@@ -169,6 +169,8 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--set", sets, "Override a key, e.g. a layout: --set features.tensor_parallel.enabled=true");
   app.add_option("--out", job.out, "Directory of the run's files and generate.json (default: a new temporary one)");
+  app.add_flag("--dry-run", dry_run,
+               "Check the config, the tokenizer and the prompts, print the layout (the mesh) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -218,6 +220,7 @@ int run(int argc, char** argv) {
     hp::RawConfig raw = hp::RawConfig::parse_string(job.config_yaml, "checkpoint config.yaml");
     for (const auto& o : job.overrides) raw.apply_override(o);
     const hp::Setup setup = hp::prepare(raw, world);
+    if (dry_run) std::cout << setup.mesh.describe(false);
     // A missing tokenizer, and a prompt the model cannot hold, refused
     // before any process starts.
     const auto tok = tokenizer_of(setup.config);
@@ -237,6 +240,12 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hp-generate: %s\n", e.what());
     return hp::kConfigErrorExitCode;
+  }
+  if (dry_run) {
+    std::cout << "dry run: " << job.prompts.size() << " prompt" << (job.prompts.size() == 1 ? "" : "s")
+              << " fit model.seq_len; valid for " << world << " process" << (world == 1 ? "" : "es")
+              << "; nothing was started\n";
+    return 0;
   }
   if (nproc > 0 && !launched) {
     g_text_fd = ::dup(1);  // the forked workers inherit it; the launcher takes over their 1

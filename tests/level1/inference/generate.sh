@@ -53,6 +53,10 @@ for name in ["tp2", "pp2", "cp2", "dp2"]:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
+# --dry-run: the layout, nothing started.
+"$BIN/hp-generate" "$ck" --prompt "Unix" --dry-run --nproc 2 --set features.tensor_parallel.enabled=true \
+  --set features.tensor_parallel.size=2 > "$WORK/dry.out" 2>&1 || { cat "$WORK/dry.out"; fail "dry run"; }
+grep -q "tp=2" "$WORK/dry.out" && grep -q "nothing was started" "$WORK/dry.out" || { cat "$WORK/dry.out"; fail "dry run output"; }
 # A prompt too long for model.seq_len (48 bytes).
 out=$("$BIN/hp-generate" "$ck" --prompt "$(printf 'x%.0s' $(seq 60))" 2>&1); rc=$?
 [[ $rc -eq 2 && $(wc -l <<<"$out") -eq 1 ]] && grep -q "prompt 0 is 60 tokens; model.seq_len 48 holds at most 47" <<<"$out" \
