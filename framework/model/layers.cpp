@@ -23,7 +23,7 @@ void check_documents(const at::Tensor& documents, const at::Tensor& q) {
         std::to_string(documents.dim() > 1 ? documents.size(1) : 0) + "] but the attention holds [" +
         std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) +
         "] (samples, positions): data.document_attention does not support an attention module that gathers "
-        "other ranks' samples (tensor_parallel.attention_size above size)");
+        "other ranks' samples (a per-module degree above the residual stream's)");
   }
 }
 }  // namespace

@@ -2,8 +2,9 @@
 # A prepared corpus (data.type tokens: SentencePiece trained on a fortune
 # file, shards cut at every '%') against one process (docs/PARITY.md bars):
 # dp=2, tp=2 with sequence parallel, pp=2; the reference's step-10
-# checkpoint resumed at tp=2 reads the same next sequences (the step-12
-# batches compared token by token) and continues within the resume bar;
+# checkpoint resumed at the same layout bitwise (B2), and at tp=2 reading
+# the same next sequences (the step-12 batches compared token by token) and
+# continuing within the resume bar;
 # a blend of two corpora (weights 0.3 / 0.7) at dp=2 against one process.
 # With data.document_attention (attention inside each document): block
 # attention, cp=2 (ring attention), tp=2 with sequence parallel and pp=2
@@ -30,6 +31,7 @@ grep -q "vocab_size: 512" "$WORK/ref/config.yaml" 2> /dev/null || grep -rq "voca
 run dp2 2 "dp=2"
 run tp2 2 "dp=1 tp=2" $(tp 2) $(sp)
 run pp2 2 "pp=2 dp=1" $(pp 2)
+run refr 1 "" --set checkpoint.resume="$WORK/ref/checkpoints/step_00000010"
 run tp2r 2 "dp=1 tp=2" $(tp 2) $(sp) --set checkpoint.resume="$WORK/ref/checkpoints/step_00000010" \
   --set 'training.dump_activations_steps=[12]'
 blend=(--set "data.blend=[{path: $WORK/computers, weight: 0.3}, {path: $WORK/science, weight: 0.7}]")
@@ -48,6 +50,7 @@ parity ref dp2 "data parallel"
 parity ref tp2 "tensor x sequence parallel"
 parity ref pp2 "pipeline, 1f1b"
 resumed_within ref 11 tp2r
+resumed_bitwise ref refr 11
 # The step-12 batches (every rank's micro-batches, whole sequences) of the
 # reference and of the resumed tp=2 run: the same tokens and labels.
 python3 - "$WORK/ref" "$WORK/tp2r" <<'PY' || fail "the resumed run read other sequences"

@@ -57,6 +57,9 @@ PY
 "$BIN/hp-generate" "$ck" --prompt "Unix" --dry-run --nproc 2 --set features.tensor_parallel.enabled=true \
   --set features.tensor_parallel.size=2 > "$WORK/dry.out" 2>&1 || { cat "$WORK/dry.out"; fail "dry run"; }
 grep -q "tp=2" "$WORK/dry.out" && grep -q "nothing was started" "$WORK/dry.out" || { cat "$WORK/dry.out"; fail "dry run output"; }
+# Both --prompt and --prompts.
+out=$("$BIN/hp-generate" "$ck" --prompt "Unix" --prompts "$WORK/prompts.txt" 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q "give one of --prompt TEXT or --prompts FILE" <<<"$out" || fail "both prompt options: exit $rc: $out"
 # A prompt too long for model.seq_len (48 bytes).
 out=$("$BIN/hp-generate" "$ck" --prompt "$(printf 'x%.0s' $(seq 60))" 2>&1); rc=$?
 [[ $rc -eq 2 && $(wc -l <<<"$out") -eq 1 ]] && grep -q "prompt 0 is 60 tokens; model.seq_len 48 holds at most 47" <<<"$out" \

@@ -55,6 +55,22 @@ grep -q "3 documents" "$W/jl.txt" || { cat "$W/jl.txt"; fail "jsonl document cou
 grep -q "second, with üñíçødé and 東京" "$W/jl.txt" || { cat "$W/jl.txt"; fail "jsonl decode"; }
 grep -q "end of document 1" "$W/jl.txt" || fail "eos id"
 grep -q "^special     <unk> 0, </s> 1" "$W/jl.txt" || { cat "$W/jl.txt"; fail "special tokens"; }
+usage() {  # usage TEXT ARGS...: hp-data refuses (exit 2) with TEXT in one line
+  local text=$1 rc=0; shift
+  "$BIN/hp-data" "$@" > "$W/o" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || { cat "$W/o"; fail "expected exit 2, got $rc ($*)"; }
+  grep -qF -- "$text" "$W/o" && [ "$(wc -l < "$W/o")" -eq 1 ] || { cat "$W/o"; fail "the refusal lacks '$text'"; }
+  echo "ok: refused: $(cat "$W/o")"
+}
+usage "--input $W/nowhere: does not exist" prepare --input "$W/nowhere" --tokenizer bytes --out "$W/x1"
+usage "--shard-mb 0.000000: must be > 0" prepare --input "$IN" --tokenizer bytes --out "$W/x2" --shard-mb 0
+mkdir -p "$W/bin_only" && head -c 100 /dev/zero > "$W/bin_only/zeros"
+usage "--input: no text or JSON Lines files found" prepare --input "$W/bin_only" --tokenizer bytes --out "$W/x3"
+printf '%s\n' '{"text": "fine"}' 'not json' > "$W/notjson.jsonl"
+if "$BIN/hp-data" prepare --input "$W/notjson.jsonl" --tokenizer bytes --out "$W/x4" > "$W/o" 2>&1; then
+  fail "a line that is not JSON was accepted"
+fi
+grep -q "notjson.jsonl (line 2 after byte 0): not JSON" "$W/o" || { cat "$W/o"; fail "not-JSON refusal text"; }
 printf '%s\n' '{"text": "no body"}' > "$W/bad.jsonl"
 if "$BIN/hp-data" prepare --input "$W/bad.jsonl" --tokenizer "$W/sp.model" --text-field body --out "$W/jb" > "$W/o" 2>&1; then
   fail "a JSON line without the field was accepted"
@@ -89,6 +105,10 @@ refused "is not a prepared corpus: it has no manifest.json" --set data.path="$W"
 "$BIN/hp-data" prepare --input "$IN" --tokenizer bytes --split-on % --out "$W/bytes" > /dev/null 2>&1
 refused "was tokenized with bytes:" --set 'data.blend=[{path: '"$W/full"', weight: 1}, {path: '"$W/bytes"', weight: 1}]'
 refused "weight must be a finite number > 0" --set 'data.blend=[{path: '"$W/full"', weight: 0}]'
+refused "unknown key 'wieght' (path, weight)" --set 'data.blend=[{path: '"$W/full"', wieght: 1}]'
+refused "item 0 has no path" --set 'data.blend=[{weight: 1}]'
+cp -r "$W/full" "$W/v2" && sed -i 's/"version": 1/"version": 2/' "$W/v2/manifest.json"
+refused "version 2 is not the one this build reads (1)" --set data.path="$W/v2"
 refused "data.type text has no documents to keep attention inside" --set data.type=text --set data.document_attention=true
 refused "model 'mlp' has no attention" --set model.type=mlp --set data.document_attention=true
 echo PASS

@@ -104,6 +104,22 @@ import json, sys
 d = json.load(open(sys.argv[1])); d["model"]["merges"].append("zzzq qqqz"); json.dump(d, open(sys.argv[2], "w"))
 PY
 expect_fail "names a token not in the vocabulary" "$HP_DATA" encode --tokenizer "$W/badmerge.json" --text x
+$PY - "$W/gpt2.json" "$W" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def variant(name, f):
+    v = json.loads(json.dumps(d)); f(v); json.dump(v, open("%s/%s.json" % (sys.argv[2], name), "w"))
+variant("ws", lambda v: v.__setitem__("pre_tokenizer", {"type": "Whitespace"}))
+variant("removed", lambda v: v.__setitem__("pre_tokenizer", {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": " "}, "behavior": "Removed", "invert": False},
+    {"type": "ByteLevel", "use_regex": False}]}))
+variant("mergeform", lambda v: v["model"]["merges"].append("a b c"))
+PY
+expect_fail "pre_tokenizer 'Whitespace' is not supported" "$HP_DATA" encode --tokenizer "$W/ws.json" --text x
+expect_fail "behavior 'Removed' is not supported" "$HP_DATA" encode --tokenizer "$W/removed.json" --text x
+expect_fail "is not two tokens separated by one space" "$HP_DATA" encode --tokenizer "$W/mergeform.json" --text x
+expect_fail "SentencePiece training failed" "$HP_DATA" train-tokenizer --input "$W/corpus.txt" --vocab-size 8 \
+  --out "$W/tiny.model" --threads 1
 head -c 100 "$W/sp.model" > "$W/cut.model"
 expect_fail "not a SentencePiece model" "$HP_DATA" encode --tokenizer "$W/cut.model" --text x
 expect_fail "cannot be read" "$HP_DATA" encode --tokenizer "$W/none.model" --text x

@@ -215,6 +215,13 @@ TEST(DocumentAttention, EachDocumentAsIfAlone) {
 
 TEST(DocumentAttention, RefusesDocumentsOfOtherSamples) {
   auto x = torch::randn({2, 6, 1, 4});
-  EXPECT_THROW(hp::causal_attention(x, x, x, torch::zeros({1, 6}, torch::kLong)), std::invalid_argument);
+  try {
+    hp::causal_attention(x, x, x, torch::zeros({1, 6}, torch::kLong));
+    ADD_FAILURE() << "documents of 1 sample accepted for 2";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("documents are [1, 6] but the attention holds [2, 6]"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("gathers other ranks' samples"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(hp::block_causal_attention(x, x, x, 2, torch::zeros({2, 5}, torch::kLong)), std::invalid_argument);
 }
