@@ -2,6 +2,7 @@
 
 #include "hp/model/block_attention.h"
 #include "hp/model/dropout.h"
+#include "hp/model/kv_cache.h"
 #include "hp/model/moe.h"
 #include "hp/model/precision.h"
 #include "framework/model/tensor_dump.h"
@@ -69,8 +70,10 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, double theta
   // inv_freq_i = 1 / theta^(2i / d); angle = position x inv_freq, the
   // second half of the features repeating the first half's angles.
   const at::Tensor inv_freq = at::reciprocal(at::pow(theta, at::arange(0, d, 2, at::kFloat) / static_cast<double>(d)));
-  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, half]
-  const at::Tensor emb = at::cat({freqs, freqs}, -1).view({1, positions.size(0), 1, d});
+  // positions [T] (every sample alike) or [samples, T] (generation)
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [..., T, half]
+  const at::Tensor emb = positions.dim() == 1 ? at::cat({freqs, freqs}, -1).view({1, positions.size(0), 1, d})
+                                             : at::cat({freqs, freqs}, -1).unsqueeze(2);
   const at::Tensor cos = emb.cos(), sin = emb.sin();
   return precision::in_fp32(x, [&](const at::Tensor& xf) {
     const at::Tensor rot = at::cat({xf.narrow(-1, half, half).neg(), xf.narrow(-1, 0, half)}, -1);
@@ -150,7 +153,13 @@ class DensePositions : public Layer {
   at::Tensor forward(const at::Tensor& h) override {
     // Added in fp32 (one rounding, and the table's gradient, a sum over
     // the batch, in fp32), the result in h's type; no-op casts for fp32.
-    const at::Tensor w = layout_ ? take_pieces(weight_, 0, layout_->local_pieces(h.size(1))) : weight_.narrow(0, 0, h.size(1));
+    at::Tensor w;
+    if (const KvCache* cache = current_kv_cache()) {  // generation: each sample at its own positions
+      const at::Tensor pos = cache->positions(current_dropout_site().first_sample, h.size(0));
+      w = weight_.index_select(0, pos.reshape({-1})).view({h.size(0), h.size(1), weight_.size(1)});
+    } else {
+      w = layout_ ? take_pieces(weight_, 0, layout_->local_pieces(h.size(1))) : weight_.narrow(0, 0, h.size(1));
+    }
     return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });
   }
 
@@ -251,13 +260,23 @@ class HeadsAttention : public Layer {
       parts[0] = q_norm_->forward(parts[0]);
       parts[1] = k_norm_->forward(parts[1]);
     }
+    KvCache* cache = current_kv_cache();
+    const std::int64_t first_sample = current_dropout_site().first_sample;
     if (rope_theta_ > 0) {
       // By global position: under a sequence layout, those of the pieces
-      // this rank holds.
+      // this rank holds; in generation, each sample's own.
       const std::int64_t T = parts[0].size(1);
-      const at::Tensor pos = layout_ ? piece_positions(layout_->local_pieces(T)) : at::arange(T, at::kLong);
+      const at::Tensor pos = cache    ? cache->positions(first_sample, parts[0].size(0))
+                             : layout_ ? piece_positions(layout_->local_pieces(T))
+                                       : at::arange(T, at::kLong);
       parts[0] = rotary(parts[0], pos, rope_theta_);
       parts[1] = rotary(parts[1], pos, rope_theta_);
+    }
+    if (cache) {
+      // Generation: keep this forward's keys and values; a decode step
+      // attends over every position cached so far.
+      const KvCache::View kv = cache->store(this, first_sample, parts[1], parts[2]);
+      if (cache->decoding()) return proj_->forward(cached_attention(parts[0], kv));
     }
     // Grouped-query attention: every query head meets its key/value head.
     parts[1] = repeat_kv(parts[1], parts[0].size(2));

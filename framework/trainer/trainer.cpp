@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "hp/data/dataset.h"
 #include "hp/logging/logging.h"
 #include "hp/model/dropout.h"
+#include "hp/model/kv_cache.h"
 #include "hp/model/extensions.h"
 #include "hp/model/model.h"
 #include "hp/model/precision.h"
@@ -798,15 +800,43 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
   result.top2_gaps.resize(n);
   const SequenceLayout* layout = runtime_->model().sequence_layout() ? &*runtime_->model().sequence_layout() : nullptr;
   const std::shared_ptr<LossBlock> inner = model_.loss;
+  // The key/value cache: a prefill of the prompts (right-padded to the
+  // longest), then one position per sample per step. Under a sequence
+  // layout (context parallel) every step recomputes the whole context.
+  const bool use_cache = o.kv_cache && !layout;
+  if (o.kv_cache && layout && rank0())
+    log::logger()->info("generate: {} lays the sequence over ranks; no key/value cache (each step recomputes the "
+                        "context)", layout->owner);
+  KvCache cache(T, replica * per_rank);
+  std::optional<KvCacheScope> cache_scope;
+  if (use_cache) cache_scope.emplace(&cache);
+  std::int64_t longest = 0;
+  for (const auto& q : o.prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(q.size()));
+  const auto started = std::chrono::steady_clock::now();
   for (std::int64_t s = 0; s < o.max_new_tokens; ++s) {
     if (std::none_of(active.begin(), active.end(), [](bool a) { return a; })) break;
-    at::Tensor tokens = at::zeros({per_rank, T}, at::kLong), labels = at::zeros({per_rank, T}, at::kLong);
+    // This step's tokens: the whole context padded to model.seq_len (no
+    // cache), the prompts padded to the longest (prefill), or each sample's
+    // last token at its own position (decode).
+    const bool decode = use_cache && s > 0;
+    const std::int64_t width = !use_cache ? T : decode ? 1 : longest;
+    at::Tensor tokens = at::zeros({per_rank, width}, at::kLong), labels = at::zeros({per_rank, width}, at::kLong);
+    at::Tensor positions = at::zeros({per_rank, width}, at::kLong);
     std::vector<std::int64_t> want(static_cast<std::size_t>(per_rank));
     for (std::int64_t r = 0; r < per_rank; ++r) {
       const auto& q = seqs[static_cast<std::size_t>(replica * per_rank + r)];
-      for (std::size_t t = 0; t < q.size(); ++t) tokens[r][static_cast<std::int64_t>(t)] = q[t];
-      want[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(q.size()) - 1;
+      const auto len = static_cast<std::int64_t>(q.size());
+      if (decode) {
+        tokens[r][0] = q.back();
+        positions[r][0] = std::min(len - 1, T - 1);
+        want[static_cast<std::size_t>(r)] = 0;
+      } else {
+        for (std::int64_t t = 0; t < len; ++t) tokens[r][t] = q[static_cast<std::size_t>(t)];
+        positions[r] = at::arange(width, at::kLong);
+        want[static_cast<std::size_t>(r)] = len - 1;
+      }
     }
+    if (use_cache) cache.set_positions(positions, decode);
     std::shared_ptr<LogitsProbe> probe;
     if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, layout);
     StepWork work;
@@ -854,6 +884,19 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
       if (rank0() && o.on_token) o.on_token(g, tok);
       if (tok == o.stop_token || static_cast<std::int64_t>(seqs[g].size()) >= T) active[g] = false;
     }
+    const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (s == 0) result.prefill_seconds = at;
+    else ++result.decode_steps;
+    result.decode_seconds = at - result.prefill_seconds;
+  }
+  if (use_cache) {
+    result.kv_bytes = cache.bytes();
+    result.kv_bytes_per_token = cache.bytes_per_token();
+    const KvCache::Shape sh = cache.shape();
+    result.kv_layers = sh.layers;
+    result.kv_heads = sh.kv_heads;
+    result.kv_head_dim = sh.head_dim;
+    result.kv_element_bytes = sh.element_bytes;
   }
   ctx_->group("world").barrier();
   return result;

@@ -58,6 +58,9 @@ struct GenerateOptions {
   /// Tokens at or above this id are never chosen (the tokenizer's
   /// vocabulary inside a padded model vocabulary); 0: no limit.
   std::int64_t vocab_limit = 0;
+  /// Keys and values of the context cached (a prefill, then one position
+  /// per step); false: every step recomputes the whole context.
+  bool kv_cache = true;
   /// Called on rank 0 with (prompt, token) as each token is chosen.
   std::function<void(std::size_t, std::int64_t)> on_token;
 };
@@ -71,6 +74,15 @@ struct GenerateResult {
   /// The gap between the two most likely tokens' log-probabilities at each
   /// choice (where layouts may pick differently when it is within rounding).
   std::vector<std::vector<double>> top2_gaps;
+  /// Seconds of the first step (the prefill, with the cache) and of the
+  /// decode steps after it, on this rank.
+  double prefill_seconds = 0, decode_seconds = 0;
+  std::int64_t decode_steps = 0;
+  /// The key/value cache on this rank (zeros without it): its bytes, the
+  /// bytes one position of one sample takes, and that figure's terms
+  /// (layers x 2 x kv_heads x head_dim x element_bytes).
+  std::int64_t kv_bytes = 0, kv_bytes_per_token = 0;
+  std::int64_t kv_layers = 0, kv_heads = 0, kv_head_dim = 0, kv_element_bytes = 0;
 };
 
 class Trainer {
@@ -93,9 +105,11 @@ class Trainer {
   /// Throws std::runtime_error when no checkpoint is named.
   EvalResult evaluate();
   /// Loads the checkpoint `checkpoint.resume` names at this config's layout
-  /// and continues each prompt one token at a time: the whole context runs
-  /// through the model's forward at this layout (no cache yet), padded to
-  /// model.seq_len. Every rank returns the same tokens.
+  /// and continues each prompt one token at a time at this layout: a
+  /// prefill of the prompts, then one position per step over the cached
+  /// keys and values (GenerateOptions::kv_cache; without it, or under
+  /// context parallel, the whole context padded to model.seq_len runs each
+  /// step). Every rank returns the same tokens.
   GenerateResult generate(const GenerateOptions& options);
 
   const RawConfig& raw_config() const { return raw_; }

@@ -10,6 +10,7 @@
 #include "hp/comm/context.h"
 #include "hp/comm/group.h"
 #include "hp/model/dropout.h"
+#include "hp/model/kv_cache.h"
 #include "hp/model/moe.h"
 #include "hp/model/precision.h"
 #include "hp/config/config.h"
@@ -53,6 +54,10 @@ struct ModuleGroups {
   std::string inner_dim = kTp, outer_dim;
   bool sp = false;
 
+  /// Whether the stream is split along the sequence now: sequence parallel,
+  /// except in generation (a decode step holds one position per sample; the
+  /// key/value cache keeps whole sequences on every tp rank).
+  bool seq() const { return sp && !current_kv_cache(); }
   /// Split along tensor dimension `d` over the module's ranks: outer first,
   /// so member (inner i, outer o) holds piece o x T + i.
   dist::Placements split(int d) const {
@@ -62,14 +67,14 @@ struct ModuleGroups {
   /// Stream -> module input, whole on every module rank. Backward: the
   /// partial gradients summed over the module's ranks, each keeping its own.
   at::Tensor enter(const at::Tensor& x) const {
-    at::Tensor y = sp ? dist::all_gather_from_group(x, *inner, kSeqDim) : dist::copy_to_group(x, *inner);
+    at::Tensor y = seq() ? dist::all_gather_from_group(x, *inner, kSeqDim) : dist::copy_to_group(x, *inner);
     return outer ? dist::all_gather_from_group(y, *outer, 0) : y;
   }
   /// Module partial output -> stream: summed over the module's ranks, each
   /// keeping its own samples (and, under sequence parallel, its slice).
   at::Tensor leave(const at::Tensor& partial) const {
     at::Tensor y = outer ? dist::reduce_scatter_to_group(partial, *outer, 0) : partial;
-    return sp ? dist::reduce_scatter_to_group(y, *inner, kSeqDim) : dist::reduce_from_group(y, *inner);
+    return seq() ? dist::reduce_scatter_to_group(y, *inner, kSeqDim) : dist::reduce_from_group(y, *inner);
   }
   /// The rows of the outer neighbours too (no gradient: token ids, targets).
   at::Tensor gather_rows(const at::Tensor& t) const { return outer ? outer->all_gather(t.contiguous(), 0) : t; }
@@ -105,7 +110,7 @@ thread_local EnterCache t_enter;
 at::Tensor enter_once(const ModuleGroups& m, const at::Tensor& x) {
   EnterCache& c = t_enter;
   const bool grad = at::GradMode::is_enabled();
-  if (c.flat == m.flat && c.sp == m.sp && c.grad == grad && c.version == x._version()) {
+  if (c.flat == m.flat && c.sp == m.seq() && c.grad == grad && c.version == x._version()) {
     auto held = c.x.lock();
     if (held && held.get() == x.unsafeGetTensorImpl()) {
       auto y = c.y.lock();
@@ -113,7 +118,7 @@ at::Tensor enter_once(const ModuleGroups& m, const at::Tensor& x) {
     }
   }
   at::Tensor y = m.enter(x);
-  c = EnterCache{WeakTensor(x.getIntrusivePtr()), WeakTensor(y.getIntrusivePtr()), x._version(), m.flat, m.sp, grad};
+  c = EnterCache{WeakTensor(x.getIntrusivePtr()), WeakTensor(y.getIntrusivePtr()), x._version(), m.flat, m.seq(), grad};
   return y;
 }
 
@@ -180,7 +185,7 @@ class ColumnLinear : public Layer {
     if (!gather_) return y;
     y = dist::gather_from_group(y, *m_.inner, -1);
     // A full-width output under sequence parallel goes back to a sequence slice.
-    return m_.sp ? dist::scatter_to_group(y, *m_.inner, kSeqDim) : y;
+    return m_.seq() ? dist::scatter_to_group(y, *m_.inner, kSeqDim) : y;
   }
 
  private:
@@ -210,7 +215,7 @@ class RowLinear : public Layer {
       // A sequence slice with all features: gather the sequence, keep our
       // features. The gathered input's gradient is whole on every rank (the
       // feature scatter all-gathers it), so backward keeps our slice, no sum.
-      in = dist::scatter_to_group(m_.sp ? dist::gather_from_group(x, *m_.inner, kSeqDim) : x, *m_.inner, -1);
+      in = dist::scatter_to_group(m_.seq() ? dist::gather_from_group(x, *m_.inner, kSeqDim) : x, *m_.inner, -1);
     }
     // Sum the partial outputs (under sequence parallel keeping this rank's
     // slice of the sequence; all-gather of the gradient in backward).
@@ -289,6 +294,11 @@ class SequencePositions : public Layer {
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
+    if (const KvCache* cache = current_kv_cache()) {  // generation: whole sequences, each sample at its positions
+      const at::Tensor pos = cache->positions(current_dropout_site().first_sample, h.size(0));
+      const at::Tensor w = weight_.index_select(0, pos.reshape({-1})).view({h.size(0), len, weight_.size(1)});
+      return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });
+    }
     const at::Tensor w = layout_ ? take_pieces(weight_, 0, my_pieces(*layout_, g_, len)) : weight_.narrow(0, g_.rank() * len, len);
     // Added in fp32, the result in h's type (as the dense position table).
     return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });

@@ -108,12 +108,34 @@ int generate_here(Job& job) {
     hp::Trainer trainer(raw);
     const hp::GenerateResult r = trainer.generate(o);
     if (rank == 0) {
+      if (r.kv_bytes > 0) {
+        std::fprintf(stderr,
+                     "hp-generate: key/value cache on rank 0: %lld bytes per token (%lld layers x 2 x %lld kv heads x "
+                     "%lld head dim x %lld bytes), %.1f MiB\n",
+                     static_cast<long long>(r.kv_bytes_per_token), static_cast<long long>(r.kv_layers),
+                     static_cast<long long>(r.kv_heads), static_cast<long long>(r.kv_head_dim),
+                     static_cast<long long>(r.kv_element_bytes), static_cast<double>(r.kv_bytes) / (1 << 20));
+      }
+      if (r.decode_steps > 0) {
+        std::fprintf(stderr, "hp-generate: prefill %.3f s, %lld decode steps %.3f s (%.1f ms per step)\n",
+                     r.prefill_seconds, static_cast<long long>(r.decode_steps), r.decode_seconds,
+                     1e3 * r.decode_seconds / static_cast<double>(r.decode_steps));
+      }
       nlohmann::json j;
       j["step"] = r.step;
       j["prompts"] = job.prompts;
       j["tokens"] = r.tokens;
       j["log_probs"] = r.log_probs;
       j["top2_gaps"] = r.top2_gaps;
+      j["kv_cache"] = {{"bytes", r.kv_bytes},
+                       {"bytes_per_token", r.kv_bytes_per_token},
+                       {"layers", r.kv_layers},
+                       {"kv_heads", r.kv_heads},
+                       {"head_dim", r.kv_head_dim},
+                       {"element_bytes", r.kv_element_bytes}};
+      j["prefill_seconds"] = r.prefill_seconds;
+      j["decode_seconds"] = r.decode_seconds;
+      j["decode_steps"] = r.decode_steps;
       std::vector<std::string> texts;
       for (const auto& ids : r.tokens) {
         std::vector<std::int32_t> v(ids.begin(), ids.end());
@@ -164,6 +186,8 @@ int run(int argc, char** argv) {
   app.add_option("--top-p", job.options.top_p, "Sample within the smallest set of probability >= P")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", job.options.seed, "The sampling seed");
+  bool no_cache = false;
+  app.add_flag("--no-kv-cache", no_cache, "Recompute the whole context every step (no key/value cache)");
   app.add_option("--nproc", nproc, "Launch this many local processes")->check(CLI::PositiveNumber);
   app.add_option("--threads-per-worker", threads_per_worker, "With --nproc: intra-op threads of each process")
       ->check(CLI::PositiveNumber);
@@ -177,6 +201,7 @@ int run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
   }
   if (greedy) job.options.temperature = 0;
+  if (no_cache) job.options.kv_cache = false;
   try {
     if (prompt.empty() == prompts_file.empty()) throw std::invalid_argument("give one of --prompt TEXT or --prompts FILE");
     if (!prompt.empty()) {
