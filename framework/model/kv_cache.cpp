@@ -14,7 +14,12 @@ namespace hp {
 
 namespace {
 std::atomic<KvCache*> g_current{nullptr};
-}
+std::atomic<int> g_generating{0};
+}  // namespace
+
+bool generating() { return g_generating.load() > 0; }
+GenerationScope::GenerationScope() { ++g_generating; }
+GenerationScope::~GenerationScope() { --g_generating; }
 
 KvCache* current_kv_cache() { return g_current.load(); }
 

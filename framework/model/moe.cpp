@@ -1,4 +1,5 @@
 #include "hp/model/moe.h"
+#include "hp/model/kv_cache.h"
 #include "hp/model/precision.h"
 
 #include <ATen/ATen.h>
@@ -183,7 +184,7 @@ Routing route(const at::Tensor& logits, const at::Tensor& bias, const MoeOptions
   if (o.renormalize) w = w / w.sum(-1, true);
   const std::int64_t N = logits.size(0), k = o.top_k;
   r.kept = at::ones({N, k}, at::kBool);
-  if (o.capacity_factor > 0) {
+  if (o.capacity_factor > 0 && !generating()) {
     at::Tensor experts = r.experts, chosen = r.probs.detach().gather(1, r.experts);
     std::int64_t full = seq, n_full = N;
     if (layout) {

@@ -96,6 +96,9 @@ class TrainingRun {
   FitResult fit();
   EvalResult evaluate_checkpoint();
   GenerateResult generate(const GenerateOptions& o);
+  /// Generation on the model as it is (loaded or being trained).
+  GenerateResult generate_loaded(const GenerateOptions& o);
+  void check_prompts(const GenerateOptions& o) const;
   /// Writes this rank's flight record after a failure; logs where.
   void record_failure(const std::string& reason);
 
@@ -681,12 +684,13 @@ FitResult TrainingRun::fit() {
 }
 
 /// Stands in for the loss during generation: from the rows of the logits
-/// at the wanted global positions (one per sample), the log-probabilities
-/// over the whole vocabulary (a collective over a split vocabulary), kept
-/// for the samples whose position this rank holds.
+/// at the wanted global positions (any number per sample), the
+/// log-probabilities over the whole vocabulary (a collective over a split
+/// vocabulary), kept for the rows this rank holds.
 class LogitsProbe : public LossBlock {
  public:
-  LogitsProbe(std::shared_ptr<LossBlock> inner, std::vector<std::int64_t> want, const SequenceLayout* layout)
+  LogitsProbe(std::shared_ptr<LossBlock> inner, std::vector<std::vector<std::int64_t>> want,
+              const SequenceLayout* layout)
       : inner_(std::move(inner)), want_(std::move(want)), layout_(layout) {}
   LossOutput forward(const Activations& out, const Activations& targets) override {
     (void)targets;
@@ -697,29 +701,35 @@ class LogitsProbe : public LossBlock {
                                   std::to_string(want_.size()));
     const at::Tensor pos = layout_ ? piece_positions(layout_->local_pieces(T)) : at::arange(T, at::kLong);
     const auto* p = pos.data_ptr<std::int64_t>();
-    std::vector<std::int64_t> local(static_cast<std::size_t>(B), 0);
-    held_.assign(static_cast<std::size_t>(B), false);
+    std::map<std::int64_t, std::int64_t> local;  // global position -> local
+    for (std::int64_t t = 0; t < T; ++t) local[p[t]] = t;
+    std::vector<std::int64_t> flat;
+    rows_.assign(static_cast<std::size_t>(B), {});
     for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t t = 0; t < T; ++t) {
-        if (p[t] == want_[static_cast<std::size_t>(b)]) {
-          local[static_cast<std::size_t>(b)] = t;
-          held_[static_cast<std::size_t>(b)] = true;
-        }
+      for (const std::int64_t w : want_[static_cast<std::size_t>(b)]) {
+        const auto it = local.find(w);
+        rows_[static_cast<std::size_t>(b)].push_back(it == local.end() ? -1 : static_cast<std::int64_t>(flat.size()));
+        if (it != local.end()) flat.push_back(b * T + it->second);
       }
     }
-    const at::Tensor index = at::tensor(local, at::kLong);
-    const at::Tensor rows = z.detach().gather(1, index.view({B, 1, 1}).expand({B, 1, z.size(2)})).squeeze(1);
-    log_probs_ = inner_->log_probs(rows);  // [samples, vocabulary]
+    // Every rank of a split vocabulary takes part in the collective, even
+    // with no row of its own.
+    const at::Tensor rows = z.detach().reshape({B * T, z.size(2)}).index_select(0, at::tensor(flat, at::kLong));
+    log_probs_ = inner_->log_probs(rows);  // [rows, vocabulary]
     return {at::zeros({}, at::kFloat), 0};
   }
-  const at::Tensor& log_probs() const { return log_probs_; }
-  bool held(std::size_t b) const { return b < held_.size() && held_[b]; }
+  /// The log-probabilities of the j-th wanted position of sample b, or an
+  /// undefined tensor when this rank does not hold it.
+  at::Tensor row(std::size_t b, std::size_t j) const {
+    if (b >= rows_.size() || j >= rows_[b].size() || rows_[b][j] < 0) return {};
+    return log_probs_[rows_[b][j]];
+  }
 
  private:
   std::shared_ptr<LossBlock> inner_;
-  std::vector<std::int64_t> want_;
+  std::vector<std::vector<std::int64_t>> want_;
   const SequenceLayout* layout_;
-  std::vector<bool> held_;
+  std::vector<std::vector<std::int64_t>> rows_;
   at::Tensor log_probs_;
 };
 
@@ -765,10 +775,17 @@ std::int64_t pick_token(const at::Tensor& lp_in, const GenerateOptions& o, std::
 GenerateResult TrainingRun::generate(const GenerateOptions& o) {
   if (ckpt_.resume_dir().empty())
     throw std::runtime_error("generate: no checkpoint (checkpoint.resume names none, or the root has no committed step)");
+  check_prompts(o);
+  setup_process();
+  setup_model();
+  resume();
+  return generate_loaded(o);
+}
+
+void TrainingRun::check_prompts(const GenerateOptions& o) const {
   const std::int64_t T = train_.seq_len;
-  const std::size_t n = o.prompts.size();
-  if (n == 0) throw std::invalid_argument("generate: no prompt");
-  for (std::size_t g = 0; g < n; ++g) {
+  if (o.prompts.empty()) throw std::invalid_argument("generate: no prompt");
+  for (std::size_t g = 0; g < o.prompts.size(); ++g) {
     const auto len = static_cast<std::int64_t>(o.prompts[g].size());
     if (len == 0) throw std::invalid_argument("generate: prompt " + std::to_string(g) + " is empty");
     if (len >= T)
@@ -776,12 +793,19 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
                                   " tokens; model.seq_len " + std::to_string(T) + " leaves room for at most " +
                                   std::to_string(T - 1));
   }
-  setup_process();
-  setup_model();
-  resume();
+}
+
+GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
+  const std::int64_t T = train_.seq_len;
+  const std::size_t n = o.prompts.size();
   if (model_.loss && model_.loss->logits_name().empty())
     throw std::invalid_argument("generate: model '" + desc_.name + "' predicts no tokens");
-  for (auto& b : model_.blocks) b->eval();
+  GenerationScope generating;
+  std::vector<bool> was_training;
+  for (auto& b : model_.blocks) {
+    was_training.push_back(b->is_training());
+    b->eval();
+  }
   {
     std::map<std::string, double> figures;
     StepContext hc = context(start_, 0.0, &figures);
@@ -789,9 +813,10 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
   }
   const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
   const std::int64_t per_rank = (static_cast<std::int64_t>(n) + replicas - 1) / replicas;
-  const std::int64_t total = per_rank * replicas;
+  const std::int64_t total = per_rank * replicas, first = replica * per_rank;
   std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(total));
-  for (std::int64_t g = 0; g < total; ++g) seqs[static_cast<std::size_t>(g)] = o.prompts[static_cast<std::size_t>(g) < n ? static_cast<std::size_t>(g) : 0];
+  for (std::int64_t g = 0; g < total; ++g)
+    seqs[static_cast<std::size_t>(g)] = o.prompts[static_cast<std::size_t>(g) < n ? static_cast<std::size_t>(g) : 0];
   std::vector<bool> active(n, true);
   GenerateResult result;
   result.step = start_;
@@ -800,6 +825,30 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
   result.top2_gaps.resize(n);
   const SequenceLayout* layout = runtime_->model().sequence_layout() ? &*runtime_->model().sequence_layout() : nullptr;
   const std::shared_ptr<LossBlock> inner = model_.loss;
+  // One forward of `tokens` ([per_rank, width]) at this layout, the loss
+  // replaced by a probe of the rows at `want` (global positions per sample).
+  auto forward = [&](const at::Tensor& tokens, const std::vector<std::vector<std::int64_t>>& want) {
+    const at::Tensor labels = at::zeros_like(tokens);
+    std::shared_ptr<LogitsProbe> probe;
+    if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, layout);
+    StepWork work;
+    work.micro_batches = 1;
+    work.backward = false;
+    work.step = 0;
+    work.first_sample = [&](std::int64_t) { return first; };
+    work.batch = [&](std::int64_t) {
+      return local_positions(Batch{make_activations({{"tokens", tokens}}), make_activations({{"labels", labels}})});
+    };
+    reducer_->begin_step(1);
+    try {
+      executor_->run(model_, work);
+    } catch (...) {
+      model_.loss = inner;
+      throw;
+    }
+    model_.loss = inner;
+    return probe;
+  };
   // The key/value cache: a prefill of the prompts (right-padded to the
   // longest), then one position per sample per step. Under a sequence
   // layout (context parallel) every step recomputes the whole context.
@@ -807,7 +856,7 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
   if (o.kv_cache && layout && rank0())
     log::logger()->info("generate: {} lays the sequence over ranks; no key/value cache (each step recomputes the "
                         "context)", layout->owner);
-  KvCache cache(T, replica * per_rank);
+  KvCache cache(T, first);
   std::optional<KvCacheScope> cache_scope;
   if (use_cache) cache_scope.emplace(&cache);
   std::int64_t longest = 0;
@@ -820,55 +869,35 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
     // last token at its own position (decode).
     const bool decode = use_cache && s > 0;
     const std::int64_t width = !use_cache ? T : decode ? 1 : longest;
-    at::Tensor tokens = at::zeros({per_rank, width}, at::kLong), labels = at::zeros({per_rank, width}, at::kLong);
-    at::Tensor positions = at::zeros({per_rank, width}, at::kLong);
-    std::vector<std::int64_t> want(static_cast<std::size_t>(per_rank));
+    at::Tensor tokens = at::zeros({per_rank, width}, at::kLong), positions = at::zeros({per_rank, width}, at::kLong);
+    std::vector<std::vector<std::int64_t>> want(static_cast<std::size_t>(per_rank));
     for (std::int64_t r = 0; r < per_rank; ++r) {
-      const auto& q = seqs[static_cast<std::size_t>(replica * per_rank + r)];
+      const auto& q = seqs[static_cast<std::size_t>(first + r)];
       const auto len = static_cast<std::int64_t>(q.size());
       if (decode) {
         tokens[r][0] = q.back();
         positions[r][0] = std::min(len - 1, T - 1);
-        want[static_cast<std::size_t>(r)] = 0;
+        want[static_cast<std::size_t>(r)] = {0};
       } else {
         for (std::int64_t t = 0; t < len; ++t) tokens[r][t] = q[static_cast<std::size_t>(t)];
         positions[r] = at::arange(width, at::kLong);
-        want[static_cast<std::size_t>(r)] = len - 1;
+        want[static_cast<std::size_t>(r)] = {len - 1};
       }
     }
     if (use_cache) cache.set_positions(positions, decode);
-    std::shared_ptr<LogitsProbe> probe;
-    if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, layout);
-    StepWork work;
-    work.micro_batches = 1;
-    work.backward = false;
-    work.step = 0;
-    work.first_sample = [&](std::int64_t) { return replica * per_rank; };
-    work.batch = [&](std::int64_t) {
-      return local_positions(Batch{make_activations({{"tokens", tokens}}), make_activations({{"labels", labels}})});
-    };
-    reducer_->begin_step(1);
-    try {
-      executor_->run(model_, work);
-    } catch (...) {
-      model_.loss = inner;
-      throw;
-    }
-    model_.loss = inner;
+    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want);
     at::Tensor chosen = at::full({total}, -1.0, at::kDouble);
     at::Tensor chosen_lp = at::full({total}, -std::numeric_limits<double>::infinity(), at::kDouble);
     at::Tensor gap = at::full({total}, -1.0, at::kDouble);
-    if (probe && probe->log_probs().defined()) {
-      for (std::int64_t r = 0; r < per_rank; ++r) {
-        const std::size_t g = static_cast<std::size_t>(replica * per_rank + r);
-        if (g >= n || !active[g] || !probe->held(static_cast<std::size_t>(r))) continue;
-        const at::Tensor lp = probe->log_probs()[r];
-        const std::int64_t tok = pick_token(lp, o, g, s);
-        chosen[static_cast<std::int64_t>(g)] = static_cast<double>(tok);
-        chosen_lp[static_cast<std::int64_t>(g)] = lp[tok].item<double>();
-        const auto top2 = std::get<0>(lp.to(at::kDouble).topk(2));
-        gap[static_cast<std::int64_t>(g)] = (top2[0] - top2[1]).item<double>();
-      }
+    for (std::int64_t r = 0; probe && r < per_rank; ++r) {
+      const std::size_t g = static_cast<std::size_t>(first + r);
+      const at::Tensor lp = probe->row(static_cast<std::size_t>(r), 0);
+      if (g >= n || !active[g] || !lp.defined()) continue;
+      const std::int64_t tok = pick_token(lp, o, g, s);
+      chosen[static_cast<std::int64_t>(g)] = static_cast<double>(tok);
+      chosen_lp[static_cast<std::int64_t>(g)] = lp[tok].item<double>();
+      const auto top2 = std::get<0>(lp.to(at::kDouble).topk(2));
+      gap[static_cast<std::int64_t>(g)] = (top2[0] - top2[1]).item<double>();
     }
     ctx_->group("world").all_reduce(chosen, dist::ReduceKind::kMax);
     ctx_->group("world").all_reduce(chosen_lp, dist::ReduceKind::kMax);
@@ -885,8 +914,11 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
       if (tok == o.stop_token || static_cast<std::int64_t>(seqs[g].size()) >= T) active[g] = false;
     }
     const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (s == 0) result.prefill_seconds = at;
-    else ++result.decode_steps;
+    if (s == 0) {
+      result.prefill_seconds = at;
+    } else {
+      ++result.decode_steps;
+    }
     result.decode_seconds = at - result.prefill_seconds;
   }
   if (use_cache) {
@@ -897,6 +929,41 @@ GenerateResult TrainingRun::generate(const GenerateOptions& o) {
     result.kv_heads = sh.kv_heads;
     result.kv_head_dim = sh.head_dim;
     result.kv_element_bytes = sh.element_bytes;
+  }
+  cache_scope.reset();
+  if (o.teacher_forcing) {
+    // The trainer's forward over each whole sequence (prompt and generated
+    // tokens, padded to model.seq_len, no cache): the log-probability of
+    // every generated token given all before it, summed per prompt.
+    at::Tensor tokens = at::zeros({per_rank, T}, at::kLong);
+    std::vector<std::vector<std::int64_t>> want(static_cast<std::size_t>(per_rank));
+    for (std::int64_t r = 0; r < per_rank; ++r) {
+      const std::size_t g = static_cast<std::size_t>(first + r);
+      const auto& q = seqs[g];
+      for (std::size_t t = 0; t < q.size(); ++t) tokens[r][static_cast<std::int64_t>(t)] = q[t];
+      const std::size_t made = g < n ? result.tokens[g].size() : 0;
+      for (std::size_t j = 0; j < made; ++j) want[static_cast<std::size_t>(r)].push_back(static_cast<std::int64_t>(q.size() - made + j) - 1);
+    }
+    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want);
+    const std::int64_t most = o.max_new_tokens;
+    at::Tensor lp_at = at::full({total, std::max<std::int64_t>(most, 1)}, -std::numeric_limits<double>::infinity(), at::kDouble);
+    for (std::int64_t r = 0; probe && r < per_rank; ++r) {
+      const std::size_t g = static_cast<std::size_t>(first + r);
+      if (g >= n) continue;
+      for (std::size_t j = 0; j < result.tokens[g].size(); ++j) {
+        const at::Tensor lp = probe->row(static_cast<std::size_t>(r), j);
+        if (lp.defined()) lp_at[static_cast<std::int64_t>(g)][static_cast<std::int64_t>(j)] = lp[result.tokens[g][j]].item<double>();
+      }
+    }
+    ctx_->group("world").all_reduce(lp_at, dist::ReduceKind::kMax);
+    result.teacher_forced.assign(n, 0.0);
+    for (std::size_t g = 0; g < n; ++g) {
+      for (std::size_t j = 0; j < result.tokens[g].size(); ++j)
+        result.teacher_forced[g] += lp_at[static_cast<std::int64_t>(g)][static_cast<std::int64_t>(j)].item<double>();
+    }
+  }
+  for (std::size_t i = 0; i < model_.blocks.size(); ++i) {
+    if (was_training[i]) model_.blocks[i]->train();
   }
   ctx_->group("world").barrier();
   return result;

@@ -61,6 +61,9 @@ struct GenerateOptions {
   /// Keys and values of the context cached (a prefill, then one position
   /// per step); false: every step recomputes the whole context.
   bool kv_cache = true;
+  /// After generating, score each whole sequence with the trainer's
+  /// forward (no cache, padded to model.seq_len): GenerateResult::teacher_forced.
+  bool teacher_forcing = false;
   /// Called on rank 0 with (prompt, token) as each token is chosen.
   std::function<void(std::size_t, std::int64_t)> on_token;
 };
@@ -83,6 +86,10 @@ struct GenerateResult {
   /// (layers x 2 x kv_heads x head_dim x element_bytes).
   std::int64_t kv_bytes = 0, kv_bytes_per_token = 0;
   std::int64_t kv_layers = 0, kv_heads = 0, kv_head_dim = 0, kv_element_bytes = 0;
+  /// With GenerateOptions::teacher_forcing: per prompt, the sum of the
+  /// generated tokens' log-probabilities computed by one forward over the
+  /// whole sequence (equal to the sum of log_probs up to rounding).
+  std::vector<double> teacher_forced;
 };
 
 class Trainer {

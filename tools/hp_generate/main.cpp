@@ -133,6 +133,7 @@ int generate_here(Job& job) {
                        {"kv_heads", r.kv_heads},
                        {"head_dim", r.kv_head_dim},
                        {"element_bytes", r.kv_element_bytes}};
+      if (!r.teacher_forced.empty()) j["teacher_forced"] = r.teacher_forced;
       j["prefill_seconds"] = r.prefill_seconds;
       j["decode_seconds"] = r.decode_seconds;
       j["decode_steps"] = r.decode_steps;
@@ -188,6 +189,8 @@ int run(int argc, char** argv) {
   app.add_option("--seed", job.options.seed, "The sampling seed");
   bool no_cache = false;
   app.add_flag("--no-kv-cache", no_cache, "Recompute the whole context every step (no key/value cache)");
+  app.add_flag("--teacher-forcing", job.options.teacher_forcing,
+               "Also score each generated sequence with one forward over it (generate.json: teacher_forced)");
   app.add_option("--nproc", nproc, "Launch this many local processes")->check(CLI::PositiveNumber);
   app.add_option("--threads-per-worker", threads_per_worker, "With --nproc: intra-op threads of each process")
       ->check(CLI::PositiveNumber);

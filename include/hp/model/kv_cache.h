@@ -67,6 +67,20 @@ class KvCache {
   std::map<std::pair<const void*, std::int64_t>, Entry> entries_;
 };
 
+/// Whether this process is generating (a GenerationScope is alive): MoE
+/// routing is then dropless whatever model.moe.capacity_factor says, as
+/// inference engines route (capacity ranks a whole training sequence, which
+/// a prompt being continued is not).
+bool generating();
+
+class GenerationScope {
+ public:
+  GenerationScope();
+  ~GenerationScope();
+  GenerationScope(const GenerationScope&) = delete;
+  GenerationScope& operator=(const GenerationScope&) = delete;
+};
+
 /// The cache of the generation in progress on this process (null: none).
 KvCache* current_kv_cache();
 

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # hp-generate: greedy continuations of two prompts of different lengths from
-# a byte-level GPT trained 20 steps on a fortune file, at one process and at
-# tp=2 with sequence parallel, pp=2, cp=2 and dp=2 (one prompt per replica):
-# the same tokens, or the first difference where the one-process top-2
-# log-probability gap is within 1e-4 (reported); each chosen token's
-# log-probability within 1e-5 of one process's. Standard output holds only
+# a byte-level GPT trained 80 steps on a fortune file, at one process with
+# the key/value cache and without it, and at tp=2 with sequence parallel,
+# pp=2, cp=2 (no cache: the sequence is split) and dp=2 (one prompt per
+# replica); then a Llama MoE (grouped-query attention, rotary positions) at
+# one process, ep=2 and experts over tp=2: the same tokens, or the first
+# difference where the one-process top-2 log-probability gap is within 1e-4
+# (reported); each chosen token's log-probability within 1e-5 of one
+# process's. The sum of the generated log-probabilities equals one
+# teacher-forced forward's within 1e-6 relative; the cache's bytes per
+# token on rank 0 equal layers x 2 x kv heads x head dim x 4 of the layout. Standard output holds only
 # the text (no rank prefix under --nproc). Refused before start (exit 2,
 # one line): a prompt longer than model.seq_len allows; a token corpus whose
 # tokenizer file is gone.
@@ -24,7 +29,8 @@ gen() {  # gen NAME ARGS...
     > "$WORK/$name.out" 2> "$WORK/$name.err" || { tail "$WORK/$name.err"; fail "hp-generate $name ($*)"; }
   echo "-- $name: $(head -c 120 "$WORK/$name.out" | tr '\n' '|')"
 }
-gen one
+gen one --teacher-forcing
+gen nocache --no-kv-cache --teacher-forcing
 gen tp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
   --set features.tensor_parallel.sequence_parallel=true
 gen pp2 --nproc 2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
@@ -32,13 +38,27 @@ gen cp2 --nproc 2 --set features.context_parallel.enabled=true --set features.co
 gen dp2 --nproc 2
 grep -q '\[rank' "$WORK"/*.out && fail "a rank prefix on standard output"
 [[ $(wc -l < "$WORK/tp2.out") -eq 2 ]] || fail "tp2: standard output is not the two continuations"
-python3 - "$WORK" <<'PY' || fail "the layouts generated other tokens"
+cat > "$WORK/compare.py" <<'PY'
 import json, sys
-w = sys.argv[1]
-ref = json.load(open(w + "/one/generate.json"))
+w, ref_name, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+formula = dict(x.split("=") for x in sys.argv[4].split(","))  # run name -> bytes per token on rank 0
+ref = json.load(open("%s/%s/generate.json" % (w, ref_name)))
 assert all(len(t) == 24 for t in ref["tokens"]), "one process: not 24 tokens each"
 bad = 0
-for name in ["tp2", "pp2", "cp2", "dp2"]:
+for name in [ref_name] + names:
+    run = json.load(open("%s/%s/generate.json" % (w, name)))
+    kv = run["kv_cache"]
+    want = int(formula.get(name, 0))
+    print("%s: cache %d bytes per token (%d layers x 2 x %d kv heads x %d x %d bytes), formula %d" % (
+        name, kv["bytes_per_token"], kv["layers"], kv["kv_heads"], kv["head_dim"], kv["element_bytes"], want))
+    if kv["bytes_per_token"] != want or kv["bytes_per_token"] != kv["layers"] * 2 * kv["kv_heads"] * kv["head_dim"] * kv["element_bytes"]:
+        bad += 1
+    for p, tf in enumerate(run.get("teacher_forced", [])):
+        gen = sum(run["log_probs"][p])
+        rel = abs(tf - gen) / max(abs(gen), 1e-12)
+        print("%s prompt %d: generated log-probabilities sum %.9f, teacher-forced %.9f (relative %.1e)" % (name, p, gen, tf, rel))
+        bad += rel > 1e-6
+for name in names:
     run = json.load(open("%s/%s/generate.json" % (w, name)))
     for p, (a, b) in enumerate(zip(ref["tokens"], run["tokens"])):
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -53,6 +73,25 @@ for name in ["tp2", "pp2", "cp2", "dp2"]:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
+python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2 one=1024,tp2=512,pp2=512,cp2=0,dp2=1024,nocache=0 \
+  || fail "the GPT's layouts generated other tokens"
+# A Llama MoE: grouped-query attention (4 heads, 2 kv heads) with rotary positions, 4 experts.
+cat > "$WORK/llama.yaml" <<'YAML'
+run: {seed: 7}
+model: {type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 96, seq_len: 48, vocab_size: 256,
+        moe: {num_experts: 4, top_k: 2, ffn_hidden: 32}}
+data: {type: text, path: /usr/share/games/fortunes/computers}
+training: {max_steps: 60, global_batch_size: 8, micro_batch_size: 4, log_interval: 20, eval_interval: 0}
+optimizer: {type: adamw, lr: 0.003, warmup_steps: 2, grad_clip: 1.0}
+checkpoint: {interval: 60}
+YAML
+"$BIN/hp-train" "$WORK/llama.yaml" --set run.output_dir="$WORK/lref" > "$WORK/lref.log" 2>&1 || { tail "$WORK/lref.log"; fail "training the Llama MoE"; }
+ck="$WORK/lref/checkpoints"
+gen lone --teacher-forcing
+gen lep2 --nproc 2 --teacher-forcing --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
+gen ltp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+python3 "$WORK/compare.py" "$WORK" lone lep2,ltp2 lone=512,lep2=512,ltp2=256 || fail "the Llama MoE's layouts generated other tokens"
+ck="$WORK/ref/checkpoints"
 # --dry-run: the layout, nothing started.
 "$BIN/hp-generate" "$ck" --prompt "Unix" --dry-run --nproc 2 --set features.tensor_parallel.enabled=true \
   --set features.tensor_parallel.size=2 > "$WORK/dry.out" 2>&1 || { cat "$WORK/dry.out"; fail "dry run"; }
