@@ -861,7 +861,14 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
   if (use_cache) cache_scope.emplace(&cache);
   std::int64_t longest = 0;
   for (const auto& q : o.prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(q.size()));
+  auto bytes_sent = [&] {  // by this rank, over every group (the generator's own token exchange included)
+    std::uint64_t b = 0;
+    for (const auto& [name, g] : ctx_->groups())
+      for (const auto& [op, st] : g->stats()) b += st.bytes;
+    return b;
+  };
   const auto started = std::chrono::steady_clock::now();
+  std::uint64_t bytes_after_prefill = 0;
   for (std::int64_t s = 0; s < o.max_new_tokens; ++s) {
     if (std::none_of(active.begin(), active.end(), [](bool a) { return a; })) break;
     // This step's tokens: the whole context padded to model.seq_len (no
@@ -916,10 +923,12 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
     const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (s == 0) {
       result.prefill_seconds = at;
+      bytes_after_prefill = bytes_sent();
     } else {
       ++result.decode_steps;
     }
     result.decode_seconds = at - result.prefill_seconds;
+    result.decode_bytes = bytes_sent() - bytes_after_prefill;
   }
   if (use_cache) {
     result.kv_bytes = cache.bytes();

@@ -81,6 +81,8 @@ struct GenerateResult {
   /// decode steps after it, on this rank.
   double prefill_seconds = 0, decode_seconds = 0;
   std::int64_t decode_steps = 0;
+  /// Bytes this rank sent over every group during the decode steps.
+  std::uint64_t decode_bytes = 0;
   /// The key/value cache on this rank (zeros without it): its bytes, the
   /// bytes one position of one sample takes, and that figure's terms
   /// (layers x 2 x kv_heads x head_dim x element_bytes).

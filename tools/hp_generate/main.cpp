@@ -117,9 +117,12 @@ int generate_here(Job& job) {
                      static_cast<long long>(r.kv_element_bytes), static_cast<double>(r.kv_bytes) / (1 << 20));
       }
       if (r.decode_steps > 0) {
-        std::fprintf(stderr, "hp-generate: prefill %.3f s, %lld decode steps %.3f s (%.1f ms per step)\n",
+        std::fprintf(stderr,
+                     "hp-generate: prefill %.3f s, %lld decode steps %.3f s (%.1f ms per step, %.0f bytes sent per "
+                     "step by rank 0)\n",
                      r.prefill_seconds, static_cast<long long>(r.decode_steps), r.decode_seconds,
-                     1e3 * r.decode_seconds / static_cast<double>(r.decode_steps));
+                     1e3 * r.decode_seconds / static_cast<double>(r.decode_steps),
+                     static_cast<double>(r.decode_bytes) / static_cast<double>(r.decode_steps));
       }
       nlohmann::json j;
       j["step"] = r.step;
@@ -137,6 +140,7 @@ int generate_here(Job& job) {
       j["prefill_seconds"] = r.prefill_seconds;
       j["decode_seconds"] = r.decode_seconds;
       j["decode_steps"] = r.decode_steps;
+      j["decode_bytes"] = r.decode_bytes;
       std::vector<std::string> texts;
       for (const auto& ids : r.tokens) {
         std::vector<std::int32_t> v(ids.begin(), ids.end());
