@@ -39,8 +39,13 @@ void KvCache::set_positions(at::Tensor positions, bool decoding) {
 at::Tensor KvCache::positions(std::int64_t first_sample, std::int64_t samples) const {
   const std::int64_t row = first_sample - first_sample_;
   if (!positions_.defined() || row < 0 || row + samples > positions_.size(0))
-    throw std::invalid_argument("kv cache: samples [" + std::to_string(first_sample) + ", " +
-                                std::to_string(first_sample + samples) + ") are not this rank's generation batch");
+    throw std::invalid_argument("generation: an attention layer holds samples [" + std::to_string(first_sample) + ", " +
+                                std::to_string(first_sample + samples) + ") but this rank generates " +
+                                std::to_string(positions_.defined() ? positions_.size(0) : 0) + " from " +
+                                std::to_string(first_sample_) +
+                                ": the key/value cache does not hold other ranks' requests (an attention module at a "
+                                "per-module degree above the residual stream's gathers them); run attention at the "
+                                "stream's degree, or generate without the cache");
   return positions_.narrow(0, row, samples);
 }
 

@@ -182,6 +182,7 @@ class CrossEntropyBlock : public LossBlock {
   }
   std::string logits_name() const override { return "logits"; }
   at::Tensor log_probs(const at::Tensor& rows) override { return loss_->log_probs(rows); }
+  at::Tensor gather_samples(const at::Tensor& t) override { return loss_->gather_samples(t); }
 
  private:
   std::shared_ptr<LossLayer> loss_;

@@ -689,48 +689,74 @@ FitResult TrainingRun::fit() {
 /// vocabulary), kept for the rows this rank holds.
 class LogitsProbe : public LossBlock {
  public:
-  LogitsProbe(std::shared_ptr<LossBlock> inner, std::vector<std::vector<std::int64_t>> want,
-              const SequenceLayout* layout)
-      : inner_(std::move(inner)), want_(std::move(want)), layout_(layout) {}
+  /// `want`: per sample of this rank, from global sample `first` on, the
+  /// global positions wanted; micro-batches of `micro` samples.
+  LogitsProbe(std::shared_ptr<LossBlock> inner, std::vector<std::vector<std::int64_t>> want, std::int64_t first,
+              std::int64_t micro, const SequenceLayout* layout)
+      : inner_(std::move(inner)), want_(std::move(want)), first_(first), micro_(micro), layout_(layout) {}
   LossOutput forward(const Activations& out, const Activations& targets) override {
     (void)targets;
     const at::Tensor& z = out[inner_->logits_name()];  // [samples, local positions, local vocabulary]
-    const std::int64_t B = z.size(0), T = z.size(1);
-    if (B != static_cast<std::int64_t>(want_.size()))
-      throw std::invalid_argument("generation: the logits hold " + std::to_string(B) + " samples, the step " +
-                                  std::to_string(want_.size()));
+    // This micro-batch's samples: from its first global sample on.
+    const std::int64_t mine = current_dropout_site().first_sample - first_;
+    if (rows_.empty()) rows_.assign(want_.size(), {});
+    // The wanted positions and global sample numbers of every sample the
+    // logits hold (an LM head may hold other ranks' samples too): this
+    // micro-batch's are those of the samples the stream holds.
+    const std::int64_t own = micro_;
+    if (mine < 0 || mine + own > static_cast<std::int64_t>(want_.size()))
+      throw std::invalid_argument("generation: a micro-batch of samples [" + std::to_string(mine + first_) + ", " +
+                                  std::to_string(mine + first_ + own) + ") is not this rank's");
+    std::int64_t K = 1;
+    for (const auto& w : want_) K = std::max<std::int64_t>(K, static_cast<std::int64_t>(w.size()));
+    at::Tensor want = at::full({own, K}, -1, at::kLong), ids = at::arange(first_ + mine, first_ + mine + own, at::kLong);
+    for (std::int64_t b = 0; b < own; ++b) {
+      const auto& w = want_[static_cast<std::size_t>(mine + b)];
+      for (std::size_t j = 0; j < w.size(); ++j) want[b][static_cast<std::int64_t>(j)] = w[j];
+    }
+    want = inner_->gather_samples(want);
+    ids = inner_->gather_samples(ids);
+    const std::int64_t G = z.size(0), T = z.size(1);
+    if (G != want.size(0))
+      throw std::invalid_argument("generation: the logits hold " + std::to_string(G) + " samples, the step " +
+                                  std::to_string(want.size(0)));
     const at::Tensor pos = layout_ ? piece_positions(layout_->local_pieces(T)) : at::arange(T, at::kLong);
     const auto* p = pos.data_ptr<std::int64_t>();
     std::map<std::int64_t, std::int64_t> local;  // global position -> local
     for (std::int64_t t = 0; t < T; ++t) local[p[t]] = t;
     std::vector<std::int64_t> flat;
-    rows_.assign(static_cast<std::size_t>(B), {});
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (const std::int64_t w : want_[static_cast<std::size_t>(b)]) {
-        const auto it = local.find(w);
-        rows_[static_cast<std::size_t>(b)].push_back(it == local.end() ? -1 : static_cast<std::int64_t>(flat.size()));
+    std::vector<std::pair<std::int64_t, std::int64_t>> slot;  // (own sample, row in flat) per wanted row
+    const auto* w = want.data_ptr<std::int64_t>();
+    const auto* id = ids.data_ptr<std::int64_t>();
+    for (std::int64_t b = 0; b < G; ++b) {
+      const std::int64_t s = id[b] - first_;  // this rank's sample, or outside [0, samples)
+      const bool is_mine = s >= mine && s < mine + own;
+      for (std::int64_t j = 0; j < K && w[b * K + j] >= 0; ++j) {
+        const auto it = local.find(w[b * K + j]);
+        if (is_mine) slot.emplace_back(s, it == local.end() ? -1 : static_cast<std::int64_t>(flat.size()));
         if (it != local.end()) flat.push_back(b * T + it->second);
       }
     }
     // Every rank of a split vocabulary takes part in the collective, even
     // with no row of its own.
-    const at::Tensor rows = z.detach().reshape({B * T, z.size(2)}).index_select(0, at::tensor(flat, at::kLong));
-    log_probs_ = inner_->log_probs(rows);  // [rows, vocabulary]
+    const at::Tensor rows = z.detach().reshape({G * T, z.size(2)}).index_select(0, at::tensor(flat, at::kLong));
+    const at::Tensor lp = inner_->log_probs(rows);  // [rows, vocabulary]
+    for (const auto& [s, r] : slot) rows_[static_cast<std::size_t>(s)].push_back(r < 0 ? at::Tensor() : lp[r]);
     return {at::zeros({}, at::kFloat), 0};
   }
   /// The log-probabilities of the j-th wanted position of sample b, or an
   /// undefined tensor when this rank does not hold it.
   at::Tensor row(std::size_t b, std::size_t j) const {
-    if (b >= rows_.size() || j >= rows_[b].size() || rows_[b][j] < 0) return {};
-    return log_probs_[rows_[b][j]];
+    if (b >= rows_.size() || j >= rows_[b].size()) return {};
+    return rows_[b][j];
   }
 
  private:
   std::shared_ptr<LossBlock> inner_;
   std::vector<std::vector<std::int64_t>> want_;
+  std::int64_t first_, micro_;
   const SequenceLayout* layout_;
-  std::vector<std::vector<std::int64_t>> rows_;
-  at::Tensor log_probs_;
+  std::vector<std::vector<at::Tensor>> rows_;
 };
 
 /// The token `o` picks from log-probabilities `lp` ([vocabulary], fp32) of
@@ -812,7 +838,13 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
     runtime_->run_hooks(StepEvent::kEval, hc);
   }
   const int replicas = setup_.mesh.replicas(), replica = setup_.mesh.replica_rank(env_.rank);
-  const std::int64_t per_rank = (static_cast<std::int64_t>(n) + replicas - 1) / replicas;
+  // Requests spread over the replicas, in micro-batches of `micro` (a
+  // pipeline's stages pass them along); the last ones padded with copies
+  // of the first prompt.
+  const std::int64_t micro_batches = std::max<std::int64_t>(1, o.micro_batches);
+  std::int64_t per_rank = (static_cast<std::int64_t>(n) + replicas - 1) / replicas;
+  per_rank = (per_rank + micro_batches - 1) / micro_batches * micro_batches;
+  const std::int64_t micro = per_rank / micro_batches;
   const std::int64_t total = per_rank * replicas, first = replica * per_rank;
   std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(total));
   for (std::int64_t g = 0; g < total; ++g)
@@ -830,14 +862,15 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
   auto forward = [&](const at::Tensor& tokens, const std::vector<std::vector<std::int64_t>>& want) {
     const at::Tensor labels = at::zeros_like(tokens);
     std::shared_ptr<LogitsProbe> probe;
-    if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, layout);
+    if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, first, micro, layout);
     StepWork work;
-    work.micro_batches = 1;
+    work.micro_batches = micro_batches;
     work.backward = false;
     work.step = 0;
-    work.first_sample = [&](std::int64_t) { return first; };
-    work.batch = [&](std::int64_t) {
-      return local_positions(Batch{make_activations({{"tokens", tokens}}), make_activations({{"labels", labels}})});
+    work.first_sample = [&](std::int64_t mb) { return first + mb * micro; };
+    work.batch = [&](std::int64_t mb) {
+      return local_positions(Batch{make_activations({{"tokens", tokens.narrow(0, mb * micro, micro)}}),
+                                   make_activations({{"labels", labels.narrow(0, mb * micro, micro)}})});
     };
     reducer_->begin_step(1);
     try {

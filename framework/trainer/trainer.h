@@ -58,6 +58,9 @@ struct GenerateOptions {
   /// Tokens at or above this id are never chosen (the tokenizer's
   /// vocabulary inside a padded model vocabulary); 0: no limit.
   std::int64_t vocab_limit = 0;
+  /// Micro-batches each rank's requests are cut into (a pipeline's stages
+  /// work on different ones at once); requests are padded to a multiple.
+  std::int64_t micro_batches = 1;
   /// Keys and values of the context cached (a prefill, then one position
   /// per step); false: every step recomputes the whole context.
   bool kv_cache = true;

@@ -344,10 +344,8 @@ class VocabParallelCrossEntropy : public LossLayer {
   }
   // The whole vocabulary: each rank's slice in place, zeros elsewhere,
   // summed over the split (exact: one term per entry).
+  at::Tensor gather_samples(const at::Tensor& t) override { return m_.gather_rows(t); }
   at::Tensor log_probs(const at::Tensor& rows) override {
-    if (m_.outer)
-      throw std::invalid_argument("generation with the LM head above the stream's tensor-parallel degree "
-                                  "(lm_head_size > size) is not supported");
     auto z = precision::cast(rows, at::kFloat).reshape({-1, rows.size(-1)});
     at::Tensor full = at::zeros({z.size(0), vocab_}, z.options());
     full.narrow(1, begin_, end_ - begin_).copy_(z);

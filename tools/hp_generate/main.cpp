@@ -192,6 +192,9 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", job.options.seed, "The sampling seed");
   bool no_cache = false;
+  app.add_option("--micro-batches", job.options.micro_batches,
+                 "Cut each rank's requests into this many micro-batches (pipeline stages pass them along)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-kv-cache", no_cache, "Recompute the whole context every step (no key/value cache)");
   app.add_flag("--teacher-forcing", job.options.teacher_forcing,
                "Also score each generated sequence with one forward over it (generate.json: teacher_forced)");

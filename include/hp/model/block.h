@@ -47,6 +47,11 @@ class LossBlock : public torch::nn::Module {
     (void)logits_rows;
     throw std::logic_error("this model's loss gives no token probabilities");
   }
+  /// The rows of `t` ([samples, ...], this rank's samples) of every sample
+  /// whose logits the loss sees, in the logits' order: `t` itself, unless
+  /// the LM head gathers other ranks' samples (a per-module degree above
+  /// the stream's). Every rank of such a head calls it at once.
+  virtual at::Tensor gather_samples(const at::Tensor& t) { return t; }
 };
 
 }  // namespace hp

@@ -41,6 +41,8 @@ class LossLayer : public torch::nn::Module {
   /// log_softmax of whole logits. A vocabulary split over ranks overrides it
   /// (every rank of the split calls it at once, with the same rows).
   virtual at::Tensor log_probs(const at::Tensor& logits);
+  /// See LossBlock::gather_samples.
+  virtual at::Tensor gather_samples(const at::Tensor& t) { return t; }
 };
 
 struct MoeOptions;  // include/hp/model/moe.h

@@ -2,8 +2,9 @@
 # hp-generate: greedy continuations of two prompts of different lengths from
 # a byte-level GPT trained 80 steps on a fortune file, at one process with
 # the key/value cache and without it, and at tp=2 with sequence parallel,
-# pp=2, cp=2 (no cache: the sequence is split) and dp=2 (one prompt per
-# replica); then a Llama MoE (grouped-query attention, rotary positions) at
+# pp=2 (two micro-batches of requests), cp=2 (no cache: the sequence is
+# split), dp=2 (one prompt per replica) and the seed recipe's decode layout
+# (attention at dp=2, FFN, embedding and LM head at tp=2); then a Llama MoE (grouped-query attention, rotary positions) at
 # one process, ep=2 and experts over tp=2: the same tokens, or the first
 # difference where the one-process top-2 log-probability gap is within 1e-4
 # (reported); each chosen token's log-probability within 1e-5 of one
@@ -33,7 +34,12 @@ gen one --teacher-forcing
 gen nocache --no-kv-cache --teacher-forcing
 gen tp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
   --set features.tensor_parallel.sequence_parallel=true
-gen pp2 --nproc 2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+gen pp2 --nproc 2 --micro-batches 2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+# The seed recipe's decode layout: attention (the stream) at dp=2, the dense
+# FFN, the embedding and the LM head at tp=2 over the same two ranks.
+gen recipe --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=1 \
+  --set features.tensor_parallel.ffn_size=2 --set features.tensor_parallel.embedding_size=2 \
+  --set features.tensor_parallel.lm_head_size=2
 gen cp2 --nproc 2 --set features.context_parallel.enabled=true --set features.context_parallel.size=2
 gen dp2 --nproc 2
 grep -q '\[rank' "$WORK"/*.out && fail "a rank prefix on standard output"
@@ -73,7 +79,7 @@ for name in names:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
-python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2 one=1024,tp2=512,pp2=512,cp2=0,dp2=1024,nocache=0 \
+python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2,recipe one=1024,tp2=512,pp2=512,cp2=0,dp2=1024,nocache=0,recipe=1024 \
   || fail "the GPT's layouts generated other tokens"
 # A Llama MoE: grouped-query attention (4 heads, 2 kv heads) with rotary positions, 4 experts.
 cat > "$WORK/llama.yaml" <<'YAML'
