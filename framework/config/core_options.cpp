@@ -95,6 +95,14 @@ void declare_core_options(Schema& s) {
   s.add_int("training.log_interval", 10).range(1, 1e12).describe("Steps between progress lines.");
   s.add_int("training.eval_interval", 0).range(0, 1e12)
       .describe("Steps between evaluations on the valid split.").note("0 turns evaluation off");
+  s.add_int("training.sample_interval", 0).range(0, 1e12)
+      .describe("Steps between samples: the model as trained so far continues training.sample_prompt greedily "
+                "(the key/value cache, at the run's layout); rank 0 logs the text and writes it to metrics.jsonl "
+                "as `sample` (the report page lists them).")
+      .note("0 turns sampling off; needs data.type text or tokens (a tokenizer)");
+  s.add_string("training.sample_prompt", "")
+      .describe("The prompt training.sample_interval continues (encoded by the run's tokenizer).");
+  s.add_int("training.sample_tokens", 32).range(1, 1e6).describe("Tokens each sample generates.");
   s.add_int("training.dump_grads_at_step", 0).range(0, 1e12)
       .describe("Every rank writes its gradient slices of this step, with their placement, to <run.output_dir>/grads_step<N>/ (for hp-compare).")
       .note("0 turns it off");

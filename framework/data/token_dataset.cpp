@@ -34,6 +34,25 @@ constexpr const char* kBlendKey = "data.blend";
 constexpr const char* kBlendLegal = "a list of {path: DIR, weight: W > 0}, e.g. [{path: a, weight: 0.3}, {path: b, weight: 0.7}]";
 }  // namespace
 
+std::unique_ptr<Tokenizer> run_tokenizer(const Config& c) {
+  const std::string kind = c.get_string("data.type");
+  if (kind == "text") return make_byte_tokenizer();
+  if (kind != "tokens")
+    throw std::invalid_argument("data.type " + kind + " has no tokenizer: generation needs data.type text or tokens");
+  if (!c.get_string("data.tokenizer").empty()) return load_tokenizer(c.get_string("data.tokenizer"));
+  std::string dir = c.get_string("data.path");
+  const auto& blend = c.get_string_list("data.blend");
+  if (!blend.empty()) dir = parse_data_blend(blend, nullptr).front().path;
+  const TokenManifest m = read_token_manifest(dir);
+  if (m.tokenizer_file == "bytes") return make_byte_tokenizer();
+  const std::string file = (std::filesystem::path(dir) / m.tokenizer_file).string();
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
+    throw std::invalid_argument("the tokenizer the checkpoint was trained with, " + file +
+                                ", is missing (give data.tokenizer with --set)");
+  return load_tokenizer(file);
+}
+
 std::vector<BlendSource> parse_data_blend(const std::vector<std::string>& items, ConfigErrors* errors) {
   std::vector<BlendSource> out;
   const auto bad = [&](const std::string& item, const std::string& rule) {

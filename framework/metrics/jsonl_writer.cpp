@@ -40,10 +40,14 @@ JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
 
 JsonlWriter::~JsonlWriter() { std::fclose(file_); }
 
-void JsonlWriter::write(const std::map<std::string, double>& fields, std::int64_t step) {
+void JsonlWriter::write(const std::map<std::string, double>& fields, std::int64_t step,
+                        const std::map<std::string, std::string>& texts) {
   nlohmann::ordered_json line;
   line[kStepKey] = step;
-  for (const auto& [key, value] : fields) {
+  std::map<std::string, nlohmann::ordered_json> all;
+  for (const auto& [key, value] : fields) all[key] = value;
+  for (const auto& [key, value] : texts) all[key] = value;  // a string field (a sample's text)
+  for (const auto& [key, value] : all) {
     if (key == kStepKey || key == kTimeKey) {
       throw std::invalid_argument("metrics field '" + key + "' for " + path_ +
                                   " is reserved: every line carries its own '" + std::string(key) +

@@ -26,7 +26,8 @@ class JsonlWriter {
   /// express, are written as null. `step` and `time` are not legal field
   /// names (std::invalid_argument). Throws std::runtime_error when the
   /// line cannot be written (disk full). Thread-safe.
-  void write(const std::map<std::string, double>& fields, std::int64_t step);
+  void write(const std::map<std::string, double>& fields, std::int64_t step,
+             const std::map<std::string, std::string>& texts = {});
 
   const std::string& path() const { return path_; }
 

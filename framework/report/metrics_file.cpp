@@ -154,6 +154,8 @@ std::vector<Row> parse_metrics(std::istream& in, const std::string& origin) {
         row.values[key] = value.get<double>();
       } else if (value.is_null()) {
         row.values[key] = std::nullopt;
+      } else if (value.is_string()) {
+        row.texts[key] = value.get<std::string>();
       }
     }
     rows.push_back(std::move(row));

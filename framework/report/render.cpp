@@ -217,6 +217,8 @@ std::string render_report(const ReportInput& input) {
     out << "<nav>";
     for (const Chart& c : charts) out << "<a href=\"#" << html_escape(c.id) << "\">" << html_escape(c.title) << "</a> ";
     if (input.timeline) out << "<a href=\"#timeline\">Timeline</a> ";
+    if (std::any_of(input.rows.begin(), input.rows.end(), [](const Row& r) { return !r.texts.empty(); }))
+      out << "<a href=\"#samples\">Samples</a> ";
     out << "<a href=\"#last-values\">Last values</a> <a href=\"#config\">Configuration</a></nav>\n";
   }
   out << "<h2>Charts</h2><div class=\"charts\">\n";
@@ -245,6 +247,22 @@ std::string render_report(const ReportInput& input) {
     out << "</ul><figure class=\"wide\">" << render_timeline_svg(t) << "</figure>\n";
   }
 
+  std::vector<const Row*> sampled;
+  for (const Row& row : input.rows) {
+    if (!row.texts.empty()) sampled.push_back(&row);
+  }
+  if (!sampled.empty()) {
+    out << "<h2 id=\"samples\">Samples</h2><p class=\"meta\">Text the model generated during training "
+        << "(training.sample_interval), greedily from training.sample_prompt.</p><table><tr><th>step</th><th>key</th>"
+        << "<th>text</th></tr>";
+    for (const Row* row : sampled) {
+      for (const auto& [key, text] : row->texts) {
+        out << "<tr><td class=\"num\">" << row->step << "</td><td>" << html_escape(key)
+            << "</td><td><pre class=\"sample\">" << html_escape(text) << "</pre></td></tr>";
+      }
+    }
+    out << "</table>\n";
+  }
   out << "<h2 id=\"last-values\">Last logged values</h2>";
   if (input.rows.empty()) {
     out << "<p>None.</p>\n";

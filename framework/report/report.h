@@ -18,13 +18,15 @@ namespace hp::report {
 struct Row {
   std::int64_t step = 0;
   std::map<std::string, std::optional<double>> values;
+  /// String fields (a generated sample's text, training.sample_interval).
+  std::map<std::string, std::string> texts;
 };
 
 /// Reads metrics.jsonl. Blank lines are skipped; so is a last line without
 /// its newline that does not parse (the trainer may be writing it). Any
 /// other line that is not a JSON object with an integer `step` throws
-/// std::runtime_error naming `origin` and the line number. Non-numeric
-/// fields are ignored.
+/// std::runtime_error naming `origin` and the line number. String fields
+/// go to Row::texts; other non-numeric fields are ignored.
 std::vector<Row> parse_metrics(std::istream& in, const std::string& origin);
 
 /// One line of a chart: the metrics.jsonl key it plots, its legend label

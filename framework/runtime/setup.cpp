@@ -44,6 +44,24 @@ void check_mesh(Setup& s, dist::MeshPlan& plan, ConfigErrors& errors) {
           "a multiple of " + std::to_string(m * dp));
     }
     // Every replica evaluates the same number of whole micro-batches.
+    if (c.ok({"training.sample_interval", "training.sample_prompt", "data.type", "model.seq_len"}) &&
+        c.get_int("training.sample_interval") > 0) {
+      const std::string& kind = c.get_string("data.type");
+      const std::string& prompt = c.get_string("training.sample_prompt");
+      const auto T = c.get_int("model.seq_len");
+      if (kind != "text" && kind != "tokens") {
+        errors.add("training.sample_interval", std::to_string(c.get_int("training.sample_interval")),
+                   "sampling needs a tokenizer; data.type " + kind + " has none", "0, or data.type text or tokens");
+      } else if (prompt.empty()) {
+        errors.add("training.sample_prompt", "\"\"", "must not be empty when training.sample_interval > 0",
+                   "the text to continue");
+      } else if (kind == "text" && static_cast<std::int64_t>(prompt.size()) >= T) {
+        errors.add("training.sample_prompt", "(" + std::to_string(prompt.size()) + " bytes)",
+                   "is " + std::to_string(prompt.size()) + " byte tokens; model.seq_len " + std::to_string(T) +
+                       " holds at most " + std::to_string(T - 1),
+                   "a prompt shorter than model.seq_len");
+      }
+    }
     if (c.ok({"training.eval_samples"})) {
       const auto e = c.get_int("training.eval_samples");
       if (e > 0 && e % (m * dp) != 0) {

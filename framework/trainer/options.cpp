@@ -28,6 +28,9 @@ TrainingOptions TrainingOptions::from(const Config& c) {
   o.eval_samples = c.get_int("training.eval_samples");
   if (o.eval_samples == 0) o.eval_samples = c.get_int("training.global_batch_size");
   o.dump_grads_at = c.get_int("training.dump_grads_at_step");
+  o.sample_interval = c.get_int("training.sample_interval");
+  o.sample_tokens = c.get_int("training.sample_tokens");
+  o.sample_prompt = c.get_string("training.sample_prompt");
   o.dump_routing_at = c.get_int_list("training.dump_routing_steps");
   o.dump_activations_at = c.get_int_list("training.dump_activations_steps");
   return o;

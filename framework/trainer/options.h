@@ -22,6 +22,9 @@ struct RunOptions {
 struct TrainingOptions {
   std::int64_t max_steps = 0, global_batch = 0, micro_batch = 0, seq_len = 0;
   std::int64_t log_interval = 1, eval_interval = 0, eval_samples = 0, dump_grads_at = 0;
+  /// training.sample_*: every sample_interval steps, continue sample_prompt.
+  std::int64_t sample_interval = 0, sample_tokens = 32;
+  std::string sample_prompt;
   /// data.document_attention: attention stays inside each document.
   bool document_attention = false;
   /// training.dump_routing_steps / dump_activations_steps (steps from 1).

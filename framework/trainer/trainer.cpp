@@ -19,6 +19,8 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 #include "hp/data/dataset.h"
+#include "hp/data/tokenizer.h"
+#include "hp/data/tokens.h"
 #include "hp/logging/logging.h"
 #include "hp/model/dropout.h"
 #include "hp/model/kv_cache.h"
@@ -98,6 +100,11 @@ class TrainingRun {
   GenerateResult generate(const GenerateOptions& o);
   /// Generation on the model as it is (loaded or being trained).
   GenerateResult generate_loaded(const GenerateOptions& o);
+  /// training.sample_interval: continue the sample prompt with the model as
+  /// it is after `step` steps; rank 0 logs it and writes it to metrics.jsonl.
+  void sample(std::int64_t step);
+  std::unique_ptr<Tokenizer> sample_tokenizer_;
+  std::vector<std::int64_t> sample_ids_;
   void check_prompts(const GenerateOptions& o) const;
   /// Writes this rank's flight record after a failure; logs where.
   void record_failure(const std::string& reason);
@@ -629,6 +636,7 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
     extra["eval_loss"] = result.last_eval_loss;
     if (rank0()) log::logger()->info("step {} | eval loss {:.4f}", step + 1, result.last_eval_loss);
   }
+  if (train_.sample_interval > 0 && ((step + 1) % train_.sample_interval == 0 || last)) sample(step + 1);
   if ((step + 1) % train_.log_interval == 0 || last || step == start_) {
     metrics_->log_step(f, extra);
     if (rank0()) {
@@ -643,8 +651,33 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
   if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);
 }
 
+void TrainingRun::sample(std::int64_t step) {
+  profile::Span span("eval", "sample");
+  GenerateOptions o;
+  o.prompts = {sample_ids_};
+  o.max_new_tokens = train_.sample_tokens;
+  o.stop_token = sample_tokenizer_->eos_id();
+  o.vocab_limit = sample_tokenizer_->vocab_size();
+  const auto t0 = Clock::now();
+  const GenerateResult r = generate_loaded(o);
+  if (!rank0()) return;
+  const std::vector<std::int32_t> ids(r.tokens[0].begin(), r.tokens[0].end());
+  const std::string text = train_.sample_prompt + sample_tokenizer_->decode(ids);
+  log::logger()->info("step {} | sample ({} tokens, {:.2f} s): {}", step, ids.size(),
+                      std::chrono::duration<double>(Clock::now() - t0).count(), text);
+  metrics_->log_text(step, "sample", text);
+}
+
 FitResult TrainingRun::fit() {
   setup_process();
+  if (train_.sample_interval > 0) {
+    sample_tokenizer_ = run_tokenizer(setup_.config);
+    for (const auto id : sample_tokenizer_->encode(train_.sample_prompt)) sample_ids_.push_back(id);
+    if (static_cast<std::int64_t>(sample_ids_.size()) >= train_.seq_len)
+      throw std::invalid_argument("training.sample_prompt is " + std::to_string(sample_ids_.size()) +
+                                  " tokens; model.seq_len " + std::to_string(train_.seq_len) + " holds at most " +
+                                  std::to_string(train_.seq_len - 1) + ": shorten the prompt");
+  }
   setup_model();
   resume();
   FitResult result;

@@ -149,6 +149,10 @@ void TrainingMetrics::log_step(const StepFigures& f, const std::map<std::string,
   jsonl_->write(fields, f.step);
 }
 
+void TrainingMetrics::log_text(std::int64_t step, const std::string& key, const std::string& text) {
+  if (jsonl_) jsonl_->write({}, step, {{key, text}});
+}
+
 void TrainingMetrics::on_checkpoint(const char* what, double seconds) {
   registry_->gauge(std::string("hp_checkpoint_") + what + "_seconds",
                    std::string("Seconds the last checkpoint ") + what + " took.")

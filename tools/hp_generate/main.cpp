@@ -52,26 +52,6 @@ std::string self_exe() {
 }
 
 
-/// The tokenizer the run read its data with.
-std::unique_ptr<hp::Tokenizer> tokenizer_of(const hp::Config& c) {
-  const std::string kind = c.get_string("data.type");
-  if (kind == "text") return hp::make_byte_tokenizer();
-  if (kind != "tokens")
-    throw std::invalid_argument("data.type " + kind + " has no tokenizer: generation needs data.type text or tokens");
-  if (!c.get_string("data.tokenizer").empty()) return hp::load_tokenizer(c.get_string("data.tokenizer"));
-  std::string dir = c.get_string("data.path");
-  const auto& blend = c.get_string_list("data.blend");
-  if (!blend.empty()) dir = hp::parse_data_blend(blend, nullptr).front().path;
-  const hp::TokenManifest m = hp::read_token_manifest(dir);
-  if (m.tokenizer_file == "bytes") return hp::make_byte_tokenizer();
-  const std::string file = (fs::path(dir) / m.tokenizer_file).string();
-  std::error_code ec;
-  if (!fs::exists(file, ec))
-    throw std::invalid_argument("the tokenizer the checkpoint was trained with, " + file +
-                                ", is missing (give data.tokenizer with --set)");
-  return hp::load_tokenizer(file);
-}
-
 struct Job {
   std::string config_yaml;
   std::vector<std::string> overrides;
@@ -88,7 +68,7 @@ int generate_here(Job& job) {
     rank = env.rank;
     hp::RawConfig raw = hp::RawConfig::parse_string(job.config_yaml, "checkpoint config.yaml");
     for (const auto& o : job.overrides) raw.apply_override(o);
-    const auto tok = tokenizer_of(hp::prepare(raw, env.world_size).config);
+    const auto tok = hp::run_tokenizer(hp::prepare(raw, env.world_size).config);
     hp::GenerateOptions o = job.options;
     for (const auto& p : job.prompts) {
       std::vector<std::int64_t> ids;
@@ -258,7 +238,7 @@ int run(int argc, char** argv) {
     if (dry_run) std::cout << setup.mesh.describe(false);
     // A missing tokenizer, and a prompt the model cannot hold, refused
     // before any process starts.
-    const auto tok = tokenizer_of(setup.config);
+    const auto tok = hp::run_tokenizer(setup.config);
     const std::int64_t T = setup.config.get_int("model.seq_len");
     for (std::size_t i = 0; i < job.prompts.size(); ++i) {
       const auto len = static_cast<std::int64_t>(tok->encode(job.prompts[i]).size());

@@ -46,6 +46,8 @@ class TrainingMetrics {
   void log_step(const StepFigures& f, const std::map<std::string, double>& extra = {});
   void on_checkpoint(const char* what, double seconds);
   void on_eval(std::int64_t step, double loss);
+  /// A line of metrics.jsonl with one text field (a generated sample).
+  void log_text(std::int64_t step, const std::string& key, const std::string& text);
 
  private:
   void update_comm(dist::DistributedContext* dist);
