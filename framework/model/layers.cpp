@@ -154,7 +154,8 @@ class DensePositions : public Layer {
     // Added in fp32 (one rounding, and the table's gradient, a sum over
     // the batch, in fp32), the result in h's type; no-op casts for fp32.
     at::Tensor w;
-    if (const KvCache* cache = current_kv_cache()) {  // generation: each sample at its own positions
+    const KvCache* cache = current_kv_cache();
+    if (cache && (cache->decoding() || !layout_)) {  // generation: each sample at its own positions
       const at::Tensor pos = cache->positions(current_dropout_site().first_sample, h.size(0));
       w = weight_.index_select(0, pos.reshape({-1})).view({h.size(0), h.size(1), weight_.size(1)});
     } else {
@@ -266,7 +267,8 @@ class HeadsAttention : public Layer {
       // By global position: under a sequence layout, those of the pieces
       // this rank holds; in generation, each sample's own.
       const std::int64_t T = parts[0].size(1);
-      const at::Tensor pos = cache    ? cache->positions(first_sample, parts[0].size(0))
+      // (A prefill under a sequence layout holds the layout's pieces.)
+      const at::Tensor pos = cache && (cache->decoding() || !layout_) ? cache->positions(first_sample, parts[0].size(0))
                              : layout_ ? piece_positions(layout_->local_pieces(T))
                                        : at::arange(T, at::kLong);
       parts[0] = rotary(parts[0], pos, rope_theta_);
@@ -275,7 +277,12 @@ class HeadsAttention : public Layer {
     if (cache) {
       // Generation: keep this forward's keys and values; a decode step
       // attends over every position cached so far.
-      const KvCache::View kv = cache->store(this, first_sample, parts[1], parts[2]);
+      // A prefill under a sequence layout (context parallel) keeps the
+      // whole sequence's keys and values on every rank of the layout: the
+      // decode steps after it run without the layout, the same on each.
+      const bool whole = cache->decoding() || !layout_;
+      const KvCache::View kv = cache->store(this, first_sample, whole ? parts[1] : layout_->gather(parts[1]),
+                                            whole ? parts[2] : layout_->gather(parts[2]));
       if (cache->decoding()) return proj_->forward(cached_attention(parts[0], kv));
     }
     // Grouped-query attention: every query head meets its key/value head.

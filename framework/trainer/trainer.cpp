@@ -892,7 +892,8 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
   const std::shared_ptr<LossBlock> inner = model_.loss;
   // One forward of `tokens` ([per_rank, width]) at this layout, the loss
   // replaced by a probe of the rows at `want` (global positions per sample).
-  auto forward = [&](const at::Tensor& tokens, const std::vector<std::vector<std::int64_t>>& want) {
+  auto forward = [&](const at::Tensor& tokens, const std::vector<std::vector<std::int64_t>>& want,
+                     const SequenceLayout* layout) {
     const at::Tensor labels = at::zeros_like(tokens);
     std::shared_ptr<LogitsProbe> probe;
     if (inner) model_.loss = probe = std::make_shared<LogitsProbe>(inner, want, first, micro, layout);
@@ -916,12 +917,10 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
     return probe;
   };
   // The key/value cache: a prefill of the prompts (right-padded to the
-  // longest), then one position per sample per step. Under a sequence
-  // layout (context parallel) every step recomputes the whole context.
-  const bool use_cache = o.kv_cache && !layout;
-  if (o.kv_cache && layout && rank0())
-    log::logger()->info("generate: {} lays the sequence over ranks; no key/value cache (each step recomputes the "
-                        "context)", layout->owner);
+  // longest; under a sequence layout, to model.seq_len, laid over the
+  // layout's ranks, which then all hold the whole cache), then one position
+  // per sample per step without the layout.
+  const bool use_cache = o.kv_cache;
   KvCache cache(T, first);
   std::optional<KvCacheScope> cache_scope;
   if (use_cache) cache_scope.emplace(&cache);
@@ -941,7 +940,7 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
     // cache), the prompts padded to the longest (prefill), or each sample's
     // last token at its own position (decode).
     const bool decode = use_cache && s > 0;
-    const std::int64_t width = !use_cache ? T : decode ? 1 : longest;
+    const std::int64_t width = decode ? 1 : !use_cache || layout ? T : longest;
     at::Tensor tokens = at::zeros({per_rank, width}, at::kLong), positions = at::zeros({per_rank, width}, at::kLong);
     std::vector<std::vector<std::int64_t>> want(static_cast<std::size_t>(per_rank));
     for (std::int64_t r = 0; r < per_rank; ++r) {
@@ -958,7 +957,7 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
       }
     }
     if (use_cache) cache.set_positions(positions, decode);
-    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want);
+    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want, decode ? nullptr : layout);
     at::Tensor chosen = at::full({total}, -1.0, at::kDouble);
     at::Tensor chosen_lp = at::full({total}, -std::numeric_limits<double>::infinity(), at::kDouble);
     at::Tensor gap = at::full({total}, -1.0, at::kDouble);
@@ -1019,7 +1018,7 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
       const std::size_t made = g < n ? result.tokens[g].size() : 0;
       for (std::size_t j = 0; j < made; ++j) want[static_cast<std::size_t>(r)].push_back(static_cast<std::int64_t>(q.size() - made + j) - 1);
     }
-    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want);
+    const std::shared_ptr<LogitsProbe> probe = forward(tokens, want, layout);
     const std::int64_t most = o.max_new_tokens;
     at::Tensor lp_at = at::full({total, std::max<std::int64_t>(most, 1)}, -std::numeric_limits<double>::infinity(), at::kDouble);
     for (std::int64_t r = 0; probe && r < per_rank; ++r) {

@@ -294,7 +294,8 @@ class SequencePositions : public Layer {
   }
   at::Tensor forward(const at::Tensor& h) override {
     const auto len = h.size(kSeqDim);
-    if (const KvCache* cache = current_kv_cache()) {  // generation: whole sequences, each sample at its positions
+    const KvCache* cache = current_kv_cache();
+    if (cache && (cache->decoding() || !layout_)) {  // generation: whole sequences, each sample at its positions
       const at::Tensor pos = cache->positions(current_dropout_site().first_sample, h.size(0));
       const at::Tensor w = weight_.index_select(0, pos.reshape({-1})).view({h.size(0), len, weight_.size(1)});
       return precision::in_fp32(h, [&](const at::Tensor& hf) { return hf + w; });

@@ -2,8 +2,8 @@
 # hp-generate: greedy continuations of two prompts of different lengths from
 # a byte-level GPT trained 80 steps on a fortune file, at one process with
 # the key/value cache and without it, and at tp=2 with sequence parallel,
-# pp=2 (two micro-batches of requests), cp=2 (no cache: the sequence is
-# split), dp=2 (one prompt per replica) and the seed recipe's decode layout
+# pp=2 (two micro-batches of requests), cp=2 (the prefill laid over both
+# ranks, the decode on the whole cache without the layout), dp=2 (one prompt per replica) and the seed recipe's decode layout
 # (attention at dp=2, FFN, embedding and LM head at tp=2); then a Llama MoE (grouped-query attention, rotary positions) at
 # one process, ep=2 and experts over tp=2: the same tokens, or the first
 # difference where the one-process top-2 log-probability gap is within 1e-4
@@ -79,7 +79,7 @@ for name in names:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
-python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2,recipe one=1024,tp2=512,pp2=512,cp2=0,dp2=1024,nocache=0,recipe=1024 \
+python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2,recipe one=1024,tp2=512,pp2=512,cp2=1024,dp2=1024,nocache=0,recipe=1024 \
   || fail "the GPT's layouts generated other tokens"
 # A Llama MoE: grouped-query attention (4 heads, 2 kv heads) with rotary positions, 4 experts.
 cat > "$WORK/llama.yaml" <<'YAML'
@@ -96,7 +96,8 @@ ck="$WORK/lref/checkpoints"
 gen lone --teacher-forcing
 gen lep2 --nproc 2 --teacher-forcing --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
 gen ltp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
-python3 "$WORK/compare.py" "$WORK" lone lep2,ltp2 lone=512,lep2=512,ltp2=256 || fail "the Llama MoE's layouts generated other tokens"
+gen lcp2 --nproc 2 --set features.context_parallel.enabled=true --set features.context_parallel.size=2
+python3 "$WORK/compare.py" "$WORK" lone lep2,ltp2,lcp2 lone=512,lep2=512,ltp2=256,lcp2=512 || fail "the Llama MoE's layouts generated other tokens"
 ck="$WORK/ref/checkpoints"
 # --dry-run: the layout, nothing started.
 "$BIN/hp-generate" "$ck" --prompt "Unix" --dry-run --nproc 2 --set features.tensor_parallel.enabled=true \
