@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <malloc.h>
 
 #include "hp/comm/context.h"
+#include "hp/comm/env.h"
 #include "hp/comm/flight_recorder.h"
 #include "hp/fault/stop.h"
 #include "hp/profile/trace.h"
@@ -36,6 +38,7 @@
 #include "framework/runtime/setup.h"
 #include "hp/trainer/checkpoint_adapter.h"
 #include "hp/trainer/executor.h"
+#include "framework/trainer/checkpoint_run.h"
 #include "framework/trainer/grad_dump.h"
 #include "framework/trainer/options.h"
 #include "framework/trainer/profiling.h"
@@ -97,7 +100,8 @@ class TrainingRun {
   ~TrainingRun();
   FitResult fit();
   EvalResult evaluate_checkpoint();
-  GenerateResult generate(const GenerateOptions& o);
+  /// Builds the model and loads checkpoint.resume (hp::Generator).
+  void load_for_generation();
   /// Generation on the model as it is (loaded or being trained).
   GenerateResult generate_loaded(const GenerateOptions& o);
   /// training.sample_interval: continue the sample prompt with the model as
@@ -831,14 +835,12 @@ std::int64_t pick_token(const at::Tensor& lp_in, const GenerateOptions& o, std::
   return c.back().second;
 }
 
-GenerateResult TrainingRun::generate(const GenerateOptions& o) {
+void TrainingRun::load_for_generation() {
   if (ckpt_.resume_dir().empty())
     throw std::runtime_error("generate: no checkpoint (checkpoint.resume names none, or the root has no committed step)");
-  check_prompts(o);
   setup_process();
   setup_model();
   resume();
-  return generate_loaded(o);
 }
 
 void TrainingRun::check_prompts(const GenerateOptions& o) const {
@@ -1064,14 +1066,68 @@ EvalResult TrainingRun::evaluate_checkpoint() {
 
 }  // namespace
 
-GenerateResult Trainer::generate(const GenerateOptions& options) {
-  TrainingRun run(raw_);
+GenerateResult Trainer::generate(const GenerateOptions& options) { return Generator(raw_).generate(options); }
+
+struct Generator::Impl {
+  explicit Impl(const RawConfig& raw) : run(raw), config(raw) {}
+  TrainingRun run;
+  RawConfig config;
+  bool loaded = false;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Generator::Generator(RawConfig raw) : impl_(std::make_unique<Impl>(raw)) {}
+Generator::~Generator() = default;
+Generator::Generator(Generator&&) noexcept = default;
+Generator& Generator::operator=(Generator&&) noexcept = default;
+
+Generator Generator::from_checkpoint(const std::string& path, const std::vector<std::string>& overrides) {
+  const std::string step = checkpoint_step_dir(path);
+  const std::string yaml = ckpt::CheckpointReader(step).config_text();
+  if (yaml.empty())
+    throw std::invalid_argument(step + " stores no config (an imported checkpoint): build a Generator from a "
+                                "config whose checkpoint.resume names it");
+  char tmpl[] = "/tmp/hp-generator.XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temporary directory for the generator's files");
+  RawConfig raw = RawConfig::parse_string(yaml, step + "/config.yaml");
+  for (const auto& o : checkpoint_run_overrides(step, tmpl)) raw.apply_override(o);
+  for (const auto& o : overrides) raw.apply_override(o);
+  return Generator(std::move(raw));
+}
+
+GenerateResult Generator::generate(const GenerateOptions& options) {
   try {
-    return run.generate(options);
+    impl_->run.check_prompts(options);
+    if (!impl_->loaded) {
+      impl_->run.load_for_generation();
+      impl_->loaded = true;
+    }
+    return impl_->run.generate_loaded(options);
   } catch (const std::exception& e) {
-    run.record_failure(std::string("exception: ") + e.what());
+    impl_->run.record_failure(std::string("exception: ") + e.what());
     throw;
   }
+}
+
+const Tokenizer& Generator::tokenizer() {
+  if (!impl_->tokenizer) impl_->tokenizer = run_tokenizer(prepare(impl_->config, dist::read_dist_env().world_size).config);
+  return *impl_->tokenizer;
+}
+
+std::vector<std::string> Generator::generate_text(const std::vector<std::string>& prompts, GenerateOptions options) {
+  const Tokenizer& tok = tokenizer();
+  options.prompts.clear();
+  for (const auto& p : prompts) {
+    std::vector<std::int64_t> ids;
+    for (const auto id : tok.encode(p)) ids.push_back(id);
+    options.prompts.push_back(std::move(ids));
+  }
+  options.stop_token = tok.eos_id();
+  options.vocab_limit = tok.vocab_size();
+  const GenerateResult r = generate(options);
+  std::vector<std::string> out;
+  for (const auto& ids : r.tokens) out.push_back(tok.decode(std::vector<std::int32_t>(ids.begin(), ids.end())));
+  return out;
 }
 
 EvalResult Trainer::evaluate() {

@@ -116,8 +116,8 @@ class Trainer {
   /// (training.eval_samples of data's validation split): no step, no save.
   /// Throws std::runtime_error when no checkpoint is named.
   EvalResult evaluate();
-  /// Loads the checkpoint `checkpoint.resume` names at this config's layout
-  /// and continues each prompt one token at a time at this layout: a
+  /// Generator(raw_config()).generate(options): loads the checkpoint
+  /// `checkpoint.resume` names at this config's layout and continues each prompt one token at a time at this layout: a
   /// prefill of the prompts, then one position per step over the cached
   /// keys and values (GenerateOptions::kv_cache; without it, or under
   /// context parallel, the whole context padded to model.seq_len runs each
@@ -128,6 +128,44 @@ class Trainer {
 
  private:
   RawConfig raw_;
+};
+
+class Tokenizer;
+
+/// Generation from a checkpoint at any layout, the model loaded once and
+/// kept for every call (hp-generate is built on it).
+///
+///   auto g = hp::Generator::from_checkpoint("runs/x/checkpoints", {"features.tensor_parallel.enabled=true", ...});
+///   auto texts = g.generate_text({"The computer"});
+///
+/// Every rank of the layout constructs one and calls it with the same
+/// arguments; every rank returns the same tokens.
+class Generator {
+ public:
+  /// Loads, at the first call, the checkpoint `checkpoint.resume` names in
+  /// `raw`, at raw's layout (a Trainer's config: Generator(trainer.raw_config())).
+  explicit Generator(RawConfig raw);
+  /// A checkpoint step directory, or a root (its latest committed step):
+  /// the config stored with it, then `overrides` ("key=value"); nothing
+  /// trains or saves; the run's files go to a new temporary directory
+  /// unless an override names run.output_dir.
+  static Generator from_checkpoint(const std::string& path, const std::vector<std::string>& overrides = {});
+  ~Generator();
+  Generator(Generator&&) noexcept;
+  Generator& operator=(Generator&&) noexcept;
+
+  /// Continues token-id prompts (GenerateOptions).
+  GenerateResult generate(const GenerateOptions& options);
+  /// Continues text prompts with the run's tokenizer (stopping at its
+  /// end-of-document token, never choosing an id beyond its vocabulary);
+  /// returns the generated text of each (the prompt not repeated).
+  std::vector<std::string> generate_text(const std::vector<std::string>& prompts, GenerateOptions options = {});
+  /// The tokenizer the checkpoint's run read its data with.
+  const Tokenizer& tokenizer();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace hp

@@ -29,7 +29,7 @@
 #include "framework/trainer/trainer.h"
 #include "hp/comm/env.h"
 #include "hp/config/config.h"
-#include "tools/checkpoint_run.h"
+#include "framework/trainer/checkpoint_run.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
@@ -54,7 +54,7 @@ std::vector<std::string> overrides_for(const std::string& step, const std::strin
     o.push_back("data.blend=[]");
   }
   o.insert(o.end(), sets.begin(), sets.end());
-  for (const auto& kv : hp::tools::checkpoint_run_overrides(step, out)) o.push_back(kv);
+  for (const auto& kv : hp::checkpoint_run_overrides(step, out)) o.push_back(kv);
   return o;
 }
 
@@ -106,7 +106,7 @@ int run(int argc, char** argv) {
 
   std::string config_yaml;
   try {
-    step = hp::tools::checkpoint_step_dir(step);
+    step = hp::checkpoint_step_dir(step);
     config_yaml = hp::ckpt::CheckpointReader(step).config_text();
     if (!config_file.empty()) {
       std::ifstream in(config_file);

@@ -33,7 +33,7 @@
 #include "hp/data/token_shards.h"
 #include "hp/data/tokenizer.h"
 #include "hp/data/tokens.h"
-#include "tools/checkpoint_run.h"
+#include "framework/trainer/checkpoint_run.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
@@ -85,8 +85,8 @@ int generate_here(Job& job) {
         }
       };
     }
-    hp::Trainer trainer(raw);
-    const hp::GenerateResult r = trainer.generate(o);
+    hp::Generator generator(raw);
+    const hp::GenerateResult r = generator.generate(o);
     if (rank == 0) {
       if (r.kv_bytes > 0) {
         std::fprintf(stderr,
@@ -203,7 +203,7 @@ int run(int argc, char** argv) {
         if (!line.empty()) job.prompts.push_back(line);
       if (job.prompts.empty()) throw std::invalid_argument("--prompts " + prompts_file + ": no prompt");
     }
-    step = hp::tools::checkpoint_step_dir(step);
+    step = hp::checkpoint_step_dir(step);
     job.config_yaml = hp::ckpt::CheckpointReader(step).config_text();
     if (job.config_yaml.empty()) throw std::invalid_argument(step + " stores no config (an imported checkpoint)");
   } catch (const std::exception& e) {
@@ -220,7 +220,7 @@ int run(int argc, char** argv) {
   }
   fs::create_directories(job.out);
   job.overrides = sets;
-  for (const auto& kv : hp::tools::checkpoint_run_overrides(step, job.out)) job.overrides.push_back(kv);
+  for (const auto& kv : hp::checkpoint_run_overrides(step, job.out)) job.overrides.push_back(kv);
 
   hp::dist::DistEnv env;
   try {

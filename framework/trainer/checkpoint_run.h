@@ -9,7 +9,7 @@
 
 #include "checkpoint/reader.h"
 
-namespace hp::tools {
+namespace hp {
 
 /// A step directory (holding manifest.json), or a checkpoint root's latest
 /// committed step. Throws std::invalid_argument naming the path otherwise.
@@ -38,4 +38,4 @@ inline std::vector<std::string> checkpoint_run_overrides(const std::string& step
           "run.output_dir=" + out};
 }
 
-}  // namespace hp::tools
+}  // namespace hp
