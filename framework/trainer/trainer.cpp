@@ -1007,6 +1007,18 @@ GenerateResult TrainingRun::generate_loaded(const GenerateOptions& o) {
     result.kv_element_bytes = sh.element_bytes;
   }
   cache_scope.reset();
+  for (const auto& p : model_.params) {
+    if (!p.spec.sharded()) continue;
+    ++result.split_params;
+    std::int64_t whole = 1;
+    for (const auto d : p.spec.global_shape) whole *= d;
+    if (p.tensor.numel() == whole) ++result.split_params_held_whole;
+  }
+  {
+    at::Tensor held = at::tensor({static_cast<double>(result.split_params_held_whole)}, at::kDouble);
+    ctx_->group("world").all_reduce(held, dist::ReduceKind::kMax);
+    result.split_params_held_whole = static_cast<std::int64_t>(held.item<double>());
+  }
   if (o.teacher_forcing) {
     // The trainer's forward over each whole sequence (prompt and generated
     // tokens, padded to model.seq_len, no cache): the log-probability of

@@ -95,6 +95,10 @@ struct GenerateResult {
   /// generated tokens' log-probabilities computed by one forward over the
   /// whole sequence (equal to the sum of log_probs up to rounding).
   std::vector<double> teacher_forced;
+  /// Parameters a placement splits over ranks (counted on this rank), and
+  /// how many of them some rank nonetheless holds whole (0: generation ran
+  /// on the split weights, never on consolidated ones).
+  std::int64_t split_params = 0, split_params_held_whole = 0;
 };
 
 class Trainer {

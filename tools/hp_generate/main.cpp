@@ -117,6 +117,7 @@ int generate_here(Job& job) {
                        {"head_dim", r.kv_head_dim},
                        {"element_bytes", r.kv_element_bytes}};
       if (!r.teacher_forced.empty()) j["teacher_forced"] = r.teacher_forced;
+      j["split_params"] = {{"count", r.split_params}, {"held_whole_by_some_rank", r.split_params_held_whole}};
       j["prefill_seconds"] = r.prefill_seconds;
       j["decode_seconds"] = r.decode_seconds;
       j["decode_steps"] = r.decode_steps;

@@ -44,6 +44,13 @@ gen cp2 --nproc 2 --set features.context_parallel.enabled=true --set features.co
 gen dp2 --nproc 2
 grep -q '\[rank' "$WORK"/*.out && fail "a rank prefix on standard output"
 [[ $(wc -l < "$WORK/tp2.out") -eq 2 ]] || fail "tp2: standard output is not the two continuations"
+# At tp=2 generation runs on the split weights: no rank holds a split one whole.
+python3 - "$WORK/tp2/generate.json" <<'PY' || fail "tp2: a rank held a split weight whole"
+import json, sys
+s = json.load(open(sys.argv[1]))["split_params"]
+print("tp2: %d split parameters, %d held whole by some rank" % (s["count"], s["held_whole_by_some_rank"]))
+sys.exit(0 if s["count"] > 0 and s["held_whole_by_some_rank"] == 0 else 1)
+PY
 cat > "$WORK/compare.py" <<'PY'
 import json, sys
 w, ref_name, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
