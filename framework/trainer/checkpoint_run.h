@@ -3,6 +3,8 @@
 // finding the step, and the overrides that keep such a run from training,
 // saving or writing into the training run's directory.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +23,21 @@ inline std::string checkpoint_step_dir(const std::string& path) {
     throw std::invalid_argument(path + " is neither a checkpoint step directory (no manifest.json) nor a root with "
                                 "a committed step (no latest)");
   return latest;
+}
+
+/// The config a checkpoint run starts from: `config_file` when given (an
+/// imported checkpoint stores none: hp-ckpt import's model.yaml beside a
+/// data section), else the one stored in `step`. Throws
+/// std::invalid_argument when there is none or the file cannot be read.
+inline std::string checkpoint_config_text(const std::string& step, const std::string& config_file) {
+  std::string yaml = hp::ckpt::CheckpointReader(step).config_text();
+  if (!config_file.empty()) {
+    std::ifstream in(config_file);
+    if (!in) throw std::invalid_argument("--config " + config_file + ": cannot be read");
+    yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (yaml.empty()) throw std::invalid_argument(step + " stores no config (an imported checkpoint): give --config FILE");
+  return yaml;
 }
 
 /// Appended after the user's overrides: resume from `step`, write into

@@ -107,14 +107,7 @@ int run(int argc, char** argv) {
   std::string config_yaml;
   try {
     step = hp::checkpoint_step_dir(step);
-    config_yaml = hp::ckpt::CheckpointReader(step).config_text();
-    if (!config_file.empty()) {
-      std::ifstream in(config_file);
-      if (!in) throw std::invalid_argument("--config " + config_file + ": cannot be read");
-      config_yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    if (config_yaml.empty())
-      throw std::invalid_argument(step + " stores no config (an imported checkpoint): give --config FILE");
+    config_yaml = hp::checkpoint_config_text(step, config_file);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hp-eval: %s\n", e.what());
     return hp::kConfigErrorExitCode;

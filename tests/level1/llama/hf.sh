@@ -11,6 +11,8 @@
 #   export -> import --from-hf -> convert --consolidate is bitwise the
 #   checkpoint's own consolidated weights, and the import's model.yaml
 #   holds the model keys;
+#   hp-generate on the import (with --config: its model.yaml and a data
+#   section) gives the original checkpoint's tokens and log-probabilities;
 #   the imported checkpoint loads at tp=2 (dense) or ep=2 (MoE), whose first
 #   step matches one process loading it;
 #   a file whose shapes do not match config.json is refused naming the tensor
@@ -57,8 +59,23 @@ check_variant() {  # check_variant NAME MODEL_YAML_FLOW FAMILY LAYOUT_ARGS...
   "$BIN/hp-compare" "$WORK/$name.one" "$WORK/$name.split" --first-loss-rtol 1e-5 --loss-rtol 1e-5 --phase import \
     > "$WORK/cmp" 2>&1 || { cat "$WORK/cmp"; fail "$name: the imported weights at another layout"; }
 }
-check_variant dense "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 96, seq_len: 32, vocab_size: 64, qk_norm: true}" \
+check_variant dense "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 96, seq_len: 32, vocab_size: 256, qk_norm: true}" \
   qwen3 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+echo "== hp-generate on the imported checkpoint (--config: its model.yaml and a data section) = on the original"
+{ cat "$WORK/dense.rt/model.yaml"; echo "data: {type: text}"; } > "$WORK/imported.yaml"
+"$BIN/hp-generate" "$WORK/dense/checkpoints/step_00000001" --set data.type=text --prompt 0123 --max-new-tokens 8 \
+  --out "$WORK/gen0" > /dev/null 2> "$WORK/gen0.err" || { tail "$WORK/gen0.err"; fail "hp-generate on the original"; }
+out=$("$BIN/hp-generate" "$WORK/dense.rt/step_00000000" --prompt 0123 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q "stores no config (an imported checkpoint): give --config FILE" <<<"$out" \
+  || fail "hp-generate on an import without --config: exit $rc: $out"
+"$BIN/hp-generate" "$WORK/dense.rt/step_00000000" --config "$WORK/imported.yaml" --prompt 0123 --max-new-tokens 8 \
+  --out "$WORK/gen1" > /dev/null 2> "$WORK/gen1.err" || { tail "$WORK/gen1.err"; fail "hp-generate on the import"; }
+python3 - "$WORK" <<'PY' || fail "the imported checkpoint generates other tokens"
+import json, sys
+a, b = (json.load(open("%s/%s/generate.json" % (sys.argv[1], n))) for n in ("gen0", "gen1"))
+print("original %s, imported %s" % (a["tokens"], b["tokens"]))
+sys.exit(0 if a["tokens"] == b["tokens"] and a["log_probs"] == b["log_probs"] and len(a["tokens"][0]) == 8 else 1)
+PY
 check_variant qwen2 "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 1, ffn_hidden: 96, seq_len: 32, vocab_size: 64, qkv_bias: true, tie_embeddings: true}" \
   qwen2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 check_variant moe "{type: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn_hidden: 32, seq_len: 32, vocab_size: 64, moe: {num_experts: 4, top_k: 2, ffn_hidden: 32, aux_loss_coef: 0}}" \
