@@ -1,14 +1,14 @@
 #include "hp/model/kv_cache.h"
 
-#include "hp/model/layers.h"
-#include "hp/model/precision.h"
-
 #include <ATen/ATen.h>
 
 #include <atomic>
 #include <limits>
 #include <stdexcept>
 #include <string>
+
+#include "hp/model/layers.h"
+#include "hp/model/precision.h"
 
 namespace hp {
 
@@ -30,7 +30,8 @@ void KvCache::set_positions(at::Tensor positions, bool decoding) {
   if (positions.dim() != 2 || positions.scalar_type() != at::kLong)
     throw std::invalid_argument("kv cache: positions must be [samples, T] int64");
   if (positions.numel() > 0 && positions.max().item<std::int64_t>() >= max_len_)
-    throw std::invalid_argument("kv cache: position " + std::to_string(positions.max().item<std::int64_t>()) +
+    throw std::invalid_argument("kv cache: position " +
+                                std::to_string(positions.max().item<std::int64_t>()) +
                                 " beyond the cache's " + std::to_string(max_len_) + " positions");
   positions_ = positions.contiguous();
   decoding_ = decoding;
@@ -39,22 +40,24 @@ void KvCache::set_positions(at::Tensor positions, bool decoding) {
 at::Tensor KvCache::positions(std::int64_t first_sample, std::int64_t samples) const {
   const std::int64_t row = first_sample - first_sample_;
   if (!positions_.defined() || row < 0 || row + samples > positions_.size(0))
-    throw std::invalid_argument("generation: an attention layer holds samples [" + std::to_string(first_sample) + ", " +
-                                std::to_string(first_sample + samples) + ") but this rank generates " +
-                                std::to_string(positions_.defined() ? positions_.size(0) : 0) + " from " +
-                                std::to_string(first_sample_) +
-                                ": the key/value cache does not hold other ranks' requests (an attention module at a "
-                                "per-module degree above the residual stream's gathers them); run attention at the "
-                                "stream's degree, or generate without the cache");
+    throw std::invalid_argument(
+        "generation: an attention layer holds samples [" + std::to_string(first_sample) + ", " +
+        std::to_string(first_sample + samples) + ") but this rank generates " +
+        std::to_string(positions_.defined() ? positions_.size(0) : 0) + " from " +
+        std::to_string(first_sample_) +
+        ": the key/value cache does not hold other ranks' requests (an attention module at a "
+        "per-module degree above the residual stream's gathers them); run attention at the "
+        "stream's degree, or generate without the cache");
   return positions_.narrow(0, row, samples);
 }
 
-KvCache::View KvCache::store(const void* layer, std::int64_t first_sample, const at::Tensor& k, const at::Tensor& v) {
+KvCache::View KvCache::store(const void* layer, std::int64_t first_sample, const at::Tensor& k,
+                             const at::Tensor& v) {
   const std::int64_t B = k.size(0), T = k.size(1);
   const at::Tensor pos = positions(first_sample, B);
   if (pos.size(1) != T)
-    throw std::invalid_argument("kv cache: the forward holds " + std::to_string(T) + " positions, the generator set " +
-                                std::to_string(pos.size(1)));
+    throw std::invalid_argument("kv cache: the forward holds " + std::to_string(T) +
+                                " positions, the generator set " + std::to_string(pos.size(1)));
   Entry& e = entries_[{layer, first_sample}];
   if (!e.k.defined()) {
     e.k = at::zeros({B, max_len_, k.size(2), k.size(3)}, k.options());

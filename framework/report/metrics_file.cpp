@@ -148,6 +148,7 @@ std::vector<Row> parse_metrics(std::istream& in, const std::string& origin) {
     }
     Row row;
     row.step = j["step"].get<std::int64_t>();
+    if (j.contains("time") && j["time"].is_number()) row.time = j["time"].get<double>();
     for (const auto& [key, value] : j.items()) {
       if (key == "step" || key == "time") continue;
       if (value.is_number()) {

@@ -102,6 +102,9 @@ pre{background:#f6f6f6;border:1px solid #ddd;padding:12px;overflow:auto;max-heig
 
 }  // namespace
 
+const char* page_style() { return kStyle; }
+std::string chart_legend(const Chart& chart) { return legend(chart); }
+
 std::string html_escape(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -129,10 +132,14 @@ std::string exact_number(double value) {
 std::string render_chart_svg(const Chart& chart) {
   Range x{std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
   Range y = x;
+  auto x_of = [](const Series& s, std::size_t p) {
+    return s.xs.empty() ? static_cast<double>(s.points[p].first) : s.xs[p];
+  };
   for (const Series& s : chart.series) {
-    for (const auto& [step, value] : s.points) {
-      x.lo = std::min(x.lo, static_cast<double>(step));
-      x.hi = std::max(x.hi, static_cast<double>(step));
+    for (std::size_t p = 0; p < s.points.size(); ++p) {
+      const double value = s.points[p].second;
+      x.lo = std::min(x.lo, x_of(s, p));
+      x.hi = std::max(x.hi, x_of(s, p));
       if (std::isfinite(value)) {
         y.lo = std::min(y.lo, value);
         y.hi = std::max(y.hi, value);
@@ -141,7 +148,7 @@ std::string render_chart_svg(const Chart& chart) {
   }
   if (!std::isfinite(x.lo)) x = {0, 1};
   if (!std::isfinite(y.lo)) y = {0, 1};
-  const std::vector<double> x_ticks = nice_ticks(x, true);
+  const std::vector<double> x_ticks = nice_ticks(x, chart.x_label == "step");
   const std::vector<double> y_ticks = nice_ticks(y, false);
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
   auto px = [&](double v) { return kLeft + (v - x.lo) / (x.hi - x.lo) * pw; };
@@ -169,7 +176,7 @@ std::string render_chart_svg(const Chart& chart) {
   }
   out << "<rect class=\"axis\" fill=\"none\" x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << pw
       << "\" height=\"" << ph << "\"/>";
-  out << "<text x=\"" << kLeft + pw / 2 << "\" y=\"" << kHeight - 4 << "\" text-anchor=\"middle\">step</text>";
+  out << "<text x=\"" << kLeft + pw / 2 << "\" y=\"" << kHeight - 4 << "\" text-anchor=\"middle\">" << html_escape(chart.x_label) << "</text>";
   if (!chart.unit.empty()) {
     out << "<text transform=\"rotate(-90)\" x=\"" << -(kTop + ph / 2) << "\" y=\"12\" text-anchor=\"middle\">"
         << html_escape(chart.unit) << "</text>";
@@ -181,14 +188,14 @@ std::string render_chart_svg(const Chart& chart) {
     if (s.points.size() > 1) {
       out << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1.5\" points=\"";
       for (std::size_t p = 0; p < s.points.size(); ++p) {
-        out << (p ? " " : "") << fixed2(px(static_cast<double>(s.points[p].first))) << ','
-            << fixed2(py(s.points[p].second));
+        out << (p ? " " : "") << fixed2(px(x_of(s, p))) << ',' << fixed2(py(s.points[p].second));
       }
       out << "\"/>";
     }
-    for (const auto& [step, value] : s.points) {
+    for (std::size_t p = 0; p < s.points.size(); ++p) {
+      const auto& [step, value] = s.points[p];
       const std::string v = exact_number(value);
-      out << "<circle class=\"point\" cx=\"" << fixed2(px(static_cast<double>(step))) << "\" cy=\""
+      out << "<circle class=\"point\" cx=\"" << fixed2(px(x_of(s, p))) << "\" cy=\""
           << fixed2(py(value)) << "\" r=\"2.5\" fill=\"" << colour << "\" data-key=\"" << key
           << "\" data-step=\"" << step << "\" data-value=\"" << v << "\"><title>" << html_escape(s.label)
           << " at step " << step << ": " << v << "</title></circle>";

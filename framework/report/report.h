@@ -5,6 +5,7 @@
 // carrying its metrics.jsonl key, step and exact value as data attributes.
 #include <cstdint>
 #include <iosfwd>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,6 +21,8 @@ struct Row {
   std::map<std::string, std::optional<double>> values;
   /// String fields (a generated sample's text, training.sample_interval).
   std::map<std::string, std::string> texts;
+  /// The line's `time` (seconds since the Unix epoch), when it has one.
+  std::optional<double> time;
 };
 
 /// Reads metrics.jsonl. Blank lines are skipped; so is a last line without
@@ -35,6 +38,9 @@ struct Series {
   std::string key;
   std::string label;
   std::vector<std::pair<std::int64_t, double>> points;
+  /// The x of each point when the chart is not by step (tokens, seconds);
+  /// empty: the step.
+  std::vector<double> xs;
 };
 
 struct Chart {
@@ -42,6 +48,7 @@ struct Chart {
   std::string title;  ///< "Loss"
   std::string unit;   ///< y-axis unit: "", "bytes", "seconds", "tokens/s"
   std::vector<Series> series;
+  std::string x_label = "step";
 };
 
 /// The charts for `rows`, in page order: loss and eval loss, tokens/s, MFU,
@@ -101,6 +108,45 @@ std::string render_report(const ReportInput& input);
 /// one-line reason when metrics.jsonl is missing or malformed or the page
 /// cannot be written. A trace that does not parse only sets `warning`.
 std::string write_report_file(const std::string& run_dir, std::string output, std::string* warning);
+
+/// One run of a comparison: its name on the page, its directory, its
+/// metrics and its config.yaml flattened to "a.b.c" -> value (YAML text).
+struct RunData {
+  std::string name, dir;
+  std::vector<Row> rows;
+  std::map<std::string, std::string> config;
+};
+
+/// A run's figures: the last logged loss and eval loss; tokens/s, MFU and
+/// communication bytes per step as medians over the logged steps after the
+/// first; the logging rank's peak resident memory (MiB). NaN: not logged.
+struct RunSummary {
+  double loss = NAN, eval_loss = NAN, tokens_per_second = NAN, peak_mib = NAN, mfu = NAN, comm_bytes = NAN;
+};
+RunSummary summarize(const RunData& run);
+
+/// Reads a run directory (metrics.jsonl, config.yaml); throws
+/// std::runtime_error with a one-line reason when metrics.jsonl is missing.
+RunData load_run(const std::string& dir, const std::string& name);
+
+/// Leaves of a YAML document as "a.b.c" -> its value (sequences and flow
+/// maps as their YAML text).
+std::map<std::string, std::string> flatten_yaml(const std::string& text);
+
+/// The comparison page of several runs: the config keys that differ
+/// (run.output_dir and paths inside a run's own directory left out), every
+/// run on shared charts (loss and eval loss by step, by tokens and by wall
+/// time; tokens/s; peak memory; communication bytes), a summary table with
+/// each figure's difference from the baseline run (`baseline`: a run name;
+/// "" the first), and, for runs that differ only in run.seed, mean ±
+/// standard deviation per variant with differences within twice the larger
+/// standard deviation marked as seed noise. `title` heads the page.
+std::string render_comparison(const std::vector<RunData>& runs, const std::string& baseline, const std::string& title);
+
+/// The pages' shared stylesheet, and a chart's legend (one swatch per
+/// series, in the chart's colours).
+const char* page_style();
+std::string chart_legend(const Chart& chart);
 
 /// One chart as an inline <svg> element.
 std::string render_chart_svg(const Chart& chart);

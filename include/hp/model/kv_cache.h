@@ -24,7 +24,8 @@ class KvCache {
  public:
   /// Room for `max_len` positions per sample; `first_sample` is the global
   /// index of this rank's first sample (positions() rows start there).
-  KvCache(std::int64_t max_len, std::int64_t first_sample) : max_len_(max_len), first_sample_(first_sample) {}
+  KvCache(std::int64_t max_len, std::int64_t first_sample)
+      : max_len_(max_len), first_sample_(first_sample) {}
 
   /// The positions of the forward about to run: [samples, T] int64, one row
   /// per sample this rank holds. `decoding` false: a prefill (T positions
@@ -44,7 +45,8 @@ class KvCache {
   struct View {
     at::Tensor k, v, hidden;
   };
-  View store(const void* layer, std::int64_t first_sample, const at::Tensor& k, const at::Tensor& v);
+  View store(const void* layer, std::int64_t first_sample, const at::Tensor& k,
+             const at::Tensor& v);
 
   /// Bytes the cache holds, and what one position of one sample takes
   /// (bytes / (samples x max_len) summed over layers).

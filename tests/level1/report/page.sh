@@ -22,16 +22,10 @@ mv "$WORK/run/report.html" "$WORK/from_train.html"
 cmp -s "$WORK/from_train.html" "$WORK/run/report.html" || fail "hp-train's run.report page differs from hp-report's"
 grep -qE '(src|href)="(https?:)?//' "$WORK/run/report.html" && fail "the page loads something from the network"
 
-# A fresh profile, no network, no GPU; a headless browser logs the page's
-# console at INFO level as ':CONSOLE' lines.
-browse() {
-  timeout 60 chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
-    --user-data-dir="$WORK/profile" --proxy-server=127.0.0.1:9 --proxy-bypass-list='<-loopback>' \
-    --enable-logging=stderr --v=0 "$@"
-}
-browse --dump-dom "file://$WORK/run/report.html" > "$WORK/dom.html" 2> "$WORK/dom.err" \
+source "$(dirname "$0")/../../lib/chromium.sh"
+browse "$WORK" --dump-dom "file://$WORK/run/report.html" > "$WORK/dom.html" 2> "$WORK/dom.err" \
   || { tail -20 "$WORK/dom.err"; fail "chromium --dump-dom"; }
-browse --screenshot="$WORK/shot.png" --window-size=1200,3000 --force-device-scale-factor=0.5 \
+browse "$WORK" --screenshot="$WORK/shot.png" --window-size=1200,3000 --force-device-scale-factor=0.5 \
   "file://$WORK/run/report.html" > /dev/null 2> "$WORK/shot.err" || { tail -20 "$WORK/shot.err"; fail "chromium --screenshot"; }
 python3 "$HERE/check_page.py" "$WORK/run/metrics.jsonl" "$WORK/dom.html" "$WORK/shot.png" \
   <(cat "$WORK/dom.err" "$WORK/shot.err") \
@@ -39,6 +33,6 @@ python3 "$HERE/check_page.py" "$WORK/run/metrics.jsonl" "$WORK/dom.html" "$WORK/
   || fail "report page"
 
 printf '<!DOCTYPE html><html><body><script>missing_function();</script></body></html>' > "$WORK/bad.html"
-browse --dump-dom "file://$WORK/bad.html" > /dev/null 2> "$WORK/bad.err"
+browse "$WORK" --dump-dom "file://$WORK/bad.html" > /dev/null 2> "$WORK/bad.err"
 grep -q ':CONSOLE.*missing_function' "$WORK/bad.err" || fail "a script error did not reach the console log; the console check above proves nothing"
 echo PASS

@@ -7,6 +7,8 @@
 // Generator: from a checkpoint written by Trainer::fit, generate_text twice
 // gives the same text (the model loaded once), and the token ids equal
 // Trainer::generate's at the same config.
+#include "hp/model/kv_cache.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "framework/trainer/trainer.h"
-#include "hp/model/kv_cache.h"
 #include "hp/model/layers.h"
 
 namespace {
@@ -27,8 +28,10 @@ double kv_rel(const torch::Tensor& a, const torch::Tensor& b) {
 TEST(KvCache, DecodeRowsEqualCausalAttention) {
   torch::manual_seed(3);
   const std::int64_t B = 2, T = 7, H = 4, KV = 2, D = 8;
-  const auto q = torch::randn({B, T, H, D}), k = torch::randn({B, T, KV, D}), v = torch::randn({B, T, KV, D});
-  const auto full = hp::causal_attention(q, hp::repeat_kv(k, H), hp::repeat_kv(v, H));  // [B, T, H * D]
+  const auto q = torch::randn({B, T, H, D}), k = torch::randn({B, T, KV, D}),
+             v = torch::randn({B, T, KV, D});
+  const auto full =
+      hp::causal_attention(q, hp::repeat_kv(k, H), hp::repeat_kv(v, H));  // [B, T, H * D]
   int layer = 0;
   hp::KvCache cache(16, 0);
   // Sample 0 has 5 prompt positions, sample 1 has 3: a right-padded prefill
@@ -68,7 +71,8 @@ TEST(Generator, FromCheckpointKeepsTheModelAndMatchesTrainer) {
   const auto dir = std::filesystem::temp_directory_path() / "hp_ut_generator";
   std::filesystem::remove_all(dir);
   const std::string yaml =
-      "model: {type: gpt, layers: 1, hidden: 32, heads: 2, seq_len: 24, vocab_size: 256, dropout: 0}\n"
+      "model: {type: gpt, layers: 1, hidden: 32, heads: 2, seq_len: 24, vocab_size: 256, dropout: "
+      "0}\n"
       "data: {type: text, path: /usr/share/games/fortunes/computers}\n"
       "training: {max_steps: 6, global_batch_size: 4, micro_batch_size: 2, log_interval: 3}\n"
       "checkpoint: {interval: 6}\n";
@@ -86,7 +90,8 @@ TEST(Generator, FromCheckpointKeepsTheModelAndMatchesTrainer) {
   EXPECT_FALSE(a[0].empty());
   // The same through Trainer::generate (a new run that loads the checkpoint).
   auto t2 = hp::Trainer::from_yaml(yaml);
-  t2.set("run.output_dir", (dir / "t2").string()).set("checkpoint.resume", (dir / "run" / "checkpoints").string());
+  t2.set("run.output_dir", (dir / "t2").string())
+      .set("checkpoint.resume", (dir / "run" / "checkpoints").string());
   hp::GenerateOptions ids = o;
   ids.prompts = {{'U', 'n', 'i', 'x'}};
   ids.vocab_limit = 256;
