@@ -54,6 +54,13 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer();
 /// apart by content. Throws std::runtime_error naming the file and reason.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
 
+class Config;
+/// The tokenizer a run reads its data with: bytes for `data.type: text`;
+/// for `tokens`, data.tokenizer when set, else the one stored beside the
+/// (first blended) corpus. Throws std::invalid_argument naming what is
+/// missing, or a data type without tokens.
+std::unique_ptr<Tokenizer> run_tokenizer(const Config& c);
+
 /// The hash load_tokenizer(spec)->hash() gives, computed from the file's
 /// bytes without loading it ("bytes" gives the byte tokenizer's).
 std::string tokenizer_hash(const std::string& spec);

@@ -2,7 +2,6 @@
 // `data.type: tokens`: prepared corpora (hp/data/token_shards.h) read by
 // memory map, alone or blended. Free of LibTorch.
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -10,8 +9,6 @@
 namespace hp {
 
 class ConfigErrors;
-class Config;
-class Tokenizer;
 
 struct BlendSource {
   std::string path;
@@ -21,12 +18,6 @@ struct BlendSource {
 /// `data.blend` items ({path: DIR, weight: W} flow maps). Adds one error
 /// per bad item to `errors` (or throws ConfigException when null).
 std::vector<BlendSource> parse_data_blend(const std::vector<std::string>& items, ConfigErrors* errors);
-
-/// The tokenizer a run reads its data with: bytes for `data.type: text`;
-/// for `tokens`, data.tokenizer when set, else the one stored beside the
-/// (first blended) corpus. Throws std::invalid_argument naming what is
-/// missing, or a data type without tokens.
-std::unique_ptr<Tokenizer> run_tokenizer(const Config& c);
 
 /// Megatron's blending rule: sample i goes to the source d that maximises
 /// w[d] * max(i, 1) - count[d] (the first on ties; the weights normalised),
