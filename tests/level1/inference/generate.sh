@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# hp-generate: greedy continuations of two prompts of different lengths from
-# a byte-level GPT trained 80 steps on a fortune file, at one process with
-# the key/value cache and without it, and at tp=2 with sequence parallel,
-# pp=2 (two micro-batches of requests), cp=2 (the prefill laid over both
-# ranks, the decode on the whole cache without the layout), dp=2 (one prompt per replica) and the seed recipe's decode layout
-# (attention at dp=2, FFN, embedding and LM head at tp=2); then a Llama MoE (grouped-query attention, rotary positions) at
-# one process, ep=2 and experts over tp=2: the same tokens, or the first
+# hp-generate: greedy continuations of two prompts of different lengths.
+# A byte-level GPT trained 80 steps on a fortune file, at one process with
+# the key/value cache, without it, and with block attention in the prefill;
+# at tp=2 with sequence parallel, pp=2 (two micro-batches of requests), cp=2
+# (the prefill laid over both ranks, the decode on the whole cache without
+# the layout), dp=2 (one prompt per replica) and the seed recipe's decode
+# layout (attention at dp=2; FFN, embedding and LM head at tp=2). A Llama
+# MoE (grouped-query attention, rotary positions) at one process, ep=2,
+# experts over tp=2 and cp=2; a GPT MoE at one process, ep=2 and experts
+# over tp=2. Everywhere: the same tokens as one process, or the first
 # difference where the one-process top-2 log-probability gap is within 1e-4
 # (reported); each chosen token's log-probability within 1e-5 of one
-# process's. The sum of the generated log-probabilities equals one
+# process's; the sum of the generated log-probabilities equal to one
 # teacher-forced forward's within 1e-6 relative; the cache's bytes per
-# token on rank 0 equal layers x 2 x kv heads x head dim x 4 of the layout. Standard output holds only
-# the text (no rank prefix under --nproc). Refused before start (exit 2,
-# one line): a prompt longer than model.seq_len allows; a token corpus whose
-# tokenizer file is gone.
+# token on rank 0 equal to layers x 2 x kv heads x head dim x 4 of the
+# layout; at tp=2 no rank holds a split weight whole. Standard output holds
+# only the text (no rank prefix under --nproc). Refused before start (exit
+# 2, one line): a prompt longer than model.seq_len allows; a token corpus
+# whose tokenizer file is gone.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 export HP_INTRA_OP_THREADS=1
@@ -32,6 +36,7 @@ gen() {  # gen NAME ARGS...
 }
 gen one --teacher-forcing
 gen nocache --no-kv-cache --teacher-forcing
+gen block --set model.attention=block --set model.attention_block=8
 gen tp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
   --set features.tensor_parallel.sequence_parallel=true
 gen pp2 --nproc 2 --micro-batches 2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
@@ -86,7 +91,7 @@ for name in names:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
-python3 "$WORK/compare.py" "$WORK" one nocache,tp2,pp2,cp2,dp2,recipe one=1024,tp2=512,pp2=512,cp2=1024,dp2=1024,nocache=0,recipe=1024 \
+python3 "$WORK/compare.py" "$WORK" one nocache,block,tp2,pp2,cp2,dp2,recipe one=1024,block=1024,tp2=512,pp2=512,cp2=1024,dp2=1024,nocache=0,recipe=1024 \
   || fail "the GPT's layouts generated other tokens"
 # A Llama MoE: grouped-query attention (4 heads, 2 kv heads) with rotary positions, 4 experts.
 cat > "$WORK/llama.yaml" <<'YAML'
@@ -105,6 +110,15 @@ gen lep2 --nproc 2 --teacher-forcing --set features.expert_parallel.enabled=true
 gen ltp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 gen lcp2 --nproc 2 --set features.context_parallel.enabled=true --set features.context_parallel.size=2
 python3 "$WORK/compare.py" "$WORK" lone lep2,ltp2,lcp2 lone=512,lep2=512,ltp2=256,lcp2=512 || fail "the Llama MoE's layouts generated other tokens"
+# The GPT MoE (4 experts, top 2) at one process, ep=2 and experts over tp=2.
+"$BIN/hp-train" "$WORK/c.yaml" --set model.moe.num_experts=4 --set model.moe.top_k=2 --set training.max_steps=40 \
+  --set checkpoint.interval=40 --set training.eval_interval=0 --set model.dropout=0 --set optimizer.lr=0.003 \
+  --set run.output_dir="$WORK/mref" > "$WORK/mref.log" 2>&1 || { tail "$WORK/mref.log"; fail "training the GPT MoE"; }
+ck="$WORK/mref/checkpoints"
+gen mone --teacher-forcing
+gen mep2 --nproc 2 --set features.expert_parallel.enabled=true --set features.expert_parallel.size=2
+gen mtp2 --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+python3 "$WORK/compare.py" "$WORK" mone mep2,mtp2 mone=1024,mep2=1024,mtp2=512 || fail "the GPT MoE's layouts generated other tokens"
 ck="$WORK/ref/checkpoints"
 # --dry-run: the layout, nothing started.
 "$BIN/hp-generate" "$ck" --prompt "Unix" --dry-run --nproc 2 --set features.tensor_parallel.enabled=true \
