@@ -47,6 +47,7 @@
 #include "framework/trainer/throughput.h"
 #include "hp/trainer/training_metrics.h"
 #include "framework/util/blas_check.h"
+#include "framework/util/strings.h"
 
 namespace hp {
 
@@ -77,13 +78,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string format_eta(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
-  auto s = static_cast<long long>(seconds);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%02lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
-  return buf;
-}
 
 /// What one step produced, global figures.
 struct StepResult {
@@ -649,7 +643,7 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
           "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | {:.2f} GFLOP/s | MFU {:.1f}% | "
           "ETA {}",
           step + 1, train_.max_steps, r.loss, r.lr, r.grad_norm, f.tokens_per_second, model_flops / 1e9,
-          100 * throughput_->mfu(model_flops), format_eta(eta));
+          100 * throughput_->mfu(model_flops), format_hms(eta));
     }
   }
   if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);

@@ -1,6 +1,8 @@
 #include "framework/util/strings.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace hp {
 
@@ -53,6 +55,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
   }
   out.push_back(cur);
   return out;
+}
+
+std::string format_hms(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  const auto s = static_cast<long long>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  return buf;
 }
 
 }  // namespace hp

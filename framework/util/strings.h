@@ -17,4 +17,7 @@ std::string join(const std::vector<std::string>& items, const std::string& sep =
 
 std::vector<std::string> split(const std::string& s, char sep);
 
+/// Seconds as "HH:MM:SS" (an ETA; negative or not finite: "00:00:00").
+std::string format_hms(double seconds);
+
 }  // namespace hp

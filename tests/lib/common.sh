@@ -23,6 +23,15 @@ metrics: {peak_flops: 1.0e+10}
 YAML
 }
 
+# text_config FILE [SEQ_LEN]: small_config on byte tokens of a fortune
+# file (vocabulary 256; model.seq_len SEQ_LEN, default 32), for the tools
+# that read text (hp-eval, hp-generate, samples during training).
+text_config() {
+  small_config "$1"
+  sed -i "s/, vocab_size: 64/, vocab_size: 256/; s/seq_len: 32/seq_len: ${2:-32}/; s|^data: .*|data: {type: text, path: /usr/share/games/fortunes/computers}|" \
+    "$1"
+}
+
 # unet_config FILE [MAX_STEPS]: the skip-connection model on the field task
 # (no dropout; 20 steps unless given).
 unet_config() {

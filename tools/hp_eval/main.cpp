@@ -30,6 +30,7 @@
 #include "hp/comm/env.h"
 #include "hp/config/config.h"
 #include "framework/trainer/checkpoint_run.h"
+#include "tools/self_exe.h"
 #include "tools/exit_now.h"
 #include "tools/hp_launch/launcher.h"
 
@@ -37,11 +38,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("hp-eval") : p.string();
-}
 
 
 /// The run: the stored config, the caller's overrides, then what keeps it
@@ -145,7 +141,7 @@ int run(int argc, char** argv) {
 
   int code = 0;
   if (nproc > 0 && !launched) {
-    std::vector<std::string> cmd{self_exe(), step, "--out", out};
+    std::vector<std::string> cmd{hp::tools::self_exe("hp-eval"), step, "--out", out};
     if (!data.empty()) cmd.insert(cmd.end(), {"--data", data});
     if (!config_file.empty()) cmd.insert(cmd.end(), {"--config", config_file});
     for (const auto& s : sets) cmd.insert(cmd.end(), {"--set", s});

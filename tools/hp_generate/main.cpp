@@ -35,6 +35,7 @@
 #include "hp/data/tokens.h"
 #include "framework/trainer/checkpoint_run.h"
 #include "tools/exit_now.h"
+#include "tools/self_exe.h"
 #include "tools/hp_launch/launcher.h"
 
 namespace fs = std::filesystem;
@@ -45,11 +46,6 @@ namespace {
 /// workers' (rank 0 writes the text there, unprefixed, as it comes).
 int g_text_fd = 1;
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("hp-generate") : p.string();
-}
 
 
 struct Job {
@@ -270,7 +266,7 @@ int run(int argc, char** argv) {
   }
   if (nproc > 0 && !launched) {
     g_text_fd = ::dup(1);  // the forked workers inherit it; the launcher takes over their 1
-    std::vector<std::string> cmd{self_exe()};
+    std::vector<std::string> cmd{hp::tools::self_exe("hp-generate")};
     for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);
     hp::launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;

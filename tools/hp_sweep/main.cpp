@@ -33,6 +33,8 @@
 #include "framework/runtime/setup.h"
 #include "hp/config/config.h"
 #include "hp/config/errors.h"
+#include "framework/util/strings.h"
+#include "tools/self_exe.h"
 
 extern char** environ;
 
@@ -77,11 +79,6 @@ std::string short_key(const std::string& key) {
   return before == std::string::npos ? key : key.substr(before + 1);
 }
 
-std::string self_dir() {
-  std::error_code ec;
-  const auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
 
 /// Runs argv with stdout and stderr into `log`; returns the exit status
 /// (128 + signal when killed).
@@ -104,18 +101,6 @@ int run_logged(const std::vector<std::string>& args, const std::string& log) {
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-std::string duration(double s) {
-  char b[32];
-  if (s < 60) {
-    std::snprintf(b, sizeof b, "%.0fs", s);
-  } else if (s < 3600) {
-    std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  } else {
-    std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s) / 3600,
-                  static_cast<int>(s) % 3600 / 60);
-  }
-  return b;
-}
 
 std::string cell(double v, const char* format) {
   if (std::isnan(v)) return "-";
@@ -252,7 +237,7 @@ int main(int argc, char** argv) {
     return hp::kConfigErrorExitCode;
   }
 
-  const std::string hp_train = (fs::path(self_dir()) / "hp-train").string();
+  const std::string hp_train = (fs::path(hp::tools::self_exe("hp-sweep")).parent_path() / "hp-train").string();
   const std::size_t n = runs.size();
   std::size_t done_now = 0, failed = 0, refused = 0, position = 0;
   double spent = 0;
@@ -293,7 +278,7 @@ int main(int argc, char** argv) {
     bar += std::string(static_cast<std::size_t>(width - filled), '.');
     const std::string eta =
         done_now > 0
-            ? duration(spent / static_cast<double>(done_now) * static_cast<double>(todo_left))
+            ? hp::format_hms(spent / static_cast<double>(done_now) * static_cast<double>(todo_left))
             : "?";
     std::fprintf(stderr, "hp-sweep: [%zu/%zu] [%s] running %s (%s) | ETA %s\n", position, n,
                  bar.c_str(), run["name"].get<std::string>().c_str(), label.c_str(), eta.c_str());

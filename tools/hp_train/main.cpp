@@ -17,6 +17,7 @@
 #include "framework/trainer/param_groups_report.h"
 #include "framework/trainer/trainer.h"
 #include "tools/exit_now.h"
+#include "tools/self_exe.h"
 #include "tools/hp_launch/launcher.h"
 
 namespace {
@@ -24,11 +25,6 @@ namespace {
 /// Local processes `--nproc` starts at most (one machine's worth and more).
 constexpr int kMaxLocalProcesses = 4096;
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("hp-train") : p.string();
-}
 
 void print_features(const hp::Setup& s) {
   std::cout << "features:";
@@ -154,7 +150,7 @@ int run(int argc, char** argv) {
   }
 
   if (nproc > 0 && !launched) {
-    std::vector<std::string> cmd{self_exe(), config_file};
+    std::vector<std::string> cmd{hp::tools::self_exe("hp-train"), config_file};
     for (const auto& o : overrides) {
       cmd.push_back("--set");
       cmd.push_back(o);

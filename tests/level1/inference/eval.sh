@@ -9,9 +9,7 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 export HP_INTRA_OP_THREADS=1
-small_config "$WORK/c.yaml"
-sed -i 's/, vocab_size: 64/, vocab_size: 256/; s|^data: .*|data: {type: text, path: /usr/share/games/fortunes/computers}|' \
-  "$WORK/c.yaml"
+text_config "$WORK/c.yaml"
 "$BIN/hp-train" "$WORK/c.yaml" --set checkpoint.interval=10 --set run.output_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 \
   || { tail "$WORK/ref.log"; fail "training"; }
 ck="$WORK/ref/checkpoints/step_00000010"

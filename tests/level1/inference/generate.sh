@@ -21,9 +21,7 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 export HP_INTRA_OP_THREADS=1
-small_config "$WORK/c.yaml"
-sed -i 's/, vocab_size: 64/, vocab_size: 256/; s/seq_len: 32/seq_len: 48/; s|^data: .*|data: {type: text, path: /usr/share/games/fortunes/computers}|' \
-  "$WORK/c.yaml"
+text_config "$WORK/c.yaml" 48
 "$BIN/hp-train" "$WORK/c.yaml" --set checkpoint.interval=80 --set training.max_steps=80 --set training.eval_interval=0 --set model.dropout=0 --set optimizer.lr=0.003 \
   --set run.output_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 || { tail "$WORK/ref.log"; fail "training"; }
 ck="$WORK/ref/checkpoints"
@@ -45,6 +43,14 @@ gen pp2 --nproc 2 --micro-batches 2 --set features.pipeline_parallel.enabled=tru
 gen recipe --nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=1 \
   --set features.tensor_parallel.ffn_size=2 --set features.tensor_parallel.embedding_size=2 \
   --set features.tensor_parallel.lm_head_size=2
+# Attention above the stream's degree gathers the other rank's requests: the
+# cache cannot hold them (refused, naming the way out); without it, it runs.
+WIDE=(--nproc 2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=1
+      --set features.tensor_parallel.attention_size=2)
+out=$("$BIN/hp-generate" "$ck" --prompts "$WORK/prompts.txt" --max-new-tokens 4 "${WIDE[@]}" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "the key/value cache does not hold other ranks' requests .*or generate without the cache" <<<"$out" \
+  || fail "wide attention with the cache: exit $rc: $out"
+gen wide --no-kv-cache "${WIDE[@]}"
 gen cp2 --nproc 2 --set features.context_parallel.enabled=true --set features.context_parallel.size=2
 gen dp2 --nproc 2
 grep -q '\[rank' "$WORK"/*.out && fail "a rank prefix on standard output"
@@ -91,7 +97,7 @@ for name in names:
         bad += worst > 1e-5
 sys.exit(1 if bad else 0)
 PY
-python3 "$WORK/compare.py" "$WORK" one nocache,block,tp2,pp2,cp2,dp2,recipe one=1024,block=1024,tp2=512,pp2=512,cp2=1024,dp2=1024,nocache=0,recipe=1024 \
+python3 "$WORK/compare.py" "$WORK" one nocache,block,tp2,pp2,cp2,dp2,recipe,wide one=1024,block=1024,wide=0,tp2=512,pp2=512,cp2=1024,dp2=1024,nocache=0,recipe=1024 \
   || fail "the GPT's layouts generated other tokens"
 # A Llama MoE: grouped-query attention (4 heads, 2 kv heads) with rotary positions, 4 experts.
 cat > "$WORK/llama.yaml" <<'YAML'
@@ -131,6 +137,9 @@ out=$("$BIN/hp-generate" "$ck" --prompt "Unix" --prompts "$WORK/prompts.txt" 2>&
 out=$("$BIN/hp-generate" "$ck" --prompt "$(printf 'x%.0s' $(seq 60))" 2>&1); rc=$?
 [[ $rc -eq 2 && $(wc -l <<<"$out") -eq 1 ]] && grep -q "prompt 0 is 60 tokens; model.seq_len 48 holds at most 47" <<<"$out" \
   || fail "long prompt: exit $rc: $out"
+# An unreadable --config.
+out=$("$BIN/hp-generate" "$ck" --prompt "Unix" --config "$WORK/no-such.yaml" 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q -- "--config $WORK/no-such.yaml: cannot be read" <<<"$out" || fail "unreadable --config: exit $rc: $out"
 # A token corpus whose tokenizer is gone.
 "$BIN/hp-data" train-tokenizer --input /usr/share/games/fortunes/computers --vocab-size 400 --out "$WORK/sp.model" \
   --threads 1 > /dev/null
@@ -141,6 +150,12 @@ out=$("$BIN/hp-generate" "$ck" --prompt "$(printf 'x%.0s' $(seq 60))" 2>&1); rc=
   || { tail "$WORK/tok.log"; fail "training on tokens"; }
 "$BIN/hp-generate" "$WORK/tok/checkpoints" --prompt "Unix" --max-new-tokens 4 > "$WORK/tok.out" 2> "$WORK/tok.err" \
   || { cat "$WORK/tok.err"; fail "hp-generate on a token corpus"; }
+# A sample prompt longer than model.seq_len in the corpus's tokens: refused at start.
+out=$("$BIN/hp-train" "$WORK/c.yaml" --set data.type=tokens --set data.path="$WORK/corpus" --set model.vocab_size=400 \
+  --set training.sample_interval=1 --set "training.sample_prompt=$(printf 'computer %.0s' $(seq 60))" \
+  --set run.output_dir="$WORK/toklong" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "training.sample_prompt is [0-9]* tokens; model.seq_len 48 holds at most 47: shorten the prompt" <<<"$out" \
+  || fail "a long sample prompt in corpus tokens: exit $rc: $out"
 rm "$WORK/corpus/tokenizer.model"
 out=$("$BIN/hp-generate" "$WORK/tok/checkpoints" --prompt "Unix" 2>&1); rc=$?
 [[ $rc -eq 2 && $(wc -l <<<"$out") -eq 1 ]] && grep -q "corpus/tokenizer.model, is missing" <<<"$out" \

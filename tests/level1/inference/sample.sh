@@ -10,9 +10,7 @@
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 export HP_INTRA_OP_THREADS=1
-small_config "$WORK/c.yaml"
-sed -i 's/, vocab_size: 64/, vocab_size: 256/; s/seq_len: 32/seq_len: 48/; s|^data: .*|data: {type: text, path: /usr/share/games/fortunes/computers}|' \
-  "$WORK/c.yaml"
+text_config "$WORK/c.yaml" 48
 sed -i 's/max_steps: 20/max_steps: 10/' "$WORK/c.yaml"
 SAMPLE=(--set training.sample_interval=5 --set "training.sample_prompt=The computer" --set training.sample_tokens=12)
 run() {  # NAME NPROC ARGS...

@@ -40,6 +40,8 @@ cmp -s "$WORK/before" "$WORK/after" || { diff "$WORK/before" "$WORK/after"; fail
 [[ -f "$WORK/sw/runs/run-001/sweep_done.json" ]] || fail "run-001 was not finished again"
 out=$("$BIN/hp-sweep" "$WORK/c.yaml" --grid optimizer.lr=0.01 --out "$WORK/sw" 2>&1); rc=$?
 [[ $rc -eq 2 ]] && grep -q "holds another sweep" <<<"$out" || fail "another sweep in the same directory: exit $rc: $out"
+out=$("$BIN/hp-sweep" "$WORK/c.yaml" --grid optimizer.lr --out "$WORK/sw2" 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q -- "--grid optimizer.lr: expected KEY=V1,V2,..." <<<"$out" || fail "a bad --grid: exit $rc: $out"
 # The comparison page.
 rm -f "$WORK/sw/report.html"
 "$BIN/hp-report" "$WORK/sw" > /dev/null || fail "hp-report SWEEP_DIR"
@@ -72,6 +74,8 @@ print("Chromium's DOM: 4 loss lines")
 PY
 "$BIN/hp-report" "$WORK/sw/runs/run-000" "$WORK/sw/runs/run-002" --out "$WORK/two.html" > /dev/null \
   || fail "hp-report RUN RUN"
+out=$("$BIN/hp-report" "$WORK/sw" --baseline run-999 2>&1); rc=$?
+[[ $rc -eq 2 ]] && grep -q -- "--baseline run-999: no run of that name" <<<"$out" || fail "an unknown baseline: exit $rc: $out"
 grep -q '<th>optimizer.lr</th>' "$WORK/two.html" && ! grep -q '<th>run.seed</th>' "$WORK/two.html" \
   || fail "two runs: the differing keys"
 echo PASS
