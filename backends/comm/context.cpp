@@ -164,6 +164,26 @@ std::shared_ptr<DistributedContext> DistributedContext::single() {
   return create(env, ProcessMesh(), ContextOptions());
 }
 
+std::shared_ptr<DistributedContext> DistributedContext::planning(const ProcessMesh& mesh, int rank) {
+  std::shared_ptr<DistributedContext> ctx(new DistributedContext());
+  ctx->env_.rank = rank;
+  ctx->env_.world_size = mesh.world_size();
+  ctx->mesh_ = mesh;
+  ctx->store_ = std::make_unique<StoreHolder>();
+  const auto timeout = ContextOptions().timeout;
+  ctx->self_ = std::make_unique<Group>("self", std::vector<int>{rank}, rank, nullptr, timeout);
+  for (const auto& name : mesh.group_names()) {
+    for (const auto& members : mesh.all_groups(name)) {
+      if (std::find(members.begin(), members.end(), rank) == members.end()) continue;
+      // A handle without a process group: the group knows its members and
+      // refuses to communicate (Group::launch).
+      auto handle = members.size() > 1 ? std::make_shared<PgHandle>() : nullptr;
+      ctx->groups_[name] = std::make_unique<Group>(name, members, rank, handle, timeout);
+    }
+  }
+  return ctx;
+}
+
 Group& DistributedContext::group(MeshRole role) {
   if (role == MeshRole::kPartition) {
     const auto dim = mesh_.partition_dim();

@@ -231,6 +231,7 @@ std::unique_ptr<Work> Group::launch(const std::string& op, std::uint64_t bytes, 
   w.t0 = std::chrono::steady_clock::now();
   w.issued_ns = w.profiled ? profile::now_ns() : 0;
   if (recorder_) w.flight_id = recorder_->issue(name_, w.short_op, kind, peer, bytes);
+  if (!pg_->pg) fail(op, "a planning context (DistributedContext::planning) does not communicate");
   try {
     w.work = start(*pg_->pg);
   } catch (const std::exception& e) {

@@ -118,6 +118,17 @@ void apply_update(const OptimizerOptions& o, std::int64_t steps, double lr, at::
   p.addcdiv_(m, denom, -lr / bc1);
 }
 
+ModelStateBytes Optimizer::model_state(const std::vector<ParamEntry>& params) {
+  ModelStateBytes m;
+  for (const auto& p : params) {
+    const double bytes = static_cast<double>(p.tensor.numel()) * static_cast<double>(p.tensor.element_size());
+    m.params += bytes;
+    m.grads += bytes;
+  }
+  m.optimizer = static_cast<double>(state_bytes());
+  return m;
+}
+
 std::int64_t Optimizer::state_bytes() {
   std::int64_t n = 0;
   for (const auto& e : state()) n += static_cast<std::int64_t>(e.tensor.nbytes());

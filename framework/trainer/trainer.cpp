@@ -140,6 +140,8 @@ class TrainingRun {
   TrainingOptions train_;
   ScheduleOptions schedule_;
   OptimizerOptions optim_;
+  double training_peak_ = 0;  ///< resident peak after the last step, before its save
+  double start_resident_ = 0;  ///< resident memory when fit() began
   std::string policy_text_;  ///< GroupPolicy::describe() of the run, recorded in checkpoints
   CheckpointOptions ckpt_;
   std::shared_ptr<dist::DistributedContext> ctx_;
@@ -646,6 +648,8 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
           100 * throughput_->mfu(model_flops), format_hms(eta));
     }
   }
+  // Each rank's training peak, before the final save gathers anything.
+  if (last) training_peak_ = resident_memory_bytes().second;
   if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);
 }
 
@@ -667,6 +671,8 @@ void TrainingRun::sample(std::int64_t step) {
 }
 
 FitResult TrainingRun::fit() {
+  // This rank before it builds anything: LibTorch and the plugins loaded.
+  start_resident_ = resident_memory_bytes().first;
   setup_process();
   if (train_.sample_interval > 0) {
     sample_tokenizer_ = run_tokenizer(setup_.config);
@@ -702,6 +708,26 @@ FitResult TrainingRun::fit() {
                       optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0),
                       anon / (1024.0 * 1024.0), file / (1024.0 * 1024.0));
   if (profiler_->enabled()) profiler_->write_rank_file();
+  {
+    // Every rank's training peak in one file (hp-plan --measure reads it).
+    at::Tensor mine = at::full({2}, training_peak_, at::kDouble);
+    mine[1] = start_resident_;
+    const at::Tensor all = ctx_->group("world").all_gather(mine).view({-1, 2});
+    if (rank0()) {
+      std::string peaks, starts;
+      for (std::int64_t r = 0; r < all.size(0); ++r) {
+        peaks += (r ? ", " : "") + std::to_string(static_cast<long long>(all[r][0].item<double>()));
+        starts += (r ? ", " : "") + std::to_string(static_cast<long long>(all[r][1].item<double>()));
+      }
+      const std::string path = run_.output_dir + "/peaks.json";
+      std::ofstream(path + ".tmp") << "{\"peak_resident_memory_bytes\": [" << peaks
+                                   << "], \"start_resident_memory_bytes\": [" << starts
+                                   << "], \"what\": \"each rank's peak resident memory after its last step "
+                                      "(before the final save), and its resident memory when it started "
+                                      "(LibTorch and the plugins loaded, nothing built)\"}\n";
+      std::filesystem::rename(path + ".tmp", path);
+    }
+  }
   ctx_->group("world").barrier();
   if (profiler_->enabled() && rank0()) {
     std::string missing;

@@ -107,6 +107,18 @@ class PipelineExecutor : public StepExecutor {
 
   bool computes_loss() const override { return stage_ == P_ - 1; }
 
+  /// From the schedule's simulation (forward 1, backward 2): this stage's
+  /// most chunks in flight, as a share of its V chunks, and its idle time.
+  StepShape shape(int micro_batches) const override {
+    std::vector<std::vector<Action>> lists;
+    for (int r = 0; r < P_; ++r) lists.push_back(make_schedule(kind_, P_, micro_batches, V_, r));
+    const Simulation sim = simulate(lists, P_, V_);
+    StepShape out;
+    out.in_flight = static_cast<double>(sim.peak_in_flight.at(static_cast<std::size_t>(stage_))) / V_;
+    if (sim.deadlock_free) out.idle_fraction = sim.idle_fraction.at(static_cast<std::size_t>(stage_));
+    return out;
+  }
+
   StepReport run(BuiltModel& m, const StepWork& w) override {
     const int M = static_cast<int>(w.micro_batches);
     const int C = P_ * V_;

@@ -91,7 +91,7 @@ class GatherAfterUpdate : public ParamResidency {
     top_up();
   }
 
-  /// Keeps kAhead gathers travelling beyond those arrived: each holds this
+  /// Keeps kGathersAhead gathers travelling beyond those arrived: each holds this
   /// rank's slices packed, a receive buffer of its bucket's whole size and
   /// the transport's own, so issuing every bucket at once held one and a
   /// half times the parameters on top at the next forward's peak. The
@@ -100,7 +100,7 @@ class GatherAfterUpdate : public ParamResidency {
   /// peak 1455 MiB, forward waiting ~105 ms a step, step 3.87-3.98 s; 8
   /// ahead, 1533-1566 MiB, ~55 ms, 3.64-3.67 s (plain dp's peak 1723 MiB).
   void top_up() {
-    const std::size_t until = std::min(gather_plan.size(), arrived + kAhead);
+    const std::size_t until = std::min(gather_plan.size(), arrived + kGathersAhead);
     for (; issued < until; ++issued) in_flight[issued] = start_gather(issued);
   }
 
@@ -157,7 +157,6 @@ class GatherAfterUpdate : public ParamResidency {
   std::vector<std::unique_ptr<dist::Redistributor::Pending>> in_flight;
   std::size_t arrived = 0;  ///< gather_plan[0, arrived) are in the parameters
   std::size_t issued = 0;   ///< gather_plan[0, issued) have been started
-  static constexpr std::size_t kAhead = 8;
   double waited_seconds = 0;  ///< spent waiting for gathers since the last report
   std::size_t in_forward = 0;  ///< gathers waited by a block's forward since the last report
 };

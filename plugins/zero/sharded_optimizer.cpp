@@ -2,6 +2,9 @@
 
 #include <c10/core/GradMode.h>
 
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+
 namespace hp::zero {
 
 namespace {
@@ -31,6 +34,34 @@ class ShardedOptimizer : public NamedStateOptimizer {
       }
     }
     residency_->after_update();
+  }
+  /// Stage 1 keeps each parameter and its full gradient (the reduced slice
+  /// inside it); stage 2 a gradient slice (the whole one made in backward);
+  /// stage 3 a parameter slice too (gathered for forward and backward).
+  /// Over a group of one member nothing is sharded.
+  ModelStateBytes model_state(const std::vector<ParamEntry>&) override {
+    ModelStateBytes m;
+    double gathered_after_step = 0, made_whole = 0;
+    for (const auto& c : s_->cuts) {
+      const double item = static_cast<double>(c.param.tensor.element_size());
+      const double whole = static_cast<double>(c.param.tensor.numel()) * item;
+      const double slice = static_cast<double>(c.numel_of(c.me)) * item;
+      const bool shared = s_->dist->group(c.shard_group).size() > 1;
+      const bool params_sharded = s_->options.parts.shard_params && shared;
+      const bool grads_sharded = s_->options.parts.release_full_grads && shared;
+      m.params += params_sharded ? slice : whole;
+      m.grads += grads_sharded ? slice : whole;
+      // A released gradient is made whole again in each backward; whole
+      // parameters take their updated slices back after the step, through
+      // receive buffers of the gathers in flight (kGathersAhead buckets).
+      if (grads_sharded) made_whole += whole;
+      if (shared && !params_sharded) gathered_after_step += whole;
+      if (params_sharded) m.gathered_per_micro_batch += (s_->options.reshard_after_forward ? 2 : 1) * whole;
+    }
+    m.transient = std::max(made_whole, std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes));
+    m.grads_per_micro_batch = s_->options.rounds();
+    m.optimizer = static_cast<double>(state_bytes());
+    return m;
   }
   void zero_grad() override {
     std::vector<ParamEntry> params;

@@ -58,6 +58,10 @@ struct ZeroOptions {
   bool rounds() const { return per_micro_batch && parts.release_full_grads && overlap; }
 };
 
+/// Stages 1 and 2: the gathers of updated slices kept travelling at once
+/// after a step (param_residency.cpp).
+constexpr std::size_t kGathersAhead = 8;
+
 /// Stage 3's block cache serves blocks of at least this many bytes.
 constexpr std::size_t kBlockCacheMin = std::size_t{256} << 10;
 

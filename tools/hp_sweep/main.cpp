@@ -1,9 +1,10 @@
 // hp-sweep: config-toggled experiments as one job.
 //
-//   hp-sweep CONFIG --grid KEY=V1,V2 ... [--repeat K] [--nproc N]
-//            [--set KEY=V ...] --out SWEEP_DIR
+//   hp-sweep CONFIG --grid KEY=V1,V2 ... [--variant "KEY=V KEY=V" ...]
+//            [--repeat K] [--nproc N] [--set KEY=V ...] --out SWEEP_DIR
 //
-// Runs the product of the grids (and K seeds: run.seed, run.seed + 1, ...)
+// Runs the product of the grids (each --variant, a set of keys taken
+// together, times that product) (and K seeds: run.seed, run.seed + 1, ...)
 // one hp-train after another, each in SWEEP_DIR/runs/run-NNN (its output
 // in run-NNN.log beside it), with a progress line and an ETA. A variant the
 // config check refuses is listed with its reason and skipped. Rerunning the
@@ -121,9 +122,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> grid_items, sets;
   int repeat = 1, nproc = 1, threads_per_worker = 0;
   app.add_option("config", config, "The base config (YAML)")->required()->check(CLI::ExistingFile);
+  std::vector<std::string> variant_items;
   app.add_option("--grid", grid_items,
-                 "KEY=V1,V2,...: a config key and its values (repeat for a product)")
-      ->required();
+                 "KEY=V1,V2,...: a config key and its values (repeat for a product)");
+  app.add_option("--variant", variant_items,
+                 "\"KEY=V KEY=V ...\": one variant, its keys together (repeat for a list; with --grid, each "
+                 "variant times the grids' product)");
   app.add_option("--repeat", repeat, "Seeds per variant: run.seed, run.seed + 1, ...")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -143,6 +147,25 @@ int main(int argc, char** argv) {
 
   std::vector<Grid> grids;
   nlohmann::json plan;
+  if (grid_items.empty() && variant_items.empty()) {
+    std::fprintf(stderr, "hp-sweep: give --grid KEY=V1,V2 or --variant \"KEY=V ...\" (see --help)\n");
+    return hp::kConfigErrorExitCode;
+  }
+  // Each variant's keys, split at spaces.
+  std::vector<std::vector<std::string>> variants;
+  for (const auto& v : variant_items) {
+    std::istringstream in(v);
+    std::vector<std::string> keys;
+    for (std::string kv; in >> kv;) {
+      if (kv.find('=') == std::string::npos || kv.front() == '=') {
+        std::fprintf(stderr, "hp-sweep: --variant %s: expected KEY=V items separated by spaces\n", v.c_str());
+        return hp::kConfigErrorExitCode;
+      }
+      keys.push_back(kv);
+    }
+    variants.push_back(keys);
+  }
+  if (variants.empty()) variants.emplace_back();
   try {
     for (const auto& g : grid_items) grids.push_back(parse_grid(g));
     std::ifstream in(config);
@@ -152,6 +175,7 @@ int main(int argc, char** argv) {
     plan["config_text"] = text.str();
     plan["grid"] = nlohmann::json::array();
     for (const auto& g : grids) plan["grid"].push_back({{"key", g.key}, {"values", g.values}});
+    plan["variants"] = variant_items;
     plan["repeat"] = repeat;
     plan["nproc"] = nproc;
     plan["sets"] = sets;
@@ -165,10 +189,15 @@ int main(int argc, char** argv) {
   std::size_t combos = 1;
   for (const auto& g : grids) combos *= g.values.size();
   nlohmann::json runs = nlohmann::json::array();
-  for (std::size_t c = 0; c < combos; ++c) {
+  for (std::size_t c = 0; c < combos * variants.size(); ++c) {
     std::vector<std::string> overrides = sets;
     std::string label;
-    std::size_t rest = c;
+    for (const auto& kv : variants[c / combos]) {
+      overrides.push_back(kv);
+      const auto eq = kv.find('=');
+      label += (label.empty() ? "" : " ") + short_key(kv.substr(0, eq)) + kv.substr(eq);
+    }
+    std::size_t rest = c % combos;
     std::vector<std::size_t> pick(grids.size());
     for (std::size_t i = grids.size(); i-- > 0;) {
       pick[i] = rest % grids[i].values.size();
@@ -219,8 +248,9 @@ int main(int argc, char** argv) {
     if (fs::exists(plan_file)) {
       std::ifstream in(plan_file);
       const nlohmann::json old = nlohmann::json::parse(in);
-      for (const char* k : {"config_text", "grid", "repeat", "nproc", "sets"}) {
-        if (old.value(k, nlohmann::json()) != plan[k])
+      for (const char* k : {"config_text", "grid", "variants", "repeat", "nproc", "sets"}) {
+        const nlohmann::json none = std::string(k) == "variants" ? nlohmann::json::array() : nlohmann::json();
+        if (old.value(k, none) != plan[k])
           throw std::invalid_argument(
               out + " holds another sweep (its " + std::string(k) +
               " differs): give another --out, or rerun that sweep's command");

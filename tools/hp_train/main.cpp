@@ -13,6 +13,7 @@
 #include "hp/fault/fault.h"
 #include "hp/config/config.h"
 #include "framework/model/packed_gemm.h"
+#include "framework/plan/plan.h"
 #include "framework/runtime/setup.h"
 #include "framework/trainer/param_groups_report.h"
 #include "framework/trainer/trainer.h"
@@ -140,6 +141,21 @@ int run(int argc, char** argv) {
     print_features(setup);
     std::cout << setup.mesh.describe(all_ranks);
     std::cout << hp::describe_optimizer_groups(setup.config);
+    // Memory per rank: the model state from each rank's build on the meta
+    // device; activations too when hp-plan has calibrated this model here.
+    try {
+      hp::plan::Calibration cal;
+      if (hp::plan::load_calibration(setup.config, cal)) {
+        std::cout << hp::plan::describe_memory(hp::plan::estimate(setup, cal), true);
+      } else {
+        hp::plan::LayoutEstimate e;
+        e.ranks = hp::plan::model_state(setup);
+        std::cout << hp::plan::describe_memory(e, false)
+                  << "  (activations: not calibrated on this machine for this model; hp-plan measures them once)\n";
+      }
+    } catch (const std::exception& e) {
+      std::cout << "memory per rank: not estimated (" << e.what() << ")\n";
+    }
     std::cout << "dry run: config valid for " << world << " process" << (world == 1 ? "" : "es")
               << "; nothing was started\n";
     return 0;

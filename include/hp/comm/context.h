@@ -53,6 +53,12 @@ class DistributedContext {
   /// The context of a job of one process: every group has one member and
   /// every collective is local. Code never checks for "no context".
   static std::shared_ptr<DistributedContext> single();
+  /// Rank `rank`'s place in `mesh` without any other process: every group
+  /// with its members and this rank's index, none able to communicate (an
+  /// operation on a group of several ranks throws CommError). What a
+  /// planner builds a rank's model with (on the meta device) to learn its
+  /// parameters' local shapes.
+  static std::shared_ptr<DistributedContext> planning(const ProcessMesh& mesh, int rank);
   ~DistributedContext();
 
   int rank() const { return env_.rank; }

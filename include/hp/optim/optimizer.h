@@ -61,9 +61,30 @@ double learning_rate(const ScheduleOptions& s, std::int64_t step);
 void apply_update(const OptimizerOptions& o, std::int64_t t, double lr, at::Tensor param, at::Tensor grad,
                   std::vector<at::Tensor>& state);
 
+/// What a rank keeps for its parameters between steps, in bytes.
+struct ModelStateBytes {
+  double params = 0;     ///< the parameters (master copies)
+  double grads = 0;      ///< their gradients
+  double optimizer = 0;  ///< the optimizer's state
+  /// Held at the step's peak beyond the above (gradients made whole in
+  /// backward before they are sharded again).
+  double transient = 0;
+  /// Whether the gradients are summed once per micro-batch (else once a
+  /// step), and the parameter bytes gathered per micro-batch (sharded
+  /// parameters made whole for forward and backward).
+  bool grads_per_micro_batch = false;
+  double gathered_per_micro_batch = 0;
+  double total() const { return params + grads + optimizer; }
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  /// Between steps, for the parameters it was made with: by default each
+  /// whole (its local shape) with a gradient of its size, plus state_bytes().
+  /// An optimizer that shards them says what it keeps (hp-plan asks, on the
+  /// meta device, before anything runs).
+  virtual ModelStateBytes model_state(const std::vector<ParamEntry>& params);
   /// One update with learning rate `lr` from the gradients the reducer left.
   virtual void step(double lr) = 0;
   virtual void zero_grad() = 0;

@@ -58,9 +58,26 @@ struct StepReport {
   std::map<std::string, double> figures;
 };
 
+/// What a step of `micro_batches` micro-batches looks like from this rank,
+/// known before it runs (hp-plan and hp-train --dry-run ask).
+struct StepShape {
+  /// The most micro-batches whose activations this rank holds at once, in
+  /// units of all its blocks (a chunk of an interleaved stage counts its
+  /// share).
+  double in_flight = 1;
+  /// The share of the step this rank waits, with a forward costing 1 and a
+  /// backward 2 everywhere (the schedule's own bubble).
+  double idle_fraction = 0;
+};
+
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
+  /// The step's shape; the sequential one: one micro-batch at a time, no wait.
+  virtual StepShape shape(int micro_batches) const {
+    (void)micro_batches;
+    return {};
+  }
   /// Indices (model order) of the blocks this rank builds.
   virtual std::vector<int> place(const ModelDescription& desc) = 0;
   /// Whether this rank computes the loss (and so builds the loss block).

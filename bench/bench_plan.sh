@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The planner against measurements (figures printed, never asserted):
+# hp-plan --measure runs its first K layouts of each case through hp-sweep
+# and prints predicted against measured; this script adds the errors up
+# over every case. Cases: the GPT (4 x 256) at 2 ranks (micro-batches 2
+# and 4) and at 4 ranks, a wider GPT (6 x 384) at 2 ranks, the MoE GPT
+# (4 x 256, 8 experts, top-2) at 2 ranks. Memory error on the peak minus
+# the process baseline (each rank's resident memory when it started:
+# LibTorch and the plugins loaded, nothing built), the largest rank; step
+# time error on the median step after the first two. The calibration runs
+# once per case into a fresh cache, so its time is printed too.
+#   bash bench/bench_plan.sh [steps=12] [per_case=8]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/bin
+STEPS=${1:-12}; K=${2:-8}
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+export HP_PLAN_CACHE="$W/cache"
+base() {  # base NAME LAYERS HIDDEN [MOE]
+  cat > "$W/$1.yaml" <<YAML
+model: {type: gpt, layers: $2, hidden: $3, heads: 4, seq_len: 128${4:+, moe: {num_experts: 8, top_k: 2}}}
+data: {type: text, path: /usr/share/games/fortunes}
+training: {max_steps: $STEPS, global_batch_size: 16, micro_batch_size: 2, log_interval: 1, eval_interval: 0}
+optimizer: {type: adamw, lr: 0.001, schedule: constant}
+checkpoint: {interval: 0, resume: never}
+YAML
+}
+base gpt 4 256
+base wide 6 384
+base moe 4 256 moe
+run_case() {  # run_case NAME CONFIG NPROC MBS
+  echo "== $1: $BIN/hp-plan $2 --nproc $3 --micro-batch-sizes $4 --measure $K"
+  "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" --top 5 --measure "$K" --out "$W/$1" \
+    > "$W/$1.out" 2> "$W/$1.err" || { cat "$W/$1.err" "$W/$1.out"; exit 1; }
+  grep -E "calibrat" "$W/$1.err" || true
+  sed -n '/^hp-plan:/p' "$W/$1.out"
+  sed -n '/^predicted against measured/,$p' "$W/$1.out"
+}
+run_case gpt2 gpt 2 2,4
+run_case gpt4 gpt 4 2
+run_case wide2 wide 2 2
+run_case moe2 moe 2 2
+python3 - "$W" <<'PY'
+import re, statistics, sys
+w = sys.argv[1]
+mem, tim, first = [], [], []
+for case in ("gpt2", "gpt4", "wide2", "moe2"):
+    rows = []
+    on = False
+    for line in open(f"{w}/{case}.out"):
+        if line.startswith("predicted against measured"):
+            on = True
+            continue
+        if not on or line.startswith("layout") or line.startswith("memory error"):
+            continue
+        parts = line.split()
+        if len(parts) < 7:
+            continue
+        try:
+            pm, mm, me, ps, ms, te = map(float, parts[-6:])
+        except ValueError:
+            continue
+        rows.append((" ".join(parts[:-6]), pm, mm, me, ps, ms, te))
+    mem += [abs(r[3]) for r in rows]
+    tim += [abs(r[6]) for r in rows]
+    if rows:
+        fastest = min(r[5] for r in rows)
+        first.append((case, rows[0][0], rows[0][5], fastest, 100 * (rows[0][5] / fastest - 1)))
+print(f"\nall cases, {len(mem)} layouts: memory error mean {statistics.mean(mem):.1f} %, max {max(mem):.1f} %; "
+      f"step time error mean {statistics.mean(tim):.1f} %, max {max(tim):.1f} %")
+for case, label, t, fastest, pct in first:
+    print(f"{case}: ranked first {label}: measured {t:.3f} s, fastest measured {fastest:.3f} s ({pct:+.1f} %)")
+PY

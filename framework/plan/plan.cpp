@@ -1,0 +1,666 @@
+#include "framework/plan/plan.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "framework/model/registry.h"
+#include "hp/comm/context.h"
+#include "hp/comm/group.h"
+#include "hp/comm/mesh.h"
+#include "hp/data/dataset.h"
+#include "hp/memory/block_cache.h"
+#include "hp/model/extensions.h"
+#include "hp/model/layers.h"
+#include "hp/model/model.h"
+#include "hp/model/model_info.h"
+#include "hp/optim/grad_sync.h"
+#include "hp/optim/optimizer.h"
+#include "hp/plugin/feature_runtime.h"
+#include "hp/trainer/executor.h"
+#include "hp/trainer/training_metrics.h"
+#include "framework/trainer/throughput.h"
+
+namespace hp::plan {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double numel(const std::vector<std::int64_t>& shape) {
+  double n = 1;
+  for (auto d : shape) n *= static_cast<double>(d);
+  return n;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown cpu";
+}
+
+int machine_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+/// One rank's model built on the meta device in a planning context.
+struct RankBuild {
+  std::shared_ptr<dist::DistributedContext> ctx;
+  std::unique_ptr<FeatureRuntime> runtime;
+  std::shared_ptr<StepExecutor> executor;
+  ModelDescription desc;
+  BuiltModel model;
+  std::vector<bool> recomputed;  ///< per built block: its forward is replayed in backward
+  ModelStateBytes state;
+};
+
+RankBuild build_rank(const Setup& setup, int rank) {
+  const Config& c = setup.config;
+  RankBuild b;
+  b.ctx = dist::DistributedContext::planning(setup.mesh, rank);
+  b.runtime = std::make_unique<FeatureRuntime>(c, *b.ctx, nullptr);
+  b.runtime->install(setup.features);
+  b.executor = b.runtime->executor();
+  if (!b.executor) b.executor = make_sequential_executor();
+  b.desc = describe_model(c);
+  BuildContext bctx(c, *b.ctx, b.runtime->model().layers(), 0);
+  bctx.set_meta(true);
+  b.runtime->model().apply_to(bctx);
+  b.model = build_model(b.desc, bctx, b.executor->place(b.desc), b.executor->computes_loss());
+  for (int index : b.model.indices) {
+    bctx.set_current_block(index, b.desc.blocks[static_cast<std::size_t>(index)].name);
+    b.recomputed.push_back(bctx.wrapper("block") != nullptr);
+  }
+  bctx.set_current_block(-1);
+  const OptimizerOptions opt = OptimizerOptions::from(c);
+  const auto& factory = b.runtime->optimizer_factory();
+  auto optimizer = factory ? factory(opt, b.model.params, *b.ctx) : make_optimizer(opt, b.model.params);
+  // The reducer as the trainer makes it (its options reach a sharding
+  // optimizer's buckets).
+  ReducerOptions ro;
+  ro.bucket_bytes = c.get_float("distributed.bucket_size_mb") * 1024 * 1024;
+  ro.overlap = c.get_bool("distributed.overlap");
+  ro.rebuild_buckets = c.get_bool("distributed.rebuild_buckets");
+  ro.reduce_dtype = b.runtime->model().precision().reduce_dtype;
+  ro.param_dtype = b.runtime->model().precision().param_dtype;
+  const auto& red = b.runtime->grad_reducer_factory();
+  auto reducer = red ? red(ro, b.model.params, *b.ctx) : make_bucketed_reducer(ro, b.model.params, *b.ctx);
+  b.state = optimizer->model_state(b.model.params);
+  return b;
+}
+
+/// The share of a block's parameter values a rank holds over the base
+/// mesh's split dimensions (tensor parallel): its share of the block's
+/// work. Splits over other dimensions (experts over ep) leave each rank the
+/// same work (its experts take more tokens).
+double split_share(const std::vector<const ParamEntry*>& params, const dist::ProcessMesh& mesh) {
+  double global = 0, mine = 0;
+  for (const ParamEntry* p : params) {
+    const double n = numel(p->spec.global_shape);
+    double share = 1;
+    for (const auto& pl : p->spec.placements) {
+      if (!pl.placement.shards()) continue;
+      bool base_split = false;
+      for (const auto& d : mesh.dims()) {
+        if (d.name == pl.dim && d.role == dist::MeshRole::kSplit && d.size > 1) base_split = true;
+      }
+      if (base_split) share /= mesh.group_size(pl.dim);
+    }
+    global += n;
+    mine += n * share;
+  }
+  return global > 0 ? mine / global : 1.0;
+}
+
+/// The product of the sizes of the base dimensions with `role`.
+int role_size(const dist::ProcessMesh& mesh, dist::MeshRole role) {
+  int n = 1;
+  for (const auto& d : mesh.dims()) {
+    if (d.role == role) n *= std::max(1, d.size);
+  }
+  return n;
+}
+
+/// The largest split group a rank's block is cut over (tensor parallel), 1 when none.
+int split_group(const std::vector<const ParamEntry*>& params, const dist::ProcessMesh& mesh) {
+  int out = 1;
+  for (const ParamEntry* p : params) {
+    for (const auto& pl : p->spec.placements) {
+      for (const auto& d : mesh.dims()) {
+        if (d.name == pl.dim && d.role == dist::MeshRole::kSplit) out = std::max(out, d.size);
+      }
+    }
+  }
+  return out;
+}
+
+std::string cache_dir() {
+  if (const char* p = std::getenv("HP_PLAN_CACHE")) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/hyperparallel/plan";
+  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/hyperparallel/plan";
+  return "/tmp/hyperparallel-plan";
+}
+
+}  // namespace
+
+double current_resident_bytes() { return resident_memory_bytes().first; }
+
+std::string calibration_key(const Config& c) {
+  std::ostringstream k;
+  // The model's own options, the micro-batch it runs, the data's shape and this machine.
+  const std::string yaml = c.to_yaml();
+  std::istringstream in(yaml);
+  std::string line;
+  bool in_model = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != ' ') in_model = line.rfind("model:", 0) == 0;
+    if (in_model) k << line << "\n";
+  }
+  k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
+  k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
+  return k.str();
+}
+
+std::string calibration_path(const Config& c) {
+  const std::string key = calibration_key(c);
+  std::ostringstream name;
+  name << std::hex << std::setw(16) << std::setfill('0') << XXH64(key.data(), key.size(), 0);
+  return cache_dir() + "/" + name.str() + ".json";
+}
+
+std::string Calibration::to_json() const {
+  nlohmann::json j;
+  j["key"] = key;
+  j["baseline_bytes"] = baseline_bytes;
+  j["collective_latency_s"] = collective_latency_s;
+  j["collective_bytes_per_s"] = collective_bytes_per_s;
+  j["collective_in_step_s"] = collective_in_step_s;
+  j["gemm_flops_per_s_1"] = gemm_flops_per_s_1;
+  j["gemm_flops_per_s_all"] = gemm_flops_per_s_all;
+  j["cores"] = cores;
+  j["act_bytes_per_token"] = act_bytes_per_token;
+  j["seconds_per_token_1"] = seconds_per_token_1;
+  j["seconds_per_token_all"] = seconds_per_token_all;
+  j["backward_extra_per_token"] = backward_extra_per_token;
+  j["process_extra_bytes"] = process_extra_bytes;
+  j["seconds"] = seconds;
+  return j.dump(1);
+}
+
+Calibration Calibration::from_json(const std::string& text) {
+  const auto j = nlohmann::json::parse(text);
+  Calibration c;
+  c.key = j.at("key").get<std::string>();
+  c.baseline_bytes = j.at("baseline_bytes").get<double>();
+  c.collective_latency_s = j.at("collective_latency_s").get<double>();
+  c.collective_bytes_per_s = j.at("collective_bytes_per_s").get<double>();
+  c.collective_in_step_s = j.at("collective_in_step_s").get<double>();
+  c.gemm_flops_per_s_1 = j.at("gemm_flops_per_s_1").get<double>();
+  c.gemm_flops_per_s_all = j.at("gemm_flops_per_s_all").get<double>();
+  c.cores = j.at("cores").get<int>();
+  c.act_bytes_per_token = j.at("act_bytes_per_token").get<std::vector<double>>();
+  c.seconds_per_token_1 = j.at("seconds_per_token_1").get<std::vector<double>>();
+  c.seconds_per_token_all = j.at("seconds_per_token_all").get<std::vector<double>>();
+  c.backward_extra_per_token = j.at("backward_extra_per_token").get<double>();
+  c.process_extra_bytes = j.at("process_extra_bytes").get<double>();
+  c.seconds = j.at("seconds").get<double>();
+  return c;
+}
+
+bool load_calibration(const Config& config, Calibration& out) {
+  std::ifstream in(calibration_path(config));
+  if (!in) return false;
+  std::stringstream s;
+  s << in.rdbuf();
+  try {
+    out = Calibration::from_json(s.str());
+  } catch (const std::exception&) {
+    return false;  // an unreadable cache is measured again
+  }
+  return out.key == calibration_key(config);
+}
+
+namespace {
+
+/// Runs `fn` in a forked child (a fresh heap and peak, as a rank starts:
+/// LibTorch and the plugins loaded, nothing built) and returns what it
+/// wrote. The parent must not have run a parallel region yet (hp-plan
+/// calibrates first).
+std::string in_children(int n, const std::function<std::string(int)>& fn) {
+  std::vector<pid_t> pids;
+  std::vector<int> reads;
+  for (int rank = 0; rank < n; ++rank) {
+    int fds[2];
+    if (pipe(fds) != 0) throw std::runtime_error("hp-plan calibration: pipe failed");
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("hp-plan calibration: fork failed");
+    if (pid == 0) {
+      close(fds[0]);
+      std::string out;
+      int code = 0;
+      try {
+        out = fn(rank);
+      } catch (const std::exception& e) {
+        out = std::string("error: ") + e.what();
+        code = 1;
+      }
+      std::size_t at = 0;
+      while (at < out.size()) {
+        const ssize_t k = write(fds[1], out.data() + at, out.size() - at);
+        if (k <= 0) break;
+        at += static_cast<std::size_t>(k);
+      }
+      close(fds[1]);
+      _exit(code);
+    }
+    close(fds[1]);
+    pids.push_back(pid);
+    reads.push_back(fds[0]);
+  }
+  std::vector<std::string> outs(static_cast<std::size_t>(n));
+  for (int rank = 0; rank < n; ++rank) {
+    char buf[4096];
+    for (ssize_t k; (k = read(reads[rank], buf, sizeof buf)) > 0;) outs[rank].append(buf, static_cast<std::size_t>(k));
+    close(reads[rank]);
+  }
+  std::string failed;
+  for (int rank = 0; rank < n; ++rank) {
+    int status = 0;
+    waitpid(pids[rank], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      failed = outs[rank].empty() ? "a measuring process died" : outs[rank];
+  }
+  if (!failed.empty()) throw std::runtime_error("hp-plan calibration failed: " + failed);
+  return outs[0];
+}
+
+std::string in_child(const std::function<std::string()>& fn) {
+  return in_children(1, [&](int) { return fn(); });
+}
+
+/// Two processes of one replicate group (shared memory, as ranks on this
+/// machine run): an all-reduce's seconds at a small and a large size, the
+/// least of five each.
+struct CollectiveSpeed {
+  double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0;
+};
+
+CollectiveSpeed collective_speed() {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("hp_plan_store_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(file);
+  const std::string out = in_children(2, [&](int rank) {
+    at::set_num_threads(1);
+    dist::DistEnv env;
+    env.rank = rank;
+    env.world_size = 2;
+    env.source = "hp-plan calibration";
+    dist::ProcessMesh mesh({dist::MeshDim{dist::ProcessMesh::data_dim(), 2, dist::MeshRole::kReplicate, ""}});
+    auto ctx = dist::DistributedContext::create(
+        env, mesh, dist::ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+    dist::Group& g = ctx->group("world");
+    std::ostringstream o;
+    for (std::int64_t n : {std::int64_t{256}, std::int64_t{1} << 20}) {
+      at::Tensor t = at::ones({n});
+      g.all_reduce(t);
+      double best = 1e30;
+      for (int i = 0; i < 5; ++i) {
+        g.barrier();
+        const auto t0 = Clock::now();
+        g.all_reduce(t);
+        best = std::min(best, since(t0));
+      }
+      o << best << " ";
+    }
+    // Between computations, as a step issues them: the same all-reduce
+    // after a product each time, against the products alone (what waiting
+    // for the peer and handing the operation over cost on top).
+    at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024}), t = at::ones({std::int64_t{1} << 16});
+    const int iters = 40;
+    double alone = 0, with = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      g.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        at::mm(a, b);
+        if (pass == 1) g.all_reduce(t);
+      }
+      (pass == 0 ? alone : with) = since(t0);
+    }
+    o << (with - alone) / iters << " ";
+    g.barrier();
+    return o.str();
+  });
+  std::filesystem::remove(file);
+  std::istringstream in(out);
+  CollectiveSpeed c;
+  double small = 0, large = 0, in_step = 0;
+  in >> small >> large >> in_step;
+  c.latency_s = small;
+  c.bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, large - small);
+  // What one all-reduce of 256 KiB costs between products beyond its own
+  // time on an idle pair.
+  c.in_step_extra_s = std::max(0.0, in_step - (small + 4.0 * (1 << 16) / c.bytes_per_s));
+  return c;
+}
+
+/// One process of the model at micro-batch `mbs` with `threads` threads:
+/// the trainer's own start-up probe, then `steps` training steps (forward,
+/// backward, AdamW update). Returns the peak resident memory above the
+/// start, the bytes each block's forward keeps (block cache), and the
+/// seconds of each block (forward, with backward shared as the forwards).
+nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks) {
+  at::set_num_threads(threads);
+  const double start = current_resident_bytes();
+  reset_peak_resident_memory();
+  const double gemm_rate = measure_matmul_flops();
+  auto single = dist::DistributedContext::single();
+  const LayerRegistry layers = LayerRegistry::dense();
+  BuildContext bctx(c, *single, layers, 1);
+  const ModelDescription desc = describe_model(c);
+  BuiltModel model = build_model(desc, bctx);
+  for (auto& b : model.blocks) b->train();
+  auto optimizer = make_optimizer(OptimizerOptions::from(c), model.params);
+  const auto data = make_dataset(c);
+  const std::int64_t seq = c.get_int("model.seq_len");
+  const Batch batch = make_batch(*data, Split::kTrain, 0, 0, mbs, seq);
+  const double tokens = static_cast<double>(mbs * seq);
+  const std::size_t nb = model.blocks.size();
+  if (count_blocks) memory::use_block_cache(4096, 0);
+  std::vector<double> fwd(nb + 1, 0.0), kept(nb + 1, 0.0);
+  double bwd = 0;
+  const int steps = 4, timed_from = 2;
+  for (int step = 0; step < steps; ++step) {
+    const bool timed = step >= timed_from;
+    optimizer->zero_grad();
+    c10::AutoGradMode grad(true);
+    Activations x = batch.inputs;
+    double before = count_blocks ? static_cast<double>(memory::block_cache_stats().in_use_bytes) : 0;
+    for (std::size_t b = 0; b <= nb; ++b) {
+      const auto t0 = Clock::now();
+      LossOutput lo;
+      if (b < nb) {
+        x = model.blocks[b]->forward(x);
+      } else {
+        lo = model.loss->forward(x, batch.targets);
+      }
+      if (timed) fwd[b] += since(t0);
+      if (count_blocks) {
+        const double now = static_cast<double>(memory::block_cache_stats().in_use_bytes);
+        kept[b] = now - before;
+        before = now;
+      }
+      if (b == nb) {
+        const auto t1 = Clock::now();
+        (lo.sum / tokens).backward();
+        if (timed) bwd += since(t1);
+      }
+    }
+    optimizer->step(1e-4);
+  }
+  nlohmann::json j;
+  j["peak_above_start"] = peak_resident_memory_since_reset() - start;
+  double fsum = 0;
+  for (double f : fwd) fsum += f;
+  std::vector<double> secs;
+  const int timed = steps - timed_from;
+  for (double f : fwd) secs.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / timed / tokens);
+  j["seconds_per_token"] = secs;
+  std::vector<double> per_token;
+  for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
+  j["kept_per_token"] = per_token;
+  j["model_state"] = optimizer->model_state(model.params).total();
+  j["gemm_flops_per_s"] = gemm_rate;
+  return j;
+}
+
+}  // namespace
+
+Calibration calibrate(const Config& c, double baseline_bytes) {
+  const auto t_start = Clock::now();
+  Calibration cal;
+  cal.key = calibration_key(c);
+  cal.cores = machine_cores();
+  cal.baseline_bytes = baseline_bytes;
+  const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
+  auto child = [&](std::int64_t m, int threads, bool count) {
+    return nlohmann::json::parse(in_child([&] { return one_process(c, m, threads, count).dump(); }));
+  };
+  // The bytes each block keeps, counted exactly (block cache), and the
+  // peak a process reaches at two micro-batch sizes (glibc's heap, as in
+  // training): the slope is what a token of activations costs at the peak,
+  // the rest what a process adds besides its model state (code paged in,
+  // thread stacks, the start-up probe).
+  const nlohmann::json counted = child(mbs, 1, true);
+  const nlohmann::json small = child(mbs, 1, false), large = child(2 * mbs, 1, false);
+  // One-thread ranks run with every core busy: the same process on each
+  // core at once (shared caches and memory bandwidth); the first one's times.
+  const nlohmann::json loaded = nlohmann::json::parse(
+      in_children(cal.cores, [&](int) { return one_process(c, mbs, 1, false).dump(); }));
+  const double tokens = static_cast<double>(mbs * seq);
+  const double slope = std::max(0.0, (large["peak_above_start"].get<double>() - small["peak_above_start"].get<double>()) / tokens);
+  const auto kept = counted["kept_per_token"].get<std::vector<double>>();
+  double kept_sum = 0;
+  for (double k : kept) kept_sum += k;
+  // Each block's share of the slope, as its share of the counted bytes.
+  for (double k : kept) cal.act_bytes_per_token.push_back(kept_sum > 0 ? slope * k / kept_sum : 0);
+  cal.backward_extra_per_token = 0;
+  cal.process_extra_bytes = std::max(0.0, small["peak_above_start"].get<double>() - slope * tokens -
+                                              small["model_state"].get<double>());
+  cal.seconds_per_token_1 = loaded["seconds_per_token"].get<std::vector<double>>();
+  cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
+  if (cal.cores > 1) {
+    const nlohmann::json all = child(mbs, cal.cores, false);
+    cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
+    cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
+  } else {
+    cal.seconds_per_token_all = cal.seconds_per_token_1;
+    cal.gemm_flops_per_s_all = cal.gemm_flops_per_s_1;
+  }
+  // A sum between two ranks: its latency and bytes per second.
+  const CollectiveSpeed speed = collective_speed();
+  cal.collective_latency_s = speed.latency_s;
+  cal.collective_bytes_per_s = speed.bytes_per_s;
+  cal.collective_in_step_s = speed.in_step_extra_s;
+  cal.seconds = since(t_start);
+  const std::string path = calibration_path(c);
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << cal.to_json();
+  std::filesystem::rename(tmp, path);
+  return cal;
+}
+
+std::vector<RankEstimate> model_state(const Setup& setup) {
+  std::vector<RankEstimate> out;
+  for (int r = 0; r < setup.mesh.world_size(); ++r) {
+    const RankBuild b = build_rank(setup, r);
+    RankEstimate e;
+    e.rank = r;
+    e.coords = setup.mesh.tag(r);
+    e.blocks = static_cast<int>(b.model.blocks.size());
+    e.params = b.state.params;
+    e.grads = b.state.grads;
+    e.optimizer = b.state.optimizer;
+    out.push_back(e);
+  }
+  return out;
+}
+
+double LayoutEstimate::peak_bytes() const {
+  double m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak());
+  return m;
+}
+
+LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
+  const Config& c = setup.config;
+  const auto& mesh = setup.mesh;
+  const int world = mesh.world_size();
+  LayoutEstimate out;
+  out.threads_per_rank = std::max(1, cal.cores / world);
+  // More single-thread ranks than cores share them.
+  const double oversubscribed = std::max(1.0, static_cast<double>(world * out.threads_per_rank) / cal.cores);
+  const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
+  const std::int64_t gbs = c.get_int("training.global_batch_size");
+  const int replicas = role_size(mesh, dist::MeshRole::kReplicate);
+  const int positions = role_size(mesh, dist::MeshRole::kSequence);
+  const double tokens = static_cast<double>(mbs * seq) / positions;  // per micro-batch on a rank
+  const int micro_batches = static_cast<int>(std::max<std::int64_t>(1, gbs / (replicas * mbs)));
+  out.tokens_per_step = static_cast<double>(gbs * seq);
+  const ModelInfo info = model_info(c);
+  const double hidden = info.size("hidden") ? static_cast<double>(info.size("hidden")->value) : 0.0;
+  const double bucket = c.get_float("distributed.bucket_size_mb") * kMiB;
+  const bool overlap = c.get_bool("distributed.overlap");
+  const auto& per_token = out.threads_per_rank > 1 ? cal.seconds_per_token_all : cal.seconds_per_token_1;
+  // A collective over n ranks: the calibrated pair's latency, and its bytes
+  // at the pair's speed times a ring's 2 (n - 1) / n over n = 2's 1; ranks
+  // sharing cores share that speed too.
+  auto collective = [&](double bytes, double n) {
+    return cal.collective_latency_s + bytes * (n - 1) / (n / 2) / cal.collective_bytes_per_s * oversubscribed;
+  };
+
+  // A block's seconds per token on a rank holding `share` of its weights:
+  // its products (3x its forward FLOPs at the calibrated product rate)
+  // take that share; the rest of its measured time (norms, element-wise
+  // ops, softmax) stays whole.
+  const double rate = out.threads_per_rank > 1 ? cal.gemm_flops_per_s_all : cal.gemm_flops_per_s_1;
+  auto block_seconds = [&](std::size_t index, double share) {
+    const double measured = per_token.at(index);
+    const double flops = index < info.block_flops.size() ? info.block_flops[index] : info.loss_flops;
+    const double products = std::min(measured, rate > 0 ? 3 * flops / rate : measured);
+    return products * share + (measured - products);
+  };
+  for (int r = 0; r < world; ++r) {
+    const RankBuild b = build_rank(setup, r);
+    RankEstimate e;
+    e.rank = r;
+    e.coords = mesh.tag(r);
+    e.blocks = static_cast<int>(b.model.blocks.size());
+    e.params = b.state.params;
+    e.grads = b.state.grads;
+    e.optimizer = b.state.optimizer;
+    e.baseline = cal.baseline_bytes;
+    const StepShape shape = b.executor->shape(micro_batches);
+    e.in_flight = std::min<double>(shape.in_flight, micro_batches);
+
+    // Each built block's parameters (and the loss's: those of no block).
+    std::map<int, std::vector<const ParamEntry*>> by_block;
+    for (const auto& p : b.model.params) by_block[p.block].push_back(&p);
+    double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0;
+    double act_comm = 0, act_bytes_sent = 0;
+    for (std::size_t i = 0; i < b.model.indices.size(); ++i) {
+      const int index = b.model.indices[i];
+      const auto& ps = by_block[index];
+      const double share = split_share(ps, mesh);
+      const double bytes = cal.act_bytes_per_token.at(static_cast<std::size_t>(index)) * share * tokens;
+      largest_block = std::max(largest_block, bytes);
+      if (b.recomputed[i]) {
+        recompute_inputs += hidden * 4 * tokens;
+      } else {
+        act += bytes;
+      }
+      seconds += block_seconds(static_cast<std::size_t>(index), share) * tokens * (b.recomputed[i] ? 4.0 / 3 : 1.0);
+      const int t = split_group(ps, mesh);
+      if (t > 1 && share < 1) {
+        // A split block sums its output in forward and its input's gradient
+        // in backward (two of each for a transformer block).
+        act_comm += 4 * (collective(hidden * 4 * tokens, t) + cal.collective_in_step_s);
+        act_bytes_sent += 4 * hidden * 4 * tokens * 2.0 * (t - 1) / t;
+      }
+    }
+    if (b.model.loss) {
+      const std::size_t li = cal.act_bytes_per_token.size() - 1;
+      const double share = split_share(by_block[-1], mesh);
+      act += cal.act_bytes_per_token[li] * share * tokens;
+      seconds += block_seconds(li, share) * tokens;
+    }
+    // Stage messages: a stage sends its activations on and their gradient
+    // back, per micro-batch (half the cost of a pair's sum each way).
+    const int stages = role_size(mesh, dist::MeshRole::kPartition);
+    if (stages > 1) {
+      act_comm += 2 * (collective(hidden * 4 * tokens / 2, 2) + cal.collective_in_step_s);
+      act_bytes_sent += 2 * hidden * 4 * tokens;
+    }
+    // A replayed block holds its activations and their gradients at once.
+    e.activations = act * e.in_flight + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0);
+    e.compute = seconds * micro_batches * oversubscribed;
+    e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
+
+    // Gradient sums over the partial dimensions' groups (once a step, or
+    // per micro-batch when the optimizer shards them so), and the sharded
+    // parameters gathered per micro-batch.
+    double grad_bytes = 0, grad_comm = 0, group = 1;
+    for (const auto& p : b.model.params) {
+      double n = 1;
+      for (const auto& pl : p.spec.grad) {
+        if (pl.placement.kind == dist::Placement::Kind::kPartial) n *= mesh.group_size(pl.dim);
+      }
+      if (n > 1) {
+        grad_bytes += static_cast<double>(p.tensor.numel()) * 4;
+        group = std::max(group, n);
+      }
+    }
+    const double rounds = b.state.grads_per_micro_batch ? micro_batches : 1;
+    if (grad_bytes > 0) {
+      grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * cal.collective_latency_s);
+      grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
+    }
+    e.buffers = cal.process_extra_bytes + b.state.transient + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
+    // The reduction overlaps the backward (two thirds of the compute) where
+    // the code overlaps it and a core is free to run it.
+    const bool free_core = world * out.threads_per_rank < cal.cores;
+    const double exposed = overlap && free_core ? std::max(0.0, grad_comm - e.compute * 2 / 3) : grad_comm;
+    e.comm = micro_batches * act_comm + exposed;
+    e.comm_bytes = micro_batches * act_bytes_sent +
+                   rounds * grad_bytes * 2 * (group - 1) / group +
+                   micro_batches * b.state.gathered_per_micro_batch * (group - 1) / group;
+    out.ranks.push_back(e);
+  }
+  for (const auto& e : out.ranks) out.step_seconds = std::max(out.step_seconds, e.compute + e.idle + e.comm);
+  return out;
+}
+
+std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1);
+  o << "memory per rank (MiB; model state exact from the planning build"
+    << (with_activations ? "; activations and baseline from the calibration" : "") << "):\n";
+  o << "  rank  coords              blocks   params    grads  optimizer   state";
+  if (with_activations) o << "  activations  buffers  baseline     peak";
+  o << "\n";
+  for (const auto& r : e.ranks) {
+    o << "  " << std::setw(4) << r.rank << "  " << std::left << std::setw(18) << r.coords << std::right
+      << std::setw(7) << r.blocks << std::setw(9) << r.params / kMiB << std::setw(9) << r.grads / kMiB
+      << std::setw(11) << r.optimizer / kMiB << std::setw(8) << r.model_state() / kMiB;
+    if (with_activations) {
+      o << std::setw(13) << r.activations / kMiB << std::setw(9) << r.buffers / kMiB << std::setw(10)
+        << r.baseline / kMiB << std::setw(9) << r.peak() / kMiB;
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace hp::plan

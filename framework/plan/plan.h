@@ -1,0 +1,117 @@
+#pragma once
+// The layout planner's estimates (hp-plan, hp-train --dry-run): what a rank
+// of a layout holds and how long its step takes, predicted before any
+// process starts.
+//
+// Every rank's model is built on the meta device in a planning context (its
+// place in the mesh, no process group): the features install as they would
+// and say, through the interfaces they already implement, which blocks the
+// rank builds and at which local shapes (placements), what the optimizer
+// keeps between steps (Optimizer::model_state) and the step's shape
+// (StepExecutor::shape: micro-batches in flight, the schedule's idle share).
+// So the model state is exact, not a formula of feature names.
+//
+// Activations and compute time come from a calibration of the model's own
+// blocks at one process (real tensors, one micro-batch): bytes each block
+// keeps for its backward and its forward + backward seconds, per token,
+// at one thread and at every core. A layout scales them by what a rank
+// holds of each block (its share of the block's parameters over split
+// dimensions, its share of the positions over sequence dimensions) and by
+// the cores its ranks share. Communication: the bytes each collective of
+// the step moves (derived from placements: gradient sums over partial
+// dimensions, the split blocks' activation sums, stage messages) over the
+// machine's measured copy bandwidth.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "framework/runtime/setup.h"
+
+namespace hp::plan {
+
+/// What the calibration measured (cached per machine and model).
+struct Calibration {
+  std::string key;  ///< what it was measured for (machine, model, micro-batch)
+  /// Resident memory of a process that loaded LibTorch and the plugins and
+  /// built nothing.
+  double baseline_bytes = 0;
+  /// An all-reduce between two ranks of this machine: its latency (s) and
+  /// the bytes per second beyond it.
+  double collective_latency_s = 0;
+  double collective_bytes_per_s = 0;
+  /// What such a sum costs beyond that when issued between computations
+  /// (waiting for the peer, the hand-over to the communication thread).
+  double collective_in_step_s = 0;
+  /// The start-up probe's product rate (FLOP/s) at 1 thread and at `cores`.
+  double gemm_flops_per_s_1 = 0, gemm_flops_per_s_all = 0;
+  int cores = 1;
+  /// Per block of the model (model order), then the loss block last:
+  /// activation bytes kept for backward per token, and forward + backward
+  /// seconds per token at 1 thread and at `cores` threads.
+  std::vector<double> act_bytes_per_token;
+  std::vector<double> seconds_per_token_1;
+  std::vector<double> seconds_per_token_all;
+  /// Most bytes the backward needs beyond the activations, per token of one
+  /// micro-batch (gradients of activations in flight), at one process.
+  double backward_extra_per_token = 0;
+  /// What a process holds at its peak besides its model state and
+  /// activations (code paged in, thread stacks, the start-up probe).
+  double process_extra_bytes = 0;
+  double seconds = 0;  ///< how long the calibration took
+
+  std::string to_json() const;
+  static Calibration from_json(const std::string& text);
+};
+
+/// The calibration's cache key for `config` (model section, micro-batch,
+/// sequence, CPU, threads): the same key reuses the cached measurements.
+std::string calibration_key(const Config& config);
+/// The cache file: $HP_PLAN_CACHE, or $XDG_CACHE_HOME (~/.cache)/hyperparallel/plan/<hash>.json.
+std::string calibration_path(const Config& config);
+/// Reads the cached calibration for `config`; false when there is none.
+bool load_calibration(const Config& config, Calibration& out);
+/// Measures (one process of the model in forked children, real tensors)
+/// and caches. `baseline_bytes`: this process's resident memory before it
+/// built anything (the caller's, measured first).
+Calibration calibrate(const Config& config, double baseline_bytes);
+
+/// One rank of a layout.
+struct RankEstimate {
+  int rank = 0;
+  std::string coords;  ///< its mesh coordinates ("dp0 tp1")
+  int blocks = 0;      ///< blocks it builds
+  double params = 0, grads = 0, optimizer = 0;  ///< model state between steps
+  double activations = 0;  ///< kept for backward at the step's peak
+  double buffers = 0;      ///< gradient buckets and backward's extra
+  double baseline = 0;
+  double peak() const { return params + grads + optimizer + activations + buffers + baseline; }
+  double model_state() const { return params + grads + optimizer; }
+  // Step time (seconds)
+  double compute = 0;  ///< its blocks' forward and backward, all micro-batches
+  double idle = 0;     ///< the schedule's bubble
+  double comm = 0;     ///< exposed communication
+  double in_flight = 1;
+  double comm_bytes = 0;  ///< bytes it sends per step (all groups)
+};
+
+struct LayoutEstimate {
+  std::vector<RankEstimate> ranks;
+  int threads_per_rank = 1;
+  double step_seconds = 0;  ///< the slowest rank's compute + idle + comm
+  double peak_bytes() const;  ///< the largest rank's peak
+  double tokens_per_step = 0;
+};
+
+/// Model state per rank from the planning build alone (no calibration):
+/// params, grads and optimizer filled, the rest 0.
+std::vector<RankEstimate> model_state(const Setup& setup);
+/// The whole estimate of a resolved layout.
+LayoutEstimate estimate(const Setup& setup, const Calibration& cal);
+/// One table, a line per rank (MiB), for --dry-run and hp-plan.
+std::string describe_memory(const LayoutEstimate& e, bool with_activations);
+
+/// Peak resident memory of this process so far and now (bytes).
+double current_resident_bytes();
+
+}  // namespace hp::plan

@@ -1,0 +1,387 @@
+// hp-plan: which layout of N processes fits and which is fastest, predicted
+// before anything runs, and checked against measurements on request.
+//
+//   hp-plan CONFIG --nproc N [--memory-per-rank GB] [--set KEY=V ...]
+//           [--micro-batch-sizes 1,2] [--top K] [--all] [--measure K --out DIR]
+//
+// Enumerates the layouts of N ranks (data, tensor with and without sequence
+// parallel, pipeline with each schedule, context and expert parallel, ZeRO
+// stages, recompute, micro-batch sizes), keeps those the config check
+// accepts (hp-train's own prepare), predicts each one's memory per rank and
+// step time (framework/plan/plan.h), and prints them fastest first with the
+// best one's breakdown. The calibration it needs is measured once per
+// machine and model and cached. --measure K runs the first K through
+// hp-sweep and prints predicted against measured with the error.
+// Exit codes: 0 done, 1 a measured run failed, 2 usage or config error.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "framework/model/registry.h"
+#include "framework/plan/plan.h"
+#include "framework/runtime/setup.h"
+#include "framework/util/strings.h"
+#include "hp/config/config.h"
+#include "hp/config/errors.h"
+#include "hp/logging/logging.h"
+#include "hp/model/model_info.h"
+#include "tools/exit_now.h"
+#include "tools/self_exe.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Candidate {
+  std::vector<std::string> overrides;  ///< the layout's keys
+  std::string label;
+  std::string refused;
+  hp::plan::LayoutEstimate estimate;
+};
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::vector<int> parse_ints(const std::string& list, const char* what) {
+  std::vector<int> out;
+  std::stringstream s(list);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    try {
+      out.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      throw std::invalid_argument(std::string(what) + " " + list + ": expected integers separated by commas");
+    }
+    if (out.back() < 1) throw std::invalid_argument(std::string(what) + " " + list + ": each at least 1");
+  }
+  return out;
+}
+
+/// The layouts of `n` ranks, each as the keys that set it (every parallel
+/// feature named explicitly, so the base config's choice does not leak in).
+std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& micro_batch_sizes) {
+  std::vector<Candidate> out;
+  for (int tp : divisors(n))
+    for (int pp : divisors(n / tp))
+      for (int cp : divisors(n / tp / pp))
+        for (int ep : experts ? divisors(n / tp / pp / cp) : std::vector<int>{1}) {
+          const int dp = n / tp / pp / cp;
+          std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "interleaved_1f1b"}
+                                                      : std::vector<std::string>{""};
+          for (const auto& schedule : schedules)
+            for (int sp : tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})
+              for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
+                for (int rc : {0, 1})
+                  for (int mbs : micro_batch_sizes) {
+                    Candidate c;
+                    auto set = [&c](const std::string& k, const std::string& v) { c.overrides.push_back(k + "=" + v); };
+                    std::string l = "dp" + std::to_string(dp);
+                    set("features.tensor_parallel.enabled", tp > 1 ? "true" : "false");
+                    if (tp > 1) {
+                      set("features.tensor_parallel.size", std::to_string(tp));
+                      set("features.tensor_parallel.sequence_parallel", sp ? "true" : "false");
+                      l += " tp" + std::to_string(tp) + (sp ? "+sp" : "");
+                    }
+                    set("features.pipeline_parallel.enabled", pp > 1 ? "true" : "false");
+                    if (pp > 1) {
+                      set("features.pipeline_parallel.size", std::to_string(pp));
+                      set("features.pipeline_parallel.schedule", schedule);
+                      set("features.pipeline_parallel.virtual_stages", schedule == "interleaved_1f1b" ? "2" : "1");
+                      l += " pp" + std::to_string(pp) + " " + schedule;
+                    }
+                    set("features.context_parallel.enabled", cp > 1 ? "true" : "false");
+                    if (cp > 1) {
+                      set("features.context_parallel.size", std::to_string(cp));
+                      l += " cp" + std::to_string(cp);
+                    }
+                    if (experts) {
+                      set("features.expert_parallel.enabled", ep > 1 ? "true" : "false");
+                      if (ep > 1) {
+                        set("features.expert_parallel.size", std::to_string(ep));
+                        l += " ep" + std::to_string(ep);
+                      }
+                    }
+                    set("features.zero.enabled", zero > 0 ? "true" : "false");
+                    if (zero > 0) {
+                      set("features.zero.stage", std::to_string(zero));
+                      l += " zero" + std::to_string(zero);
+                    }
+                    set("features.recompute.enabled", rc ? "true" : "false");
+                    if (rc) l += " recompute";
+                    set("training.micro_batch_size", std::to_string(mbs));
+                    l += " mbs" + std::to_string(mbs);
+                    c.label = l;
+                    out.push_back(std::move(c));
+                  }
+        }
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  if (std::isnan(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "hp-plan: the layouts of N processes that the config check accepts, each with its predicted memory per "
+      "rank and step time, fastest first; --measure K runs the first K (hp-sweep) and prints predicted "
+      "against measured. Exit codes: 0 done, 1 a measured run failed, 2 usage or config error."};
+  std::string config, out, mbs_list;
+  std::vector<std::string> sets;
+  int nproc = 0, top = 10, measure = 0;
+  double memory_gb = 0;
+  bool all = false, recalibrate = false;
+  app.add_option("config", config, "The config (YAML): the model, data and training to plan for")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--nproc", nproc, "Processes of the layouts")->required()->check(CLI::PositiveNumber);
+  app.add_option("--memory-per-rank", memory_gb, "Drop layouts whose predicted peak per rank exceeds this (GiB)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--set", sets, "KEY=V applied before each layout's keys");
+  app.add_option("--micro-batch-sizes", mbs_list,
+                 "Micro-batch sizes to try, e.g. 1,2,4 (default: the config's training.micro_batch_size)");
+  app.add_option("--top", top, "Layouts printed")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--all", all, "Print every layout, the refused ones with their reason");
+  app.add_flag("--recalibrate", recalibrate, "Measure the calibration again (it is cached per machine and model)");
+  app.add_option("--measure", measure, "Run the first K layouts through hp-sweep and compare")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--out", out, "With --measure: the sweep's directory");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
+  }
+  if (measure > 0 && out.empty()) {
+    std::fprintf(stderr, "hp-plan: --measure needs --out DIR (the sweep's directory)\n");
+    return hp::kConfigErrorExitCode;
+  }
+
+  // The base config, checked at one process with every layout key off: the
+  // model and data every layout shares.
+  hp::RawConfig base;
+  std::vector<int> micro_batch_sizes;
+  bool experts = false;
+  double baseline = 0;
+  try {
+    base = hp::RawConfig::parse_file(config);
+    for (const auto& s : sets) base.apply_override(s);
+    hp::RawConfig probe = base;
+    for (const char* f : {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero"})
+      probe.apply_override(std::string("features.") + f + ".enabled=false");
+    const hp::Setup one = hp::prepare(probe, 1);
+    // What a rank holds before it builds anything: this process now, with
+    // LibTorch and the plugins loaded.
+    baseline = hp::plan::current_resident_bytes();
+    const hp::ModelInfo info = hp::model_info(one.config);
+    experts = info.size("experts") != nullptr;
+    micro_batch_sizes = mbs_list.empty() ? std::vector<int>{static_cast<int>(one.config.get_int("training.micro_batch_size"))}
+                                         : parse_ints(mbs_list, "--micro-batch-sizes");
+  } catch (const hp::ConfigException& e) {
+    std::fprintf(stderr, "hp-plan: %s: the config is refused at one process:\n", config.c_str());
+    for (const auto& i : e.issues()) std::fprintf(stderr, "  %s\n", i.format().c_str());
+    return hp::kConfigErrorExitCode;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-plan: %s\n", e.what());
+    return hp::kConfigErrorExitCode;
+  }
+
+  // The features' own start-up lines (a pipeline's partition) would repeat
+  // for every layout and rank planned: warnings and errors only.
+  hp::log::logger()->set_level(spdlog::level::warn);
+  // Calibrate first (one process, real tensors), per micro-batch size.
+  std::map<int, hp::plan::Calibration> cals;
+  for (int mbs : micro_batch_sizes) {
+    hp::RawConfig r = base;
+    for (const char* f : {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero"})
+      r.apply_override(std::string("features.") + f + ".enabled=false");
+    r.apply_override("training.micro_batch_size=" + std::to_string(mbs));
+    try {
+      const hp::Setup s = hp::prepare(r, 1);
+      hp::plan::Calibration cal;
+      if (!recalibrate && hp::plan::load_calibration(s.config, cal)) {
+        std::fprintf(stderr, "hp-plan: calibration for micro-batch %d from %s (measured in %.1f s)\n", mbs,
+                     hp::plan::calibration_path(s.config).c_str(), cal.seconds);
+      } else {
+        cal = hp::plan::calibrate(s.config, baseline);
+        std::fprintf(stderr, "hp-plan: calibrated micro-batch %d in %.1f s (cached in %s)\n", mbs, cal.seconds,
+                     hp::plan::calibration_path(s.config).c_str());
+      }
+      cals[mbs] = cal;
+    } catch (const hp::ConfigException& e) {
+      std::fprintf(stderr, "hp-plan: micro-batch size %d is refused at one process: %s\n", mbs,
+                   e.issues().empty() ? "" : e.issues().front().format().c_str());
+      return hp::kConfigErrorExitCode;
+    }
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Candidate> cands = enumerate(nproc, experts, micro_batch_sizes);
+  std::vector<Candidate*> accepted;
+  for (auto& c : cands) {
+    hp::RawConfig r = base;
+    try {
+      for (const auto& o : c.overrides) r.apply_override(o);
+      const hp::Setup s = hp::prepare(r, nproc);
+      const int mbs = static_cast<int>(s.config.get_int("training.micro_batch_size"));
+      c.estimate = hp::plan::estimate(s, cals.at(mbs));
+      accepted.push_back(&c);
+    } catch (const hp::ConfigException& e) {
+      c.refused = e.issues().empty() ? "refused" : e.issues().front().format();
+    } catch (const std::exception& e) {
+      c.refused = e.what();
+    }
+  }
+  const double planning = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<Candidate*> fit;
+  for (auto* c : accepted)
+    if (memory_gb <= 0 || c->estimate.peak_bytes() <= memory_gb * 1024 * kMiB) fit.push_back(c);
+  std::stable_sort(fit.begin(), fit.end(), [](const Candidate* a, const Candidate* b) {
+    return a->estimate.step_seconds < b->estimate.step_seconds;
+  });
+  std::printf("hp-plan: %zu layouts of %d processes: %zu accepted by the config check, %zu within the memory "
+              "limit; planned in %.2f s\n",
+              cands.size(), nproc, accepted.size(), fit.size(), planning);
+  std::printf("%4s  %-52s %10s %12s %10s %9s %9s\n", "#", "layout", "step s", "tokens/s", "peak MiB", "compute",
+              "idle+comm");
+  const std::size_t shown = all ? fit.size() : std::min<std::size_t>(fit.size(), static_cast<std::size_t>(top));
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& e = fit[i]->estimate;
+    double compute = 0, other = 0;
+    for (const auto& r : e.ranks) {
+      compute = std::max(compute, r.compute);
+      other = std::max(other, r.idle + r.comm);
+    }
+    std::printf("%4zu  %-52s %10.3f %12.0f %10.0f %9.3f %9.3f\n", i + 1, fit[i]->label.c_str(), e.step_seconds,
+                e.tokens_per_step / e.step_seconds, e.peak_bytes() / kMiB, compute, other);
+  }
+  if (all) {
+    for (const auto& c : cands)
+      if (!c.refused.empty()) std::printf("      %-52s refused: %s\n", c.label.c_str(), c.refused.c_str());
+  }
+  if (!fit.empty()) {
+    const auto& best = fit.front()->estimate;
+    std::printf("\nbest: %s (%d intra-op threads per rank)\n", fit.front()->label.c_str(), best.threads_per_rank);
+    std::printf("%s", hp::plan::describe_memory(best, true).c_str());
+    std::printf("step time per rank (s): ");
+    for (const auto& r : best.ranks)
+      std::printf("%s rank %d compute %.3f idle %.3f comm %.3f (%.1f MiB sent)", r.rank ? "," : "", r.rank,
+                  r.compute, r.idle, r.comm, r.comm_bytes / kMiB);
+    std::printf("\n");
+  }
+  if (measure <= 0) return 0;
+
+  // --measure: the first K through hp-sweep, one variant each.
+  const std::size_t k = std::min<std::size_t>(fit.size(), static_cast<std::size_t>(measure));
+  const std::string sweep = (fs::path(hp::tools::self_exe("hp-plan")).parent_path() / "hp-sweep").string();
+  std::vector<std::string> args{sweep, fs::absolute(config).string(), "--nproc", std::to_string(nproc), "--out", out};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  nlohmann::json predicted = nlohmann::json::array();
+  for (std::size_t i = 0; i < k; ++i) {
+    std::string v;
+    for (const auto& o : fit[i]->overrides) v += (v.empty() ? "" : " ") + o;
+    args.push_back("--variant");
+    args.push_back(v);
+    const auto& e = fit[i]->estimate;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : e.ranks)
+      ranks.push_back({{"rank", r.rank}, {"peak_bytes", r.peak()}, {"baseline_bytes", r.baseline},
+                       {"model_state_bytes", r.model_state()}, {"activations_bytes", r.activations}});
+    predicted.push_back({{"label", fit[i]->label}, {"step_seconds", e.step_seconds}, {"ranks", ranks}});
+  }
+  fs::create_directories(out);
+  std::ofstream(fs::path(out) / "plan.json") << nlohmann::json{{"nproc", nproc}, {"layouts", predicted}}.dump(1)
+                                              << "\n";
+  std::string cmd;
+  for (const auto& a : args) cmd += "'" + a + "' ";
+  std::fflush(stdout);
+  const int rc = std::system(cmd.c_str());
+  // Predicted against measured, run by run (the sweep's runs in the same order).
+  std::printf("\npredicted against measured (memory: peak minus the baseline, the largest rank; step: median "
+              "after the first two steps):\n");
+  std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", "layout", "pred MiB", "meas MiB", "err %", "pred s", "meas s",
+              "err %");
+  std::vector<double> mem_err, time_err;
+  for (std::size_t i = 0; i < k; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "run-%03zu", i);
+    const fs::path dir = fs::path(out) / "runs" / name;
+    std::vector<double> steps;
+    std::ifstream in(dir / "metrics.jsonl");
+    std::string line;
+    int row = 0;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step_seconds")) continue;
+      if (++row > 2) steps.push_back(j["step_seconds"].get<double>());
+    }
+    // Every rank's training peak and start (peaks.json, written by the trainer).
+    double meas_mem = NAN;
+    std::ifstream peaks_in(dir / "peaks.json");
+    if (peaks_in) {
+      const auto j = nlohmann::json::parse(peaks_in, nullptr, false);
+      if (!j.is_discarded() && j.contains("start_resident_memory_bytes")) {
+        const auto& p = j["peak_resident_memory_bytes"];
+        const auto& s0 = j["start_resident_memory_bytes"];
+        for (std::size_t r = 0; r < p.size() && r < s0.size(); ++r) {
+          const double m = (p[r].get<double>() - s0[r].get<double>()) / kMiB;
+          meas_mem = std::isnan(meas_mem) ? m : std::max(meas_mem, m);
+        }
+      }
+    }
+    const auto& e = fit[i]->estimate;
+    double pred_mem = 0;
+    for (const auto& r : e.ranks) pred_mem = std::max(pred_mem, (r.peak() - r.baseline) / kMiB);
+    const double pred_s = e.step_seconds, meas_s = median(steps);
+    const double me = 100 * (pred_mem - meas_mem) / meas_mem, te = 100 * (pred_s - meas_s) / meas_s;
+    if (!std::isnan(me)) mem_err.push_back(std::abs(me));
+    if (!std::isnan(te)) time_err.push_back(std::abs(te));
+    std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", fit[i]->label.c_str(), fixed(pred_mem, 0).c_str(),
+                fixed(meas_mem, 0).c_str(), fixed(me, 1).c_str(), fixed(pred_s, 3).c_str(), fixed(meas_s, 3).c_str(),
+                fixed(te, 1).c_str());
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? NAN : s / static_cast<double>(v.size());
+  };
+  auto worst = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::max_element(v.begin(), v.end()); };
+  std::printf("memory error: mean %s %%, max %s %%; step time error: mean %s %%, max %s %% (%zu layouts)\n",
+              fixed(mean(mem_err), 1).c_str(), fixed(worst(mem_err), 1).c_str(), fixed(mean(time_err), 1).c_str(),
+              fixed(worst(time_err), 1).c_str(), k);
+  return rc == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = run(argc, argv);
+  hp::tools::exit_now(code);
+}
