@@ -17,8 +17,10 @@ STEPS=${1:-12}; K=${2:-8}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 export HP_PLAN_CACHE="$W/cache"
 base() {  # base NAME LAYERS HIDDEN [MOE]
+  local moe=""
+  [[ -n ${4:-} ]] && moe=", moe: {num_experts: 8, top_k: 2}"
   cat > "$W/$1.yaml" <<YAML
-model: {type: gpt, layers: $2, hidden: $3, heads: 4, seq_len: 128${4:+, moe: {num_experts: 8, top_k: 2}}}
+model: {type: gpt, layers: $2, hidden: $3, heads: 4, seq_len: 128$moe}
 data: {type: text, path: /usr/share/games/fortunes}
 training: {max_steps: $STEPS, global_batch_size: 16, micro_batch_size: 2, log_interval: 1, eval_interval: 0}
 optimizer: {type: adamw, lr: 0.001, schedule: constant}

@@ -196,6 +196,8 @@ std::string Calibration::to_json() const {
   j["collective_latency_s"] = collective_latency_s;
   j["collective_bytes_per_s"] = collective_bytes_per_s;
   j["collective_in_step_s"] = collective_in_step_s;
+  j["p2p_latency_s"] = p2p_latency_s;
+  j["p2p_bytes_per_s"] = p2p_bytes_per_s;
   j["gemm_flops_per_s_1"] = gemm_flops_per_s_1;
   j["gemm_flops_per_s_all"] = gemm_flops_per_s_all;
   j["cores"] = cores;
@@ -203,6 +205,7 @@ std::string Calibration::to_json() const {
   j["seconds_per_token_1"] = seconds_per_token_1;
   j["seconds_per_token_all"] = seconds_per_token_all;
   j["backward_extra_per_token"] = backward_extra_per_token;
+  j["two_per_core_factor"] = two_per_core_factor;
   j["process_extra_bytes"] = process_extra_bytes;
   j["seconds"] = seconds;
   return j.dump(1);
@@ -216,6 +219,8 @@ Calibration Calibration::from_json(const std::string& text) {
   c.collective_latency_s = j.at("collective_latency_s").get<double>();
   c.collective_bytes_per_s = j.at("collective_bytes_per_s").get<double>();
   c.collective_in_step_s = j.at("collective_in_step_s").get<double>();
+  c.p2p_latency_s = j.at("p2p_latency_s").get<double>();
+  c.p2p_bytes_per_s = j.at("p2p_bytes_per_s").get<double>();
   c.gemm_flops_per_s_1 = j.at("gemm_flops_per_s_1").get<double>();
   c.gemm_flops_per_s_all = j.at("gemm_flops_per_s_all").get<double>();
   c.cores = j.at("cores").get<int>();
@@ -223,6 +228,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.seconds_per_token_1 = j.at("seconds_per_token_1").get<std::vector<double>>();
   c.seconds_per_token_all = j.at("seconds_per_token_all").get<std::vector<double>>();
   c.backward_extra_per_token = j.at("backward_extra_per_token").get<double>();
+  c.two_per_core_factor = j.at("two_per_core_factor").get<double>();
   c.process_extra_bytes = j.at("process_extra_bytes").get<double>();
   c.seconds = j.at("seconds").get<double>();
   return c;
@@ -303,7 +309,7 @@ std::string in_child(const std::function<std::string()>& fn) {
 /// machine run): an all-reduce's seconds at a small and a large size, the
 /// least of five each.
 struct CollectiveSpeed {
-  double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0;
+  double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
 };
 
 CollectiveSpeed collective_speed() {
@@ -333,6 +339,25 @@ CollectiveSpeed collective_speed() {
       }
       o << best << " ";
     }
+    // A message between the two (send and receive, as stage messages and
+    // the context-parallel ring go): half a round trip at each size.
+    for (std::int64_t n : {std::int64_t{256}, std::int64_t{1} << 20}) {
+      at::Tensor t = at::ones({n});
+      double best = 1e30;
+      for (int i = 0; i < 6; ++i) {
+        g.barrier();
+        const auto t0 = Clock::now();
+        if (rank == 0) {
+          g.send(t, 1);
+          g.recv(t, 1);
+        } else {
+          g.recv(t, 0);
+          g.send(t, 0);
+        }
+        if (i > 0) best = std::min(best, since(t0) / 2);
+      }
+      o << best << " ";
+    }
     // Between computations, as a step issues them: the same all-reduce
     // after a product each time, against the products alone (what waiting
     // for the peer and handing the operation over cost on top).
@@ -355,8 +380,10 @@ CollectiveSpeed collective_speed() {
   std::filesystem::remove(file);
   std::istringstream in(out);
   CollectiveSpeed c;
-  double small = 0, large = 0, in_step = 0;
-  in >> small >> large >> in_step;
+  double small = 0, large = 0, p2p_small = 0, p2p_large = 0, in_step = 0;
+  in >> small >> large >> p2p_small >> p2p_large >> in_step;
+  c.p2p_latency_s = p2p_small;
+  c.p2p_bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, p2p_large - p2p_small);
   c.latency_s = small;
   c.bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, large - small);
   // What one all-reduce of 256 KiB costs between products beyond its own
@@ -437,12 +464,14 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
 
 }  // namespace
 
-Calibration calibrate(const Config& c, double baseline_bytes) {
+Calibration calibrate(const Config& c) {
   const auto t_start = Clock::now();
   Calibration cal;
   cal.key = calibration_key(c);
   cal.cores = machine_cores();
-  cal.baseline_bytes = baseline_bytes;
+  // A rank starts as a fork of its launcher (LibTorch and the plugins
+  // loaded, nothing built): what a fork of this process holds at once.
+  cal.baseline_bytes = std::stod(in_child([] { return std::to_string(current_resident_bytes()); }));
   const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
   auto child = [&](std::int64_t m, int threads, bool count) {
     return nlohmann::json::parse(in_child([&] { return one_process(c, m, threads, count).dump(); }));
@@ -469,6 +498,16 @@ Calibration calibrate(const Config& c, double baseline_bytes) {
   cal.process_extra_bytes = std::max(0.0, small["peak_above_start"].get<double>() - slope * tokens -
                                               small["model_state"].get<double>());
   cal.seconds_per_token_1 = loaded["seconds_per_token"].get<std::vector<double>>();
+  {
+    // Two one-thread processes per core (more ranks than cores): the time
+    // against one per core (time slicing, caches shared by twice as many).
+    const nlohmann::json twice = nlohmann::json::parse(
+        in_children(2 * cal.cores, [&](int) { return one_process(c, mbs, 1, false).dump(); }));
+    double one = 0, two = 0;
+    for (double v : cal.seconds_per_token_1) one += v;
+    for (double v : twice["seconds_per_token"].get<std::vector<double>>()) two += v;
+    cal.two_per_core_factor = one > 0 ? two / one : 2.0;
+  }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
     const nlohmann::json all = child(mbs, cal.cores, false);
@@ -483,6 +522,8 @@ Calibration calibrate(const Config& c, double baseline_bytes) {
   cal.collective_latency_s = speed.latency_s;
   cal.collective_bytes_per_s = speed.bytes_per_s;
   cal.collective_in_step_s = speed.in_step_extra_s;
+  cal.p2p_latency_s = speed.p2p_latency_s;
+  cal.p2p_bytes_per_s = speed.p2p_bytes_per_s;
   cal.seconds = since(t_start);
   const std::string path = calibration_path(c);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -522,6 +563,10 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   out.threads_per_rank = std::max(1, cal.cores / world);
   // More single-thread ranks than cores share them.
   const double oversubscribed = std::max(1.0, static_cast<double>(world * out.threads_per_rank) / cal.cores);
+  // Compute slows by the calibrated factor at two ranks per core, in
+  // proportion between one and two, and beyond as the ranks per core.
+  const double f2 = cal.two_per_core_factor;
+  const double slowdown = oversubscribed <= 2 ? 1 + (f2 - 1) * (oversubscribed - 1) : f2 * oversubscribed / 2;
   const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
   const std::int64_t gbs = c.get_int("training.global_batch_size");
   const int replicas = role_size(mesh, dist::MeshRole::kReplicate);
@@ -551,6 +596,9 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     const double flops = index < info.block_flops.size() ? info.block_flops[index] : info.loss_flops;
     const double products = std::min(measured, rate > 0 ? 3 * flops / rate : measured);
     return products * share + (measured - products);
+  };
+  auto message = [&](double bytes) {
+    return cal.p2p_latency_s + cal.collective_in_step_s + bytes / cal.p2p_bytes_per_s * oversubscribed;
   };
   for (int r = 0; r < world; ++r) {
     const RankBuild b = build_rank(setup, r);
@@ -597,15 +645,30 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       seconds += block_seconds(li, share) * tokens;
     }
     // Stage messages: a stage sends its activations on and their gradient
-    // back, per micro-batch (half the cost of a pair's sum each way).
+    // back, per micro-batch and chunk.
     const int stages = role_size(mesh, dist::MeshRole::kPartition);
     if (stages > 1) {
-      act_comm += 2 * (collective(hidden * 4 * tokens / 2, 2) + cal.collective_in_step_s);
-      act_bytes_sent += 2 * hidden * 4 * tokens;
+      // The rank's chunks: its runs of consecutive blocks.
+      double chunks = b.model.indices.empty() ? 0 : 1;
+      for (std::size_t i = 1; i < b.model.indices.size(); ++i)
+        if (b.model.indices[i] != b.model.indices[i - 1] + 1) ++chunks;
+      act_comm += 2 * chunks * message(hidden * 4 * tokens);
+      act_bytes_sent += 2 * chunks * hidden * 4 * tokens;
+    }
+    // Positions split over a sequence group: each layer's attention passes
+    // its keys and values around the ring (c - 1 steps) in forward, and
+    // keys, values and their gradients in backward (4 pairs in all).
+    if (positions > 1) {
+      int layers = 0;
+      for (int index : b.model.indices)
+        if (b.desc.blocks[static_cast<std::size_t>(index)].name.rfind("blocks.", 0) == 0) ++layers;
+      const double pair = 2 * tokens * hidden * 4;
+      act_comm += layers * 4.0 * (positions - 1) * message(pair);
+      act_bytes_sent += layers * 4.0 * (positions - 1) * pair;
     }
     // A replayed block holds its activations and their gradients at once.
     e.activations = act * e.in_flight + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0);
-    e.compute = seconds * micro_batches * oversubscribed;
+    e.compute = seconds * micro_batches * slowdown;
     e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
 
     // Gradient sums over the partial dimensions' groups (once a step, or
@@ -659,6 +722,10 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
         << r.baseline / kMiB << std::setw(9) << r.peak() / kMiB;
     }
     o << "\n";
+  }
+  for (const auto& r : e.ranks) {
+    o << "  rank " << r.rank << " model state bytes: params " << static_cast<long long>(r.params) << ", grads "
+      << static_cast<long long>(r.grads) << ", optimizer " << static_cast<long long>(r.optimizer) << "\n";
   }
   return o.str();
 }

@@ -33,8 +33,8 @@ namespace hp::plan {
 /// What the calibration measured (cached per machine and model).
 struct Calibration {
   std::string key;  ///< what it was measured for (machine, model, micro-batch)
-  /// Resident memory of a process that loaded LibTorch and the plugins and
-  /// built nothing.
+  /// Resident memory of a rank that loaded LibTorch and the plugins and
+  /// built nothing (a fork of the planning process, as hp-launch forks).
   double baseline_bytes = 0;
   /// An all-reduce between two ranks of this machine: its latency (s) and
   /// the bytes per second beyond it.
@@ -43,6 +43,9 @@ struct Calibration {
   /// What such a sum costs beyond that when issued between computations
   /// (waiting for the peer, the hand-over to the communication thread).
   double collective_in_step_s = 0;
+  /// A message from one rank to another (send and receive): latency (s)
+  /// and bytes per second.
+  double p2p_latency_s = 0, p2p_bytes_per_s = 0;
   /// The start-up probe's product rate (FLOP/s) at 1 thread and at `cores`.
   double gemm_flops_per_s_1 = 0, gemm_flops_per_s_all = 0;
   int cores = 1;
@@ -55,6 +58,8 @@ struct Calibration {
   /// Most bytes the backward needs beyond the activations, per token of one
   /// micro-batch (gradients of activations in flight), at one process.
   double backward_extra_per_token = 0;
+  /// One-thread processes two per core against one per core: the time factor.
+  double two_per_core_factor = 2;
   /// What a process holds at its peak besides its model state and
   /// activations (code paged in, thread stacks, the start-up probe).
   double process_extra_bytes = 0;
@@ -72,9 +77,8 @@ std::string calibration_path(const Config& config);
 /// Reads the cached calibration for `config`; false when there is none.
 bool load_calibration(const Config& config, Calibration& out);
 /// Measures (one process of the model in forked children, real tensors)
-/// and caches. `baseline_bytes`: this process's resident memory before it
-/// built anything (the caller's, measured first).
-Calibration calibrate(const Config& config, double baseline_bytes);
+/// and caches. Call it before this process runs a parallel region.
+Calibration calibrate(const Config& config);
 
 /// One rank of a layout.
 struct RankEstimate {

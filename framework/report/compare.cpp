@@ -1,4 +1,5 @@
 // The comparison page of several runs (hp-report RUN_DIR... | SWEEP_DIR).
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -146,7 +147,42 @@ RunData load_run(const std::string& dir, const std::string& name) {
     text << config.rdbuf();
     r.config = flatten_yaml(text.str());
   }
+  std::ifstream predicted(fs::path(dir) / "predicted.json");
+  if (predicted) {
+    const auto j = nlohmann::json::parse(predicted, nullptr, false);
+    if (!j.is_discarded()) {
+      r.planned_layout = j.value("layout", std::string("?"));
+      r.predicted_step_seconds = j.value("step_seconds", NAN);
+      r.predicted_memory_mib = j.value("memory_mib", NAN);
+    }
+  }
+  std::ifstream peaks(fs::path(dir) / "peaks.json");
+  if (peaks) {
+    const auto j = nlohmann::json::parse(peaks, nullptr, false);
+    if (!j.is_discarded() && j.contains("start_resident_memory_bytes")) {
+      const auto& p = j["peak_resident_memory_bytes"];
+      const auto& s0 = j["start_resident_memory_bytes"];
+      for (std::size_t k = 0; k < p.size() && k < s0.size(); ++k)
+        r.rank_memory_mib.push_back((p[k].get<double>() - s0[k].get<double>()) / 1048576.0);
+    }
+  }
   return r;
+}
+
+PlanCheck plan_check(const RunData& r) {
+  PlanCheck c;
+  c.predicted_step = r.predicted_step_seconds;
+  c.predicted_mib = r.predicted_memory_mib;
+  std::vector<double> steps;
+  int seen = 0;
+  for (const Row& row : r.rows) {
+    const auto it = row.values.find("step_seconds");
+    if (it == row.values.end() || !it->second) continue;
+    if (++seen > 2) steps.push_back(*it->second);
+  }
+  c.measured_step = median(steps);
+  for (double m : r.rank_memory_mib) c.measured_mib = std::isnan(c.measured_mib) ? m : std::max(c.measured_mib, m);
+  return c;
 }
 
 std::string render_comparison(const std::vector<RunData>& runs, const std::string& baseline,
@@ -348,6 +384,34 @@ std::string render_comparison(const std::vector<RunData>& runs, const std::strin
     out << "</table>\n";
   }
 
+  // hp-plan --measure: each planned run's prediction beside its measurement.
+  bool planned = false;
+  for (const RunData& r : runs) planned = planned || !r.planned_layout.empty();
+  if (planned) {
+    out << "<h2 id=\"planner\">Planner: predicted against measured</h2><p class=\"meta\">hp-plan's "
+           "prediction for each run (predicted.json) beside what it measured: the median step after the "
+           "first two; memory as the largest rank's peak after its last step minus its resident memory at "
+           "start (peaks.json). Error: (predicted - measured) / measured.</p>";
+    out << "<table class=\"planner\"><tr><th>run</th><th>layout</th><th>predicted step s</th><th>measured "
+           "step s</th><th>error</th><th>predicted MiB</th><th>measured MiB</th><th>error</th></tr>";
+    for (const RunData& r : runs) {
+      if (r.planned_layout.empty()) continue;
+      const PlanCheck c = plan_check(r);
+      auto pct = [](double v) {
+        if (std::isnan(v)) return std::string("&mdash;");
+        char b[32];
+        std::snprintf(b, sizeof b, "%+.1f%%", v);
+        return std::string(b);
+      };
+      out << "<tr data-run=\"" << html_escape(r.name) << "\"><td>" << html_escape(r.name) << "</td><td>"
+          << html_escape(r.planned_layout) << "</td><td class=\"num\">" << fmt(c.predicted_step)
+          << "</td><td class=\"num\">" << fmt(c.measured_step) << "</td><td class=\"num\">"
+          << pct(c.step_error_percent()) << "</td><td class=\"num\">" << fmt(c.predicted_mib)
+          << "</td><td class=\"num\">" << fmt(c.measured_mib) << "</td><td class=\"num\">"
+          << pct(c.memory_error_percent()) << "</td></tr>";
+    }
+    out << "</table>\n";
+  }
   out << "<h2>Charts</h2><div class=\"charts\">\n";
   for (const Chart& c : charts) {
     out << "<figure id=\"" << html_escape(c.id) << "\"><figcaption>" << html_escape(c.title)

@@ -115,7 +115,24 @@ struct RunData {
   std::string name, dir;
   std::vector<Row> rows;
   std::map<std::string, std::string> config;
+  /// hp-plan --measure's prediction for this run (predicted.json): its
+  /// layout, step seconds and memory per rank above the baseline (MiB,
+  /// the largest rank); empty label when the run was not planned.
+  std::string planned_layout;
+  double predicted_step_seconds = NAN, predicted_memory_mib = NAN;
+  /// Each rank's peak resident memory after its last step minus its own at
+  /// start (peaks.json, MiB); empty when the run wrote none.
+  std::vector<double> rank_memory_mib;
 };
+
+/// A planned run's prediction beside its measurement: the median step
+/// after the first two, and the largest rank's peak above its start.
+struct PlanCheck {
+  double predicted_step = NAN, measured_step = NAN, predicted_mib = NAN, measured_mib = NAN;
+  double step_error_percent() const { return 100 * (predicted_step - measured_step) / measured_step; }
+  double memory_error_percent() const { return 100 * (predicted_mib - measured_mib) / measured_mib; }
+};
+PlanCheck plan_check(const RunData& run);
 
 /// A run's figures: the last logged loss and eval loss; tokens/s, MFU and
 /// communication bytes per step as medians over the logged steps after the

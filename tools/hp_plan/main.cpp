@@ -28,6 +28,7 @@
 
 #include "framework/model/registry.h"
 #include "framework/plan/plan.h"
+#include "framework/report/report.h"
 #include "framework/runtime/setup.h"
 #include "framework/util/strings.h"
 #include "hp/config/config.h"
@@ -139,11 +140,6 @@ std::string fixed(double v, int digits) {
   return b;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -166,6 +162,10 @@ int run(int argc, char** argv) {
                  "Micro-batch sizes to try, e.g. 1,2,4 (default: the config's training.micro_batch_size)");
   app.add_option("--top", top, "Layouts printed")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--all", all, "Print every layout, the refused ones with their reason");
+  bool layouts_only = false;
+  app.add_flag("--layouts", layouts_only,
+               "Only list the layouts, one a line: accepted or refused, a tab, the keys that set it as --set "
+               "arguments (and, refused, a tab and the reason); nothing is calibrated or predicted");
   app.add_flag("--recalibrate", recalibrate, "Measure the calibration again (it is cached per machine and model)");
   app.add_option("--measure", measure, "Run the first K layouts through hp-sweep and compare")
       ->check(CLI::PositiveNumber);
@@ -185,7 +185,6 @@ int run(int argc, char** argv) {
   hp::RawConfig base;
   std::vector<int> micro_batch_sizes;
   bool experts = false;
-  double baseline = 0;
   try {
     base = hp::RawConfig::parse_file(config);
     for (const auto& s : sets) base.apply_override(s);
@@ -193,9 +192,6 @@ int run(int argc, char** argv) {
     for (const char* f : {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero"})
       probe.apply_override(std::string("features.") + f + ".enabled=false");
     const hp::Setup one = hp::prepare(probe, 1);
-    // What a rank holds before it builds anything: this process now, with
-    // LibTorch and the plugins loaded.
-    baseline = hp::plan::current_resident_bytes();
     const hp::ModelInfo info = hp::model_info(one.config);
     experts = info.size("experts") != nullptr;
     micro_batch_sizes = mbs_list.empty() ? std::vector<int>{static_cast<int>(one.config.get_int("training.micro_batch_size"))}
@@ -214,7 +210,7 @@ int run(int argc, char** argv) {
   hp::log::logger()->set_level(spdlog::level::warn);
   // Calibrate first (one process, real tensors), per micro-batch size.
   std::map<int, hp::plan::Calibration> cals;
-  for (int mbs : micro_batch_sizes) {
+  for (int mbs : layouts_only ? std::vector<int>{} : micro_batch_sizes) {
     hp::RawConfig r = base;
     for (const char* f : {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero"})
       r.apply_override(std::string("features.") + f + ".enabled=false");
@@ -226,7 +222,7 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "hp-plan: calibration for micro-batch %d from %s (measured in %.1f s)\n", mbs,
                      hp::plan::calibration_path(s.config).c_str(), cal.seconds);
       } else {
-        cal = hp::plan::calibrate(s.config, baseline);
+        cal = hp::plan::calibrate(s.config);
         std::fprintf(stderr, "hp-plan: calibrated micro-batch %d in %.1f s (cached in %s)\n", mbs, cal.seconds,
                      hp::plan::calibration_path(s.config).c_str());
       }
@@ -247,7 +243,7 @@ int run(int argc, char** argv) {
       for (const auto& o : c.overrides) r.apply_override(o);
       const hp::Setup s = hp::prepare(r, nproc);
       const int mbs = static_cast<int>(s.config.get_int("training.micro_batch_size"));
-      c.estimate = hp::plan::estimate(s, cals.at(mbs));
+      if (!layouts_only) c.estimate = hp::plan::estimate(s, cals.at(mbs));
       accepted.push_back(&c);
     } catch (const hp::ConfigException& e) {
       c.refused = e.issues().empty() ? "refused" : e.issues().front().format();
@@ -256,6 +252,15 @@ int run(int argc, char** argv) {
     }
   }
   const double planning = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (layouts_only) {
+    for (const auto& c : cands) {
+      std::string sets_text;
+      for (const auto& o : c.overrides) sets_text += (sets_text.empty() ? "" : " ") + std::string("--set ") + o;
+      std::printf("%s\t%s%s%s\n", c.refused.empty() ? "accepted" : "refused", sets_text.c_str(),
+                  c.refused.empty() ? "" : "\t", c.refused.c_str());
+    }
+    return 0;
+  }
   std::vector<Candidate*> fit;
   for (auto* c : accepted)
     if (memory_gb <= 0 || c->estimate.peak_bytes() <= memory_gb * 1024 * kMiB) fit.push_back(c);
@@ -322,9 +327,11 @@ int run(int argc, char** argv) {
   for (const auto& a : args) cmd += "'" + a + "' ";
   std::fflush(stdout);
   const int rc = std::system(cmd.c_str());
-  // Predicted against measured, run by run (the sweep's runs in the same order).
-  std::printf("\npredicted against measured (memory: peak minus the baseline, the largest rank; step: median "
-              "after the first two steps):\n");
+  // Predicted against measured, run by run (the sweep's runs in the same
+  // order): each run gets its prediction (predicted.json), the comparison
+  // page is written again with it.
+  std::printf("\npredicted against measured (memory: the largest rank's peak after its last step minus its "
+              "resident memory at start; step: the median after the first two):\n");
   std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", "layout", "pred MiB", "meas MiB", "err %", "pred s", "meas s",
               "err %");
   std::vector<double> mem_err, time_err;
@@ -332,41 +339,34 @@ int run(int argc, char** argv) {
     char name[32];
     std::snprintf(name, sizeof name, "run-%03zu", i);
     const fs::path dir = fs::path(out) / "runs" / name;
-    std::vector<double> steps;
-    std::ifstream in(dir / "metrics.jsonl");
-    std::string line;
-    int row = 0;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("step_seconds")) continue;
-      if (++row > 2) steps.push_back(j["step_seconds"].get<double>());
-    }
-    // Every rank's training peak and start (peaks.json, written by the trainer).
-    double meas_mem = NAN;
-    std::ifstream peaks_in(dir / "peaks.json");
-    if (peaks_in) {
-      const auto j = nlohmann::json::parse(peaks_in, nullptr, false);
-      if (!j.is_discarded() && j.contains("start_resident_memory_bytes")) {
-        const auto& p = j["peak_resident_memory_bytes"];
-        const auto& s0 = j["start_resident_memory_bytes"];
-        for (std::size_t r = 0; r < p.size() && r < s0.size(); ++r) {
-          const double m = (p[r].get<double>() - s0[r].get<double>()) / kMiB;
-          meas_mem = std::isnan(meas_mem) ? m : std::max(meas_mem, m);
-        }
-      }
-    }
     const auto& e = fit[i]->estimate;
     double pred_mem = 0;
     for (const auto& r : e.ranks) pred_mem = std::max(pred_mem, (r.peak() - r.baseline) / kMiB);
-    const double pred_s = e.step_seconds, meas_s = median(steps);
-    const double me = 100 * (pred_mem - meas_mem) / meas_mem, te = 100 * (pred_s - meas_s) / meas_s;
+    if (fs::exists(dir)) {
+      std::ofstream(dir / "predicted.json")
+          << nlohmann::json{{"layout", fit[i]->label}, {"step_seconds", e.step_seconds}, {"memory_mib", pred_mem}}
+                 .dump()
+          << "\n";
+    }
+    hp::report::PlanCheck c;
+    try {
+      c = hp::report::plan_check(hp::report::load_run(dir.string(), name));
+    } catch (const std::exception&) {
+      c.predicted_step = e.step_seconds;
+      c.predicted_mib = pred_mem;
+    }
+    const double me = c.memory_error_percent(), te = c.step_error_percent();
     if (!std::isnan(me)) mem_err.push_back(std::abs(me));
     if (!std::isnan(te)) time_err.push_back(std::abs(te));
-    std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", fit[i]->label.c_str(), fixed(pred_mem, 0).c_str(),
-                fixed(meas_mem, 0).c_str(), fixed(me, 1).c_str(), fixed(pred_s, 3).c_str(), fixed(meas_s, 3).c_str(),
-                fixed(te, 1).c_str());
+    std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", fit[i]->label.c_str(), fixed(c.predicted_mib, 0).c_str(),
+                fixed(c.measured_mib, 0).c_str(), fixed(me, 1).c_str(), fixed(c.predicted_step, 3).c_str(),
+                fixed(c.measured_step, 3).c_str(), fixed(te, 1).c_str());
   }
+  // The page again, now with the predictions.
+  const std::string report = (fs::path(hp::tools::self_exe("hp-plan")).parent_path() / "hp-report").string();
+  const std::string page_cmd = "'" + report + "' '" + out + "' > /dev/null";
+  if (std::system(page_cmd.c_str()) == 0)
+    std::printf("comparison page with the predictions: %s\n", (fs::path(out) / "report.html").string().c_str());
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x;

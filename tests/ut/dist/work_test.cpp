@@ -169,3 +169,35 @@ TEST(WorkHandles, AsyncSpansCloseAtCompletionOnTheGroupsTrack) {
   EXPECT_EQ(async, 2);
   EXPECT_EQ(blocking, 2);
 }
+
+// A planning context (hp-plan builds every rank's model in one): each rank's
+// groups with their members and its index, and no operation on a group of
+// several ranks (it names the group and says why), while a group of one
+// still computes locally.
+TEST(PlanningContext, KnowsEveryRanksGroupsAndRefusesToCommunicate) {
+  const auto mesh = hp::test::grid(2, 2, 2);  // pp 2 x dp 2 x tp 2
+  for (int rank = 0; rank < mesh.world_size(); ++rank) {
+    auto ctx = DistributedContext::planning(mesh, rank);
+    EXPECT_EQ(ctx->rank(), rank);
+    EXPECT_EQ(ctx->world_size(), 8);
+    for (const char* dim : {"pp", "dp", "tp"}) {
+      auto& g = ctx->group(dim);
+      EXPECT_EQ(g.size(), 2) << dim;
+      EXPECT_EQ(g.global_ranks().at(static_cast<std::size_t>(g.rank())), rank) << dim;
+      EXPECT_EQ(g.global_ranks(), mesh.group_ranks(dim, rank)) << dim;
+    }
+  }
+  auto ctx = DistributedContext::planning(mesh, 3);
+  auto t = torch::ones({4});
+  try {
+    ctx->group("tp").all_reduce(t);
+    ADD_FAILURE() << "a planning context communicated";
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'tp'"), std::string::npos) << what;
+    EXPECT_NE(what.find("planning context"), std::string::npos) << what;
+  }
+  auto one = DistributedContext::planning(hp::dist::ProcessMesh(), 0);
+  one->group("world").all_reduce(t);
+  EXPECT_TRUE(torch::equal(t, torch::ones({4})));
+}

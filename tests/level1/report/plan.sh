@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# hp-plan. (1) Its layouts against the config check: for the small GPT at 2
+# ranks with micro-batches 2 and 3 (3 does not divide the batch at one
+# replica), every layout it lists as accepted is accepted by hp-train
+# --dry-run (exit 0) and every one it lists as refused is refused (exit 2),
+# both kinds present. (2) The model state it predicts per rank equals, to
+# the byte, what training reports (rank 0's metrics.jsonl: parameters,
+# gradients and optimizer state under zero stages 1-3 at dp=2; the
+# optimizer state at tp=2 and at pp=2). (3) --measure 2: two runs through
+# hp-sweep, predicted against measured printed, predicted.json and
+# peaks.json in each run, the comparison page with the planner's table
+# (one row per run). Figures are printed, never asserted (bench_plan.sh).
+source "$(dirname "$0")/../../lib/common.sh"
+BIN=$1
+export HP_INTRA_OP_THREADS=1 HP_PLAN_CACHE="$WORK/cache"
+small_config "$WORK/c.yaml"
+sed -i 's/max_steps: 20/max_steps: 3/; s/eval_interval: 10/eval_interval: 0/; s/dropout: 0.1/dropout: 0.0/' "$WORK/c.yaml"
+
+# (1) the enumeration against hp-train's own check
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,3 --layouts > "$WORK/layouts" 2> "$WORK/layouts.err" \
+  || { cat "$WORK/layouts.err"; fail "hp-plan --layouts"; }
+accepted=$(grep -c '^accepted' "$WORK/layouts"); refused=$(grep -c '^refused' "$WORK/layouts")
+echo "hp-plan lists $accepted accepted and $refused refused layouts"
+[[ $accepted -gt 10 && $refused -gt 10 ]] || fail "expected both kinds of layouts, got $accepted and $refused"
+grep -q "refused.*micro_batch_size" "$WORK/layouts" || fail "a refusal without its reason"
+check() {  # check KIND SETS...: hp-train --dry-run's exit code for one listed layout
+  local kind=$1; shift
+  local code=0
+  # shellcheck disable=SC2086
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run $* > /dev/null 2>&1 || code=$?
+  if [[ $kind == accepted && $code -ne 0 ]] || [[ $kind == refused && $code -ne 2 ]]; then
+    echo "MISMATCH $kind (exit $code): $*"
+  fi
+}
+export -f check; export BIN WORK
+cut -f1,2 "$WORK/layouts" | tr '\t' ' ' | xargs -P 2 -L 1 bash -c 'check "$@"' _ > "$WORK/mismatch"
+[[ ! -s "$WORK/mismatch" ]] || { cat "$WORK/mismatch"; fail "hp-plan and hp-train's config check disagree"; }
+
+# (2) model state to the byte
+state_case() {  # state_case NAME SETS...: train 3 steps, then compare rank 0's figures with --dry-run's
+  local name=$1; shift
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "$@" --set run.output_dir="$WORK/$name" > "$WORK/$name.log" 2>&1 \
+    || { cat "$WORK/$name.log"; fail "training $name"; }
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run "$@" > "$WORK/$name.dry" 2>&1 || fail "--dry-run $name"
+  python3 - "$WORK/$name" "$WORK/$name.dry" "$name" <<'PY' || fail "model state of $name"
+import json, re, sys
+run, dry, name = sys.argv[1:4]
+last = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"step"' in l][-1]
+m = re.search(r"rank 0 model state bytes: params (\d+), grads (\d+), optimizer (\d+)", open(dry).read())
+assert m, "no model state line in --dry-run's output"
+params, grads, opt = map(int, m.groups())
+measured = {"optimizer": last["optimizer_state_bytes"]}
+if "zero_param_bytes" in last:
+    measured["params"] = last["zero_param_bytes"]
+    measured["grads"] = last["zero_full_grad_bytes"] + last["zero_slice_grad_bytes"]
+predicted = {"params": params, "grads": grads, "optimizer": opt}
+print(f"{name}: predicted {predicted}, measured {measured}")
+for k, v in measured.items():
+    assert int(v) == predicted[k], f"{k}: predicted {predicted[k]}, measured {int(v)}"
+PY
+}
+for z in 1 2 3; do state_case zero$z --set features.zero.enabled=true --set features.zero.stage=$z; done
+state_case tp2 --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
+state_case pp2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+
+# (3) --measure through the sweep, and the page
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 3 --measure 2 --out "$WORK/m" > "$WORK/m.out" 2> "$WORK/m.err" \
+  || { cat "$WORK/m.err" "$WORK/m.out"; fail "hp-plan --measure"; }
+cat "$WORK/m.out"
+grep -q "calibrated micro-batch 2" "$WORK/m.err" || fail "no calibration line"
+grep -qE "^ +1  dp" "$WORK/m.out" || fail "no ranked layouts"
+grep -q "^predicted against measured" "$WORK/m.out" || fail "no comparison table"
+grep -qE "^memory error: mean [0-9.]+ %, max [0-9.]+ %; step time error: mean [0-9.]+ %" "$WORK/m.out" \
+  || fail "no error summary"
+for r in run-000 run-001; do
+  [[ -s "$WORK/m/runs/$r/predicted.json" && -s "$WORK/m/runs/$r/peaks.json" ]] || fail "$r: predicted.json or peaks.json"
+done
+python3 - "$WORK/m/report.html" <<'PY' || fail "the page's planner table"
+import re, sys
+page = open(sys.argv[1]).read()
+table = re.search(r'<table class="planner">(.*?)</table>', page, re.S)
+assert table, "no planner table"
+rows = re.findall(r'<tr data-run="(run-\d+)">', table.group(1))
+assert rows == ["run-000", "run-001"], rows
+assert re.search(r'class="num">[+-]\d+\.\d%', table.group(1)), "no error cell"
+PY
+# A second plan reads the cached calibration.
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 1 > /dev/null 2> "$WORK/again.err" || fail "second plan"
+grep -q "calibration for micro-batch 2 from" "$WORK/again.err" || { cat "$WORK/again.err"; fail "the calibration was not reused"; }
+echo PASS
