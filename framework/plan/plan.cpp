@@ -198,6 +198,7 @@ std::string Calibration::to_json() const {
   j["collective_in_step_s"] = collective_in_step_s;
   j["p2p_latency_s"] = p2p_latency_s;
   j["p2p_bytes_per_s"] = p2p_bytes_per_s;
+  j["shared_core_collective_s"] = shared_core_collective_s;
   j["gemm_flops_per_s_1"] = gemm_flops_per_s_1;
   j["gemm_flops_per_s_all"] = gemm_flops_per_s_all;
   j["cores"] = cores;
@@ -221,6 +222,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.collective_in_step_s = j.at("collective_in_step_s").get<double>();
   c.p2p_latency_s = j.at("p2p_latency_s").get<double>();
   c.p2p_bytes_per_s = j.at("p2p_bytes_per_s").get<double>();
+  c.shared_core_collective_s = j.at("shared_core_collective_s").get<double>();
   c.gemm_flops_per_s_1 = j.at("gemm_flops_per_s_1").get<double>();
   c.gemm_flops_per_s_all = j.at("gemm_flops_per_s_all").get<double>();
   c.cores = j.at("cores").get<int>();
@@ -392,6 +394,44 @@ CollectiveSpeed collective_speed() {
   return c;
 }
 
+/// `n` one-thread processes in one group (more than the cores: ranks
+/// sharing them): what an all-reduce of 256 KiB issued between products
+/// costs beyond the products alone, each process's products taking their
+/// share of the cores in both passes.
+double shared_core_in_step(int n) {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("hp_plan_store_n_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(file);
+  const std::string out = in_children(n, [&](int rank) {
+    at::set_num_threads(1);
+    dist::DistEnv env;
+    env.rank = rank;
+    env.world_size = n;
+    env.source = "hp-plan calibration";
+    dist::ProcessMesh mesh({dist::MeshDim{dist::ProcessMesh::data_dim(), n, dist::MeshRole::kReplicate, ""}});
+    auto ctx = dist::DistributedContext::create(
+        env, mesh, dist::ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+    dist::Group& g = ctx->group("world");
+    at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024}), t = at::ones({std::int64_t{1} << 16});
+    g.all_reduce(t);
+    const int iters = 30;
+    double alone = 0, with = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      g.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        at::mm(a, b);
+        if (pass == 1) g.all_reduce(t);
+      }
+      g.barrier();
+      (pass == 0 ? alone : with) = since(t0);
+    }
+    return std::to_string((with - alone) / iters);
+  });
+  std::filesystem::remove(file);
+  return std::max(0.0, std::stod(out));
+}
+
 /// One process of the model at micro-batch `mbs` with `threads` threads:
 /// the trainer's own start-up probe, then `steps` training steps (forward,
 /// backward, AdamW update). Returns the peak resident memory above the
@@ -524,6 +564,8 @@ Calibration calibrate(const Config& c) {
   cal.collective_in_step_s = speed.in_step_extra_s;
   cal.p2p_latency_s = speed.p2p_latency_s;
   cal.p2p_bytes_per_s = speed.p2p_bytes_per_s;
+  // Twice as many ranks as cores.
+  cal.shared_core_collective_s = shared_core_in_step(2 * cal.cores);
   cal.seconds = since(t_start);
   const std::string path = calibration_path(c);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -585,6 +627,11 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   auto collective = [&](double bytes, double n) {
     return cal.collective_latency_s + bytes * (n - 1) / (n / 2) / cal.collective_bytes_per_s * oversubscribed;
   };
+  // What a collective issued between computations adds: measured on an
+  // idle pair, and with two ranks per core (in proportion between).
+  const double in_step = oversubscribed <= 1 ? cal.collective_in_step_s
+                         : cal.collective_in_step_s + (cal.shared_core_collective_s - cal.collective_in_step_s) *
+                                                          std::min(1.0, oversubscribed - 1);
 
   // A block's seconds per token on a rank holding `share` of its weights:
   // its products (3x its forward FLOPs at the calibrated product rate)
@@ -598,7 +645,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     return products * share + (measured - products);
   };
   auto message = [&](double bytes) {
-    return cal.p2p_latency_s + cal.collective_in_step_s + bytes / cal.p2p_bytes_per_s * oversubscribed;
+    return cal.p2p_latency_s + in_step + bytes / cal.p2p_bytes_per_s * oversubscribed;
   };
   for (int r = 0; r < world; ++r) {
     const RankBuild b = build_rank(setup, r);
@@ -634,7 +681,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       if (t > 1 && share < 1) {
         // A split block sums its output in forward and its input's gradient
         // in backward (two of each for a transformer block).
-        act_comm += 4 * (collective(hidden * 4 * tokens, t) + cal.collective_in_step_s);
+        act_comm += 4 * (collective(hidden * 4 * tokens, t) + in_step);
         act_bytes_sent += 4 * hidden * 4 * tokens * 2.0 * (t - 1) / t;
       }
     }
@@ -687,7 +734,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     }
     const double rounds = b.state.grads_per_micro_batch ? micro_batches : 1;
     if (grad_bytes > 0) {
-      grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * cal.collective_latency_s);
+      grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
       grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
     }
     e.buffers = cal.process_extra_bytes + b.state.transient + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);

@@ -46,6 +46,9 @@ struct Calibration {
   /// A message from one rank to another (send and receive): latency (s)
   /// and bytes per second.
   double p2p_latency_s = 0, p2p_bytes_per_s = 0;
+  /// A collective between products with two one-thread ranks per core, as
+  /// collective_in_step_s (ranks waiting for peers that wait for a core).
+  double shared_core_collective_s = 0;
   /// The start-up probe's product rate (FLOP/s) at 1 thread and at `cores`.
   double gemm_flops_per_s_1 = 0, gemm_flops_per_s_all = 0;
   int cores = 1;

@@ -2,6 +2,9 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
+#include <map>
+
 #include "hp/comm/context.h"
 #include "hp/comm/group.h"
 
@@ -42,6 +45,7 @@ class ShardedOptimizer : public NamedStateOptimizer {
   ModelStateBytes model_state(const std::vector<ParamEntry>&) override {
     ModelStateBytes m;
     double gathered_after_step = 0, made_whole = 0;
+    std::map<int, double> block_whole;  // stage 3: each block's parameters, gathered whole
     for (const auto& c : s_->cuts) {
       const double item = static_cast<double>(c.param.tensor.element_size());
       const double whole = static_cast<double>(c.param.tensor.numel()) * item;
@@ -56,9 +60,18 @@ class ShardedOptimizer : public NamedStateOptimizer {
       // receive buffers of the gathers in flight (kGathersAhead buckets).
       if (grads_sharded) made_whole += whole;
       if (shared && !params_sharded) gathered_after_step += whole;
-      if (params_sharded) m.gathered_per_micro_batch += (s_->options.reshard_after_forward ? 2 : 1) * whole;
+      if (params_sharded) {
+        m.gathered_per_micro_batch += (s_->options.reshard_after_forward ? 2 : 1) * whole;
+        block_whole[c.param.block] += whole;
+      }
     }
-    m.transient = std::max(made_whole, std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes));
+    // At the peak: the whole gradients of a backward, the gathers of updated
+    // slices in flight, and (stage 3) a block gathered whole with the ones
+    // prefetched behind it.
+    double largest_block = 0;
+    for (const auto& [block, bytes] : block_whole) largest_block = std::max(largest_block, bytes);
+    m.transient = made_whole + std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes) +
+                  (1 + s_->options.prefetch) * largest_block;
     m.grads_per_micro_batch = s_->options.rounds();
     m.optimizer = static_cast<double>(state_bytes());
     return m;
