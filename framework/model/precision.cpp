@@ -1,5 +1,7 @@
 #include "hp/model/precision.h"
 
+#include "hp/model/weight_grad.h"
+
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -150,7 +152,11 @@ at::Tensor cast(const at::Tensor& t, at::ScalarType dtype) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::ScalarType dt = x.scalar_type();
-  if (dt == at::kFloat && w.scalar_type() == at::kFloat) return at::linear(x, w, b);
+  if (dt == at::kFloat && w.scalar_type() == at::kFloat) {
+    // Zero-bubble schedules: B now, W later (include/hp/model/weight_grad.h).
+    if (wgrad::splitting() && w.requires_grad() && at::GradMode::is_enabled()) return wgrad::split_linear(x, w, b);
+    return at::linear(x, w, b);
+  }
   if (dt == at::kBFloat16 && product_kernel() == ProductKernel::kWiden) {
     return WidenLinear::apply(x, w, b.defined() ? b : at::empty({0}, w.options()));
   }

@@ -1,0 +1,155 @@
+// The split backward of weight-bearing products (include/hp/model/weight_grad.h):
+// under SplitForward and Collect, backward (B) computes the input's gradient
+// and no weight product, leaving the weights' .grad untouched; W (the
+// queue's run) computes the weights' and biases' gradients with no autograd
+// and no input product. Every gradient equals autograd's unsplit backward
+// bitwise (the same products on the same operands as mm's and addmm's
+// backward: gY^T X for a weight used transposed); W of several micro-batches
+// sums as autograd accumulates (bitwise in the same order).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "hp/model/precision.h"
+#include "hp/model/weight_grad.h"
+
+namespace {
+
+namespace wgrad = hp::wgrad;
+
+torch::Tensor seeded(std::vector<int64_t> shape, int seed) {
+  auto g = torch::make_generator<at::CPUGeneratorImpl>(seed);
+  return torch::randn(shape, g);
+}
+
+/// Two layers with a bias and one without, on a [batch, seq, in] input.
+struct Mlp {
+  torch::Tensor w1 = seeded({12, 8}, 1).requires_grad_(), b1 = seeded({12}, 2).requires_grad_();
+  torch::Tensor w2 = seeded({8, 12}, 3).requires_grad_();
+  torch::Tensor loss(const torch::Tensor& x) const {
+    auto h = torch::gelu(hp::precision::linear(x, w1, b1));
+    return hp::precision::linear(h, w2).pow(2).sum();
+  }
+  std::vector<torch::Tensor> params() const { return {w1, b1, w2}; }
+  void clear() const {
+    for (auto p : params()) p.mutable_grad() = torch::Tensor();
+  }
+};
+
+std::vector<torch::Tensor> grads(const Mlp& m, const torch::Tensor& x) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.params()) out.push_back(p.grad().clone());
+  out.push_back(x.grad().clone());
+  return out;
+}
+
+void expect_bitwise(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "gradient " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>()
+                                          << " of " << b[i].abs().max().item<double>() << " ratio "
+                                          << (a[i] / b[i]).mean().item<double>();
+}
+
+TEST(WeightGradSplit, BComputesInputGradientsOnlyAndWTheWeightsWithoutAutograd) {
+  const Mlp m;
+  auto x = seeded({3, 5, 8}, 4).requires_grad_();
+  m.loss(x).backward();
+  const auto reference = grads(m, x);
+  m.clear();
+  x.mutable_grad() = torch::Tensor();
+
+  wgrad::reset_counters();
+  wgrad::WeightGradQueue queue;
+  {
+    wgrad::SplitForward split;
+    auto loss = m.loss(x);
+    wgrad::Collect collect;
+    loss.backward();
+    queue = collect.take();
+  }
+  // B: the input's gradient is there, no weight product ran.
+  EXPECT_EQ(wgrad::counters().input_grad_products, 2u);
+  EXPECT_EQ(wgrad::counters().weight_grad_products, 0u);
+  EXPECT_EQ(wgrad::counters().deferred, 2u);
+  for (const auto& p : m.params()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_TRUE(x.grad().defined());
+  ASSERT_EQ(queue.size(), 2u);
+  EXPECT_GT(queue.bytes(), 0);
+  // W: plain products with gradient mode off, each parameter named once ready.
+  std::vector<torch::Tensor> ready;
+  EXPECT_EQ(queue.run([&](const at::Tensor& p) {
+    EXPECT_FALSE(at::GradMode::is_enabled());
+    ready.push_back(p);
+  }),
+            2u);
+  EXPECT_TRUE(queue.empty());
+  EXPECT_EQ(wgrad::counters().input_grad_products, 2u);
+  EXPECT_EQ(wgrad::counters().weight_grad_products, 2u);
+  ASSERT_EQ(ready.size(), 3u);  // w2 first (the last layer's backward runs first), then w1 and b1
+  EXPECT_TRUE(ready[0].is_same(m.w2));
+  for (const auto& p : m.params()) EXPECT_EQ(p.grad().grad_fn(), nullptr);
+  expect_bitwise(grads(m, x), reference);
+}
+
+TEST(WeightGradSplit, WithoutACollectTheSplitBackwardComputesWAtOnce) {
+  const Mlp m;
+  auto x = seeded({4, 8}, 5).requires_grad_();
+  m.loss(x).backward();
+  const auto reference = grads(m, x);
+  m.clear();
+  x.mutable_grad() = torch::Tensor();
+  wgrad::reset_counters();
+  {
+    wgrad::SplitForward split;
+    m.loss(x).backward();
+  }
+  EXPECT_EQ(wgrad::counters().deferred, 0u);
+  EXPECT_EQ(wgrad::counters().weight_grad_products, 2u);
+  expect_bitwise(grads(m, x), reference);
+}
+
+TEST(WeightGradSplit, DeferredWeightGradientsAccumulateAcrossMicroBatches) {
+  const Mlp m;
+  auto x1 = seeded({2, 5, 8}, 6), x2 = seeded({2, 5, 8}, 7);
+  m.loss(x1).backward();
+  m.loss(x2).backward();
+  std::vector<torch::Tensor> reference;
+  for (const auto& p : m.params()) reference.push_back(p.grad().clone());
+  m.clear();
+  // Two micro-batches' B first, their W afterwards (a zero-bubble schedule
+  // runs W whenever a stage would wait): in the same order bitwise, in the
+  // other order within rounding.
+  std::vector<wgrad::WeightGradQueue> queues;
+  for (const auto& x : {x1, x2}) {
+    wgrad::SplitForward split;
+    auto loss = m.loss(x);
+    wgrad::Collect collect;
+    loss.backward();
+    queues.push_back(collect.take());
+  }
+  for (const auto& p : m.params()) EXPECT_FALSE(p.grad().defined());
+  auto q0 = queues[0], q1 = queues[1];
+  queues[0].run();
+  queues[1].run();
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    EXPECT_TRUE(torch::equal(m.params()[i].grad(), reference[i])) << "parameter " << i;
+  m.clear();
+  q1.run();
+  q0.run();
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    EXPECT_TRUE(torch::allclose(m.params()[i].grad(), reference[i], 1e-6, 1e-4)) << "parameter " << i;
+}
+
+TEST(WeightGradSplit, OutsideSplitForwardTheProductIsAtenLinear) {
+  const Mlp m;
+  auto x = seeded({4, 8}, 8).requires_grad_();
+  wgrad::reset_counters();
+  auto y = hp::precision::linear(x, m.w1, m.b1);
+  EXPECT_NE(std::string(y.grad_fn()->name()).find("Addmm"), std::string::npos) << y.grad_fn()->name();
+  y.sum().backward();
+  EXPECT_EQ(wgrad::counters().input_grad_products, 0u);
+}
+
+}  // namespace
