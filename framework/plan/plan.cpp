@@ -310,23 +310,54 @@ std::string in_child(const std::function<std::string()>& fn) {
 /// Two processes of one replicate group (shared memory, as ranks on this
 /// machine run): an all-reduce's seconds at a small and a large size, the
 /// least of five each.
+/// Member `rank` of a group of `n` processes meeting at the FileStore
+/// `file` (one replicate dimension), one thread each.
+std::shared_ptr<dist::DistributedContext> join_group(int rank, int n, const std::string& file) {
+  at::set_num_threads(1);
+  dist::DistEnv env;
+  env.rank = rank;
+  env.world_size = n;
+  env.source = "hp-plan calibration";
+  dist::ProcessMesh mesh({dist::MeshDim{dist::ProcessMesh::data_dim(), n, dist::MeshRole::kReplicate, ""}});
+  return dist::DistributedContext::create(
+      env, mesh, dist::ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+}
+
+/// Between computations, as a step issues them: an all-reduce of 256 KiB
+/// after a product each time, against the products alone; the seconds it
+/// adds per all-reduce.
+double between_products(dist::Group& g, int iters) {
+  at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024}), t = at::ones({std::int64_t{1} << 16});
+  g.all_reduce(t);
+  double alone = 0, with = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    g.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      at::mm(a, b);
+      if (pass == 1) g.all_reduce(t);
+    }
+    g.barrier();
+    (pass == 0 ? alone : with) = since(t0);
+  }
+  return (with - alone) / iters;
+}
+
+std::string store_file(const char* what) {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / (std::string(what) + std::to_string(::getpid()))).string();
+  std::filesystem::remove(file);
+  return file;
+}
+
 struct CollectiveSpeed {
   double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
 };
 
 CollectiveSpeed collective_speed() {
-  const std::string file =
-      (std::filesystem::temp_directory_path() / ("hp_plan_store_" + std::to_string(::getpid()))).string();
-  std::filesystem::remove(file);
+  const std::string file = store_file("hp_plan_store_");
   const std::string out = in_children(2, [&](int rank) {
-    at::set_num_threads(1);
-    dist::DistEnv env;
-    env.rank = rank;
-    env.world_size = 2;
-    env.source = "hp-plan calibration";
-    dist::ProcessMesh mesh({dist::MeshDim{dist::ProcessMesh::data_dim(), 2, dist::MeshRole::kReplicate, ""}});
-    auto ctx = dist::DistributedContext::create(
-        env, mesh, dist::ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
+    auto ctx = join_group(rank, 2, file);
     dist::Group& g = ctx->group("world");
     std::ostringstream o;
     for (std::int64_t n : {std::int64_t{256}, std::int64_t{1} << 20}) {
@@ -360,22 +391,9 @@ CollectiveSpeed collective_speed() {
       }
       o << best << " ";
     }
-    // Between computations, as a step issues them: the same all-reduce
-    // after a product each time, against the products alone (what waiting
-    // for the peer and handing the operation over cost on top).
-    at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024}), t = at::ones({std::int64_t{1} << 16});
-    const int iters = 40;
-    double alone = 0, with = 0;
-    for (int pass = 0; pass < 2; ++pass) {
-      g.barrier();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) {
-        at::mm(a, b);
-        if (pass == 1) g.all_reduce(t);
-      }
-      (pass == 0 ? alone : with) = since(t0);
-    }
-    o << (with - alone) / iters << " ";
+    // What the same all-reduce costs issued between products (waiting for
+    // the peer, the hand-over to the communication thread).
+    o << between_products(g, 40) << " ";
     g.barrier();
     return o.str();
   });
@@ -399,34 +417,10 @@ CollectiveSpeed collective_speed() {
 /// costs beyond the products alone, each process's products taking their
 /// share of the cores in both passes.
 double shared_core_in_step(int n) {
-  const std::string file =
-      (std::filesystem::temp_directory_path() / ("hp_plan_store_n_" + std::to_string(::getpid()))).string();
-  std::filesystem::remove(file);
+  const std::string file = store_file("hp_plan_store_n_");
   const std::string out = in_children(n, [&](int rank) {
-    at::set_num_threads(1);
-    dist::DistEnv env;
-    env.rank = rank;
-    env.world_size = n;
-    env.source = "hp-plan calibration";
-    dist::ProcessMesh mesh({dist::MeshDim{dist::ProcessMesh::data_dim(), n, dist::MeshRole::kReplicate, ""}});
-    auto ctx = dist::DistributedContext::create(
-        env, mesh, dist::ContextOptions().with_file(file).with_timeout(std::chrono::seconds(60)));
-    dist::Group& g = ctx->group("world");
-    at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024}), t = at::ones({std::int64_t{1} << 16});
-    g.all_reduce(t);
-    const int iters = 30;
-    double alone = 0, with = 0;
-    for (int pass = 0; pass < 2; ++pass) {
-      g.barrier();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) {
-        at::mm(a, b);
-        if (pass == 1) g.all_reduce(t);
-      }
-      g.barrier();
-      (pass == 0 ? alone : with) = since(t0);
-    }
-    return std::to_string((with - alone) / iters);
+    auto ctx = join_group(rank, n, file);
+    return std::to_string(between_products(ctx->group("world"), 30));
   });
   std::filesystem::remove(file);
   return std::max(0.0, std::stod(out));
@@ -753,26 +747,54 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
 }
 
 std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
+  // Ranks with the same figures share a line ("0-3", "0,2"): a large
+  // world of data-parallel replicas stays a few lines.
+  std::vector<std::pair<std::string, const RankEstimate*>> rows;
+  std::vector<std::vector<int>> members;
+  auto same = [&](const RankEstimate& a, const RankEstimate& b) {
+    return a.blocks == b.blocks && a.params == b.params && a.grads == b.grads && a.optimizer == b.optimizer &&
+           (!with_activations || (a.activations == b.activations && a.buffers == b.buffers));
+  };
+  for (const auto& r : e.ranks) {
+    std::size_t i = 0;
+    while (i < rows.size() && !same(*rows[i].second, r)) ++i;
+    if (i == rows.size()) {
+      rows.emplace_back("", &r);
+      members.emplace_back();
+    }
+    members[i].push_back(r.rank);
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& m = members[i];
+    std::string text;
+    for (std::size_t j = 0; j < m.size();) {
+      std::size_t k = j;
+      while (k + 1 < m.size() && m[k + 1] == m[k] + 1) ++k;
+      text += (text.empty() ? "" : ",") + std::to_string(m[j]) + (k > j ? "-" + std::to_string(m[k]) : "");
+      j = k + 1;
+    }
+    rows[i].first = text;
+  }
   std::ostringstream o;
   o << std::fixed << std::setprecision(1);
   o << "memory per rank (MiB; model state exact from the planning build"
     << (with_activations ? "; activations and baseline from the calibration" : "") << "):\n";
-  o << "  rank  coords              blocks   params    grads  optimizer   state";
+  o << "  ranks       coords of the first   blocks   params    grads  optimizer   state";
   if (with_activations) o << "  activations  buffers  baseline     peak";
   o << "\n";
-  for (const auto& r : e.ranks) {
-    o << "  " << std::setw(4) << r.rank << "  " << std::left << std::setw(18) << r.coords << std::right
-      << std::setw(7) << r.blocks << std::setw(9) << r.params / kMiB << std::setw(9) << r.grads / kMiB
-      << std::setw(11) << r.optimizer / kMiB << std::setw(8) << r.model_state() / kMiB;
+  for (const auto& [ranks, r] : rows) {
+    o << "  " << std::left << std::setw(11) << ranks << " " << std::setw(20) << r->coords << std::right
+      << std::setw(7) << r->blocks << std::setw(9) << r->params / kMiB << std::setw(9) << r->grads / kMiB
+      << std::setw(11) << r->optimizer / kMiB << std::setw(8) << r->model_state() / kMiB;
     if (with_activations) {
-      o << std::setw(13) << r.activations / kMiB << std::setw(9) << r.buffers / kMiB << std::setw(10)
-        << r.baseline / kMiB << std::setw(9) << r.peak() / kMiB;
+      o << std::setw(13) << r->activations / kMiB << std::setw(9) << r->buffers / kMiB << std::setw(10)
+        << r->baseline / kMiB << std::setw(9) << r->peak() / kMiB;
     }
     o << "\n";
   }
-  for (const auto& r : e.ranks) {
-    o << "  rank " << r.rank << " model state bytes: params " << static_cast<long long>(r.params) << ", grads "
-      << static_cast<long long>(r.grads) << ", optimizer " << static_cast<long long>(r.optimizer) << "\n";
+  for (const auto& [ranks, r] : rows) {
+    o << "  ranks " << ranks << " model state bytes: params " << static_cast<long long>(r->params) << ", grads "
+      << static_cast<long long>(r->grads) << ", optimizer " << static_cast<long long>(r->optimizer) << "\n";
   }
   return o.str();
 }

@@ -46,7 +46,7 @@ state_case() {  # state_case NAME SETS...: train 3 steps, then compare rank 0's 
 import json, re, sys
 run, dry, name = sys.argv[1:4]
 last = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"step"' in l][-1]
-m = re.search(r"rank 0 model state bytes: params (\d+), grads (\d+), optimizer (\d+)", open(dry).read())
+m = re.search(r"ranks 0[-,\d]* model state bytes: params (\d+), grads (\d+), optimizer (\d+)", open(dry).read())
 assert m, "no model state line in --dry-run's output"
 params, grads, opt = map(int, m.groups())
 measured = {"optimizer": last["optimizer_state_bytes"]}
