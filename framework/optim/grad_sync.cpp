@@ -278,6 +278,9 @@ class BucketedReducer : public GradReducer {
     return out;
   }
 
+  void accumulated(const at::Tensor& param) override {
+    if (launcher_) launcher_->accumulated(param);
+  }
   void report(std::map<std::string, double>& figures) const override {
     figures["grad_buckets"] = static_cast<double>(launcher_->size());
     // Launched during backward, from the hooks (0 in the first step and
@@ -392,7 +395,10 @@ BucketLauncher::BucketLauncher(const std::vector<ParamEntry>& params, std::vecto
       hooked_(std::move(hooked)),
       rank_(rank),
       launch_(std::move(launch)) {
-  for (const auto& p : params) names_.push_back(p.spec.name);
+  for (const auto& p : params) {
+    index_of_[p.tensor.unsafeGetTensorImpl()] = names_.size();
+    names_.push_back(p.spec.name);
+  }
   bucket_of_.assign(params.size(), -1);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     for (auto i : buckets_[b]) bucket_of_[i] = static_cast<int>(b);
@@ -448,6 +454,12 @@ void BucketLauncher::accumulated(std::size_t i) {
     return;
   }
   if (next_[q] < queues_[q].size() && queues_[q][next_[q]] == b) launch_ready(q);
+}
+
+void BucketLauncher::accumulated(const at::Tensor& param) {
+  const auto it = index_of_.find(param.unsafeGetTensorImpl());
+  if (it == index_of_.end() || bucket_of_[it->second] < 0) return;
+  accumulated(it->second);
 }
 
 bool BucketLauncher::ready(std::size_t b) const {

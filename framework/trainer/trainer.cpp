@@ -488,6 +488,7 @@ StepResult TrainingRun::step(std::int64_t step) {
                                       train_.micro_batch, train_.seq_len));
   };
   work.after_forward = [&] { runtime_->run_hooks(StepEvent::kAfterForward, hc); };
+  work.weight_ready = [&](const at::Tensor& param) { reducer_->accumulated(param); };
   work.step = step;
   work.first_sample = [&](std::int64_t mb) { return replica * per_rank + mb * train_.micro_batch; };
   if (train_.document_attention) {

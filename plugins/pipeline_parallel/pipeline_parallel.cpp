@@ -27,6 +27,7 @@
 #include "hp/trainer/executor.h"
 #include "hp/trainer/training_metrics.h"
 #include "plugins/pipeline_parallel/partition.h"
+#include "hp/model/weight_grad.h"
 #include "plugins/pipeline_parallel/schedule.h"
 #include "plugins/pipeline_parallel/stage_link.h"
 
@@ -163,9 +164,28 @@ class PipelineExecutor : public StepExecutor {
       post_front(channel);
     };
     for (const auto& kv : upcoming) post_front(kv.first);
+    // zb_h1: the products' backward split (include/hp/model/weight_grad.h):
+    // B queues each chunk and micro-batch's W here, the W action runs it.
+    const bool split_backward = kind_ == ScheduleKind::kZbH1 && w.backward;
+    std::optional<wgrad::SplitForward> split;
+    if (split_backward) split.emplace();
+    std::map<std::pair<int, int>, wgrad::WeightGradQueue> weights;
     for (const Action& a : actions) {
       const int c = a.chunk, mb = a.mb;
       const bool fwd = a.kind == Action::Kind::kForward;
+      if (a.kind == Action::Kind::kWeight) {
+        dist::flight::set_phase(dist::flight::Phase::kBackward, mb, c);
+        profile::Span span("compute", "weight");
+        if (span.active()) span.arg("mb", mb).arg("chunk", c).arg("stage", stage_).arg("action", a.str());
+        auto it = weights.find({c, mb});
+        if (it == weights.end()) {
+          throw std::logic_error("internal error: W of chunk " + std::to_string(c) + " micro-batch " +
+                                 std::to_string(mb) + " before its B, please report");
+        }
+        it->second.run(w.weight_ready);
+        weights.erase(it);
+        continue;
+      }
       dist::flight::set_phase(!w.backward ? dist::flight::Phase::kEval
                               : fwd       ? dist::flight::Phase::kForward
                                           : dist::flight::Phase::kBackward,
@@ -218,6 +238,8 @@ class PipelineExecutor : public StepExecutor {
                                  std::to_string(mb) + " before its forward, please report");
         }
         InFlight& st = it->second;
+        std::optional<wgrad::Collect> collect;
+        if (split_backward) collect.emplace();
         if (c == C - 1) {
           st.loss.backward();
         } else {
@@ -239,6 +261,7 @@ class PipelineExecutor : public StepExecutor {
           }
           if (!outs.empty()) torch::autograd::backward(outs, gs);
         }
+        if (collect) weights[{c, mb}] = collect->take();
         if (c > 0) {
           Activations in_grads;
           for (const auto& item : st.inputs) {
@@ -252,6 +275,10 @@ class PipelineExecutor : public StepExecutor {
         live.erase(it);
       }
       link_.reap();
+    }
+    if (!weights.empty()) {
+      throw std::logic_error("internal error: " + std::to_string(weights.size()) +
+                             " weight gradients left unrun at the step's end, please report");
     }
     link_.wait_all();
     double wait = link_.take_wait_seconds();
@@ -297,9 +324,11 @@ class PipelineParallelFeature : public Feature {
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "size", 2).range(1, 1024)
         .describe("Pipeline stages (the pp mesh dimension); each builds a contiguous run of blocks.");
-    s.add_enum(prefix + "schedule", "1f1b", {"gpipe", "1f1b", "interleaved_1f1b"})
+    s.add_enum(prefix + "schedule", "1f1b", {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"})
         .describe("Order of forwards and backwards: gpipe (all forwards, then all backwards), 1f1b "
-                  "(one forward one backward after a warm-up), interleaved_1f1b (virtual_stages chunks per rank).");
+                  "(one forward one backward after a warm-up), interleaved_1f1b (virtual_stages chunks per rank), "
+                  "zb_h1 (zero-bubble H1: each backward split into B, the input's gradient, and W, the weights', "
+                  "with the W's filling the bubble at 1f1b's activation memory; fp32 products only are split).");
     s.add_int(prefix + "num_microbatches", 0).range(0, 1e6)
         .describe("Micro-batches per step and data-parallel rank; 0 takes global_batch_size / "
                   "(micro_batch_size x dp), and any other value must equal it.");

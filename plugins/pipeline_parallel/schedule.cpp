@@ -1,6 +1,7 @@
 // Pipeline schedules as per-rank action lists, and a discrete-event
 // simulator to check them (see schedule.h).
 #include "plugins/pipeline_parallel/schedule.h"
+#include "plugins/pipeline_parallel/zero_bubble.h"
 
 #include <algorithm>
 #include <map>
@@ -96,8 +97,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleaved;
+  if (name == "zb_h1") return ScheduleKind::kZbH1;
   throw std::invalid_argument("unknown pipeline schedule '" + name +
-                              "'; expected gpipe, 1f1b or interleaved_1f1b");
+                              "'; expected gpipe, 1f1b, interleaved_1f1b or zb_h1");
 }
 
 const char* to_string(ScheduleKind k) {
@@ -108,12 +110,15 @@ const char* to_string(ScheduleKind k) {
       return "1f1b";
     case ScheduleKind::kInterleaved:
       return "interleaved_1f1b";
+    case ScheduleKind::kZbH1:
+      return "zb_h1";
   }
   return "?";
 }
 
 std::string Action::str() const {
-  return (kind == Kind::kForward ? "F" : "B") + std::to_string(chunk) + "." + std::to_string(mb);
+  const char* k = kind == Kind::kForward ? "F" : kind == Kind::kBackward ? "B" : "W";
+  return k + std::to_string(chunk) + "." + std::to_string(mb);
 }
 
 std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank) {
@@ -123,6 +128,17 @@ std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int ra
                                 std::to_string(V) + " needs interleaved_1f1b");
   }
   switch (kind) {
+    case ScheduleKind::kZbH1: {
+      std::vector<Action> out;
+      const zb::Plan plan = zb::plan(zb::Scheme::kZbH1, P, M);
+      for (const zb::Op& op : plan.per_rank.at(static_cast<std::size_t>(rank))) {
+        const Action::Kind k = op.kind == zb::Op::Kind::kF   ? Action::Kind::kForward
+                               : op.kind == zb::Op::Kind::kB ? Action::Kind::kBackward
+                                                             : Action::Kind::kWeight;
+        out.push_back({k, op.chunk, op.mb});
+      }
+      return out;
+    }
     case ScheduleKind::kGPipe:
       return gpipe(M, rank);
     case ScheduleKind::kOneFOneB:
@@ -187,10 +203,17 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
 
   Simulation sim;
   sim.peak_in_flight.assign(P, 0);
+  // With W actions a backward is B + W, each half its cost, and a chunk's
+  // activations are held until its W (what W needs stays alive).
+  bool split = false;
+  for (const auto& list : per_rank)
+    for (const Action& a : list) split = split || a.kind == Action::Kind::kWeight;
+  const Action::Kind releases = split ? Action::Kind::kWeight : Action::Kind::kBackward;
   for (int r = 0; r < P; ++r) {
     int in_flight = 0;
     for (const Action& a : per_rank[r]) {
-      in_flight += a.kind == Action::Kind::kForward ? 1 : -1;
+      if (a.kind == Action::Kind::kForward) ++in_flight;
+      if (a.kind == releases) --in_flight;
       sim.peak_in_flight[r] = std::max(sim.peak_in_flight[r], in_flight);
     }
   }
@@ -199,7 +222,7 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
   using Key = std::tuple<int, int, int>;
   std::map<Key, double> done;
   auto key = [](Action::Kind k, int chunk, int mb) {
-    return Key{k == Action::Kind::kForward ? 0 : 1, chunk, mb};
+    return Key{static_cast<int>(k), chunk, mb};
   };
   // Time at which all inputs of `a` are ready, or a negative value if some
   // input has not run yet.
@@ -213,6 +236,8 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
     };
     if (a.kind == Action::Kind::kForward) {
       if (a.chunk > 0 && !need(Action::Kind::kForward, a.chunk - 1)) return -1.0;
+    } else if (a.kind == Action::Kind::kWeight) {
+      if (!need(Action::Kind::kBackward, a.chunk)) return -1.0;
     } else {
       if (!need(Action::Kind::kForward, a.chunk)) return -1.0;
       if (a.chunk < chunks - 1 && !need(Action::Kind::kBackward, a.chunk + 1)) return -1.0;
@@ -229,7 +254,9 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
         const Action& a = per_rank[r][next[r]];
         const double ready = ready_time(a);
         if (ready < 0) break;
-        const double cost = a.kind == Action::Kind::kForward ? forward_cost : backward_cost;
+        const double cost = a.kind == Action::Kind::kForward ? forward_cost
+                            : split                          ? backward_cost / 2
+                                                             : backward_cost;
         const double finish = std::max(free_at[r], ready) + cost;
         done[key(a.kind, a.chunk, a.mb)] = finish;
         free_at[r] = finish;

@@ -18,18 +18,21 @@
 
 namespace hp::pipeline {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZbH1 };
 
-/// "gpipe", "1f1b", "interleaved_1f1b" -> kind; throws std::invalid_argument otherwise.
+/// "gpipe", "1f1b", "interleaved_1f1b", "zb_h1" -> kind; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind k);
 
 struct Action {
-  enum class Kind { kForward, kBackward } kind;
+  /// kBackward: the whole backward, or B alone (the input's gradient) in a
+  /// schedule with kWeight actions; kWeight: W, the weights' gradients of a
+  /// chunk and micro-batch whose B ran (zb_h1).
+  enum class Kind { kForward, kBackward, kWeight } kind;
   int chunk;  ///< global chunk index in [0, P*V)
   int mb;     ///< micro-batch
   bool operator==(const Action& o) const { return kind == o.kind && chunk == o.chunk && mb == o.mb; }
-  std::string str() const;  ///< "F3.1" = forward of chunk 3, micro-batch 1; "B0.2"
+  std::string str() const;  ///< "F3.1" = forward of chunk 3, micro-batch 1; "B0.2"; "W0.2"
 };
 
 /// The action list of pipeline rank `rank` of `P`, with `M` micro-batches and
@@ -46,6 +49,9 @@ struct Action {
 ///          (capped at M V), then 1F1B, then cool-down. Requires M % P == 0.
 ///          With V == 1 nothing interleaves and, as in Megatron-LM, the list
 ///          is exactly the 1f1b one (no M % P requirement then).
+///  zb_h1:  zero-bubble H1 (zero_bubble.h's plan with equal F, B and W
+///          costs): F, B and W actions; each rank defers its W's into the
+///          bubble at 1F1B's peak activations. V must be 1.
 /// Throws std::invalid_argument for P < 1, M < 1, V < 1, rank outside [0, P),
 /// V > 1 with a kind other than interleaved, or interleaved with V > 1 and
 /// M % P != 0.

@@ -5,9 +5,10 @@
 // bubble filled with W. This file builds and times the per-rank op lists
 // for 1F1B (B and W fused, the baseline), ZB-H1 (1F1B's activation memory)
 // and ZB-V (two chunks per rank in a V: rank r holds chunks r and 2P-1-r),
-// given the costs of F, B and W. It is the simulator behind the figures;
-// the executor does not run B and W apart yet (issue 51), so no config
-// value selects these schedules. No LibTorch here.
+// given the costs of F, B and W. It is the simulator behind the figures,
+// and schedule zb_h1's lists are its ZB-H1 plan (make_schedule); ZB-V is
+// simulated only (the executor does not place chunks in a V yet). No
+// LibTorch here.
 //
 // Each schedule is built by greedy list scheduling over all ranks in time
 // order. A free rank picks among the ops whose inputs are done: 1F1B a B

@@ -82,6 +82,9 @@ class GradSlicer : public GradReducer {
     residency_->step_end();
     memory::trim_block_cache();
   }
+  void accumulated(const at::Tensor& param) override {
+    if (launcher_) launcher_->accumulated(param);
+  }
   void report(std::map<std::string, double>& figures) const override {
     figures["grad_buckets"] = static_cast<double>(launcher_->size());
     figures["grad_buckets_early"] = static_cast<double>(launcher_->early());

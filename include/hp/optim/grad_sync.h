@@ -71,6 +71,10 @@ class GradReducer {
   /// Figures of the step just reduced, for metrics.jsonl and /metrics
   /// (the bucketed reducer: grad_buckets, grad_buckets_early).
   virtual void report(std::map<std::string, double>& /*figures*/) const {}
+  /// A gradient was summed into `param`'s .grad outside autograd (a
+  /// deferred weight gradient, include/hp/model/weight_grad.h): counted as
+  /// its accumulation hook would count it, so its bucket waits for it.
+  virtual void accumulated(const at::Tensor& /*param*/) {}
 };
 
 /// Launches buckets of parameters' gradient reductions during backward, as
@@ -129,6 +133,9 @@ class BucketLauncher {
 
   /// From the hooks: parameter `i` accumulated a gradient.
   void accumulated(std::size_t i);
+  /// The same for a parameter named by its tensor (a deferred weight
+  /// gradient summed outside autograd); ignored for one not launched here.
+  void accumulated(const at::Tensor& param);
 
   /// The parameters in the order their first gradient arrived in the first
   /// step (hooked ones only; empty without hooks).
@@ -145,6 +152,7 @@ class BucketLauncher {
   /// Whether bucket b's parameters all have their gradients of its next round.
   bool ready(std::size_t b) const;
   std::vector<std::string> names_;
+  std::map<const void*, std::size_t> index_of_;  ///< a parameter's TensorImpl -> its index
   std::vector<std::vector<std::size_t>> buckets_;
   std::vector<std::vector<std::size_t>> queues_;
   std::vector<bool> hooked_;

@@ -31,6 +31,10 @@ struct StepWork {
   bool backward = true;
   /// Called after each forward that produced a loss (the after_forward hook).
   std::function<void()> after_forward;
+  /// Called after a deferred weight gradient is summed into a parameter's
+  /// .grad (zero-bubble schedules' W): the reducer's cue, as autograd's
+  /// accumulation hooks are for the others. May be empty.
+  std::function<void(const at::Tensor& param)> weight_ready;
   /// The step, and the global index of micro-batch `mb`'s first sample: an
   /// executor computes each micro-batch under DropoutSiteGuard({step,
   /// first_sample(mb)}) (include/hp/model/dropout.h).

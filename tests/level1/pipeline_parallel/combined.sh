@@ -2,6 +2,10 @@
 # Pipeline with tensor and data parallel (4 processes): pp=2 x tp=2 and
 # pp=2 x dp=2 against one process, losses within 1e-4 and first-step
 # gradients within 1e-5; pp=2 with recompute is bitwise equal to pp=2.
+# zb_h1 (B and W apart) bitwise equal to the other schedules: at pp=2 x
+# dp=2 (the gradient reduction with overlap, its buckets cued by W) and at
+# pp=2 with recompute (W reuses what the replay inside B saved); with ZeRO-2
+# (gradients reduced per micro-batch, in another order) within the bars.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -27,4 +31,12 @@ run pp2 2 "pp=2 dp=1 over"
 run pp2rc 2 "pp=2 dp=1 over" --set features.recompute.enabled=true
 replayed_every_step "$WORK/pp2rc" || fail "recompute did not run at pp=2"
 compare pp2 pp2rc --exact --grads-step 1 --grad-rtol 0 --phase recompute
+run pp2dp2zb 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zb_h1
+compare pp2dp2 pp2dp2zb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 steps"
+run pp2dp2zbz2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zb_h1 --set features.zero.enabled=true \
+  --set features.zero.stage=2
+compare pp2dp2 pp2dp2zbz2 --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-5 --grad-rtol 1e-5 --phase "zb_h1 with zero-2"
+run pp2rczb 2 "pp=2 dp=1 over" --set features.recompute.enabled=true --set features.pipeline_parallel.schedule=zb_h1
+replayed_every_step "$WORK/pp2rczb" || fail "recompute did not run at pp=2 with zb_h1"
+compare pp2rc pp2rczb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 with recompute"
 echo PASS

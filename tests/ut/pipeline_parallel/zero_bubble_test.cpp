@@ -121,6 +121,30 @@ TEST(ZeroBubble, OneFOneBAgreesWithTheScheduleSimulator) {
   }
 }
 
+// The executor's zb_h1 lists are the plan's (F, B and W in its order), and
+// the schedule simulator, with W as half of a backward, times them as the
+// plan does with equal F, B and W: the same makespan and idle per rank.
+TEST(ZeroBubble, ExecutorListsOfHOneAreThePlans) {
+  for (int P : {2, 3, 4}) {
+    for (int M : {1, 4, 8}) {
+      const Plan p = hp::pipeline::zb::plan(Scheme::kZbH1, P, M);
+      std::vector<std::vector<hp::pipeline::Action>> lists;
+      for (int r = 0; r < P; ++r)
+        lists.push_back(hp::pipeline::make_schedule(hp::pipeline::ScheduleKind::kZbH1, P, M, 1, r));
+      for (int r = 0; r < P; ++r) {
+        ASSERT_EQ(p.per_rank[r].size(), lists[r].size());
+        for (std::size_t i = 0; i < lists[r].size(); ++i) EXPECT_EQ(p.per_rank[r][i].str(), lists[r][i].str());
+      }
+      const auto sim = hp::pipeline::simulate(lists, P, 1, 1.0, 2.0);
+      ASSERT_TRUE(sim.deadlock_free) << "P " << P << " M " << M;
+      EXPECT_NEAR(sim.makespan, p.makespan, 1e-9) << "P " << P << " M " << M;
+      for (int r = 0; r < P; ++r) EXPECT_NEAR(sim.idle_fraction[r], p.idle_fraction[r], 1e-9);
+    }
+  }
+  EXPECT_EQ(hp::pipeline::parse_schedule("zb_h1"), hp::pipeline::ScheduleKind::kZbH1);
+  EXPECT_THROW(hp::pipeline::make_schedule(hp::pipeline::ScheduleKind::kZbH1, 2, 4, 2, 0), std::invalid_argument);
+}
+
 TEST(ZeroBubble, RefusesBadArguments) {
   EXPECT_THROW(hp::pipeline::zb::plan(Scheme::kZbH1, 0, 4), std::invalid_argument);
   EXPECT_THROW(hp::pipeline::zb::plan(Scheme::kZbH1, 2, 4, {1, 0, 1}), std::invalid_argument);

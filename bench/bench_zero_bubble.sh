@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# zb_h1 against 1f1b (figures printed, never asserted): the GPT at
+# LAYERS x HIDDEN (default 12 x 768, GPT-2 small), pp=2 with 4 micro-batches
+# of one sample (2 processes x 1 thread), with and without recompute: the
+# measured idle fraction (pipeline_idle_fraction: time a stage waits on
+# stage messages / step time, mean of the two stages), the median step
+# time after the first two steps, and the first stage's activation memory
+# (its peak resident growth within a step, HP_PIPELINE_MEMORY_PROBE);
+# beside them the simulator's idle for the same P and M with equal F, B, W.
+#   bash bench/bench_zero_bubble.sh [layers=12] [hidden=768] [steps=8]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/bin
+L=${1:-12}; H=${2:-768}; STEPS=${3:-8}
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+cat > "$W/c.yaml" <<YAML
+model: {type: gpt, layers: $L, hidden: $H, heads: 12, seq_len: 128}
+data: {type: text}
+training: {max_steps: $STEPS, global_batch_size: 4, micro_batch_size: 1, log_interval: 1, eval_interval: 0}
+optimizer: {lr: 0.0003, schedule: constant}
+checkpoint: {interval: 0, resume: never}
+features:
+  pipeline_parallel: {enabled: true, size: 2}
+YAML
+export HP_PIPELINE_MEMORY_PROBE=1 MALLOC_MMAP_THRESHOLD_=65536
+for rc in false true; do
+  for s in 1f1b zb_h1; do
+    name=${s}_rc$rc
+    "$BIN/hp-train" "$W/c.yaml" --nproc 2 --threads-per-worker 1 --set features.pipeline_parallel.schedule=$s \
+      --set features.recompute.enabled=$rc --set run.output_dir="$W/$name" > "$W/$name.log" 2>&1 \
+      || { cat "$W/$name.log"; exit 1; }
+  done
+done
+echo "GPT $L x $H, seq 128, pp=2, 4 micro-batches of 1 sample, 2 processes x 1 thread, $STEPS steps"
+python3 - "$W" <<'PY'
+import json, statistics, sys
+w = sys.argv[1]
+def rows(name):
+    return [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"step"' in l]
+def fig(name, key):
+    return statistics.median(r[key] for r in rows(name)[2:])
+print(f"{'schedule':8s} {'recompute':9s} {'idle measured':>13s} {'idle simulator':>14s} {'step s':>8s} "
+      f"{'stage-0 activation MiB':>22s}")
+sim = {"1f1b": 1 / 5, "zb_h1": None}
+for rc in ("false", "true"):
+    base = None
+    for s in ("1f1b", "zb_h1"):
+        n = f"{s}_rc{rc}"
+        idle = statistics.mean([fig(n, "pipeline_idle_fraction_stage0"), fig(n, "pipeline_idle_fraction_stage1")])
+        step = fig(n, "step_seconds")
+        mem = fig(n, "pipeline_step_memory_growth_bytes_stage0") / 2**20
+        theory = "20.0 %" if s == "1f1b" else "7.7 %"
+        print(f"{s:8s} {rc:9s} {100 * idle:12.1f}% {theory:>14s} {step:8.3f} {mem:22.1f}")
+        if base is None:
+            base = (idle, step, mem)
+        else:
+            print(f"  zb_h1 / 1f1b: idle {idle / base[0]:.2f}x, step {100 * (step / base[1] - 1):+.1f} %, "
+                  f"activation memory {mem / base[2]:.2f}x")
+PY
