@@ -4,8 +4,9 @@
 # of one sample (2 processes x 1 thread), with and without recompute: the
 # measured idle fraction (pipeline_idle_fraction: time a stage waits on
 # stage messages / step time, mean of the two stages), the median step
-# time after the first two steps, and the first stage's activation memory
-# (its peak resident growth within a step, HP_PIPELINE_MEMORY_PROBE);
+# time after the first two steps, and each stage's peak resident memory
+# above its start (peaks.json: the model state is the same in both
+# schedules, so the difference is what the schedule holds);
 # beside them the simulator's idle for the same P and M with equal F, B, W.
 #   bash bench/bench_zero_bubble.sh [layers=12] [hidden=768] [steps=8]
 set -euo pipefail
@@ -22,7 +23,6 @@ checkpoint: {interval: 0, resume: never}
 features:
   pipeline_parallel: {enabled: true, size: 2}
 YAML
-export HP_PIPELINE_MEMORY_PROBE=1 MALLOC_MMAP_THRESHOLD_=65536
 for rc in false true; do
   for s in 1f1b zb_h1; do
     name=${s}_rc$rc
@@ -40,7 +40,7 @@ def rows(name):
 def fig(name, key):
     return statistics.median(r[key] for r in rows(name)[2:])
 print(f"{'schedule':8s} {'recompute':9s} {'idle measured':>13s} {'idle simulator':>14s} {'step s':>8s} "
-      f"{'stage-0 activation MiB':>22s}")
+      f"{'peak above start MiB (largest stage)':>36s}")
 sim = {"1f1b": 1 / 5, "zb_h1": None}
 for rc in ("false", "true"):
     base = None
@@ -48,12 +48,13 @@ for rc in ("false", "true"):
         n = f"{s}_rc{rc}"
         idle = statistics.mean([fig(n, "pipeline_idle_fraction_stage0"), fig(n, "pipeline_idle_fraction_stage1")])
         step = fig(n, "step_seconds")
-        mem = fig(n, "pipeline_step_memory_growth_bytes_stage0") / 2**20
+        p = json.load(open(f"{w}/{n}/peaks.json"))
+        mem = max((a - b) / 2**20 for a, b in zip(p["peak_resident_memory_bytes"], p["start_resident_memory_bytes"]))
         theory = "20.0 %" if s == "1f1b" else "7.7 %"
-        print(f"{s:8s} {rc:9s} {100 * idle:12.1f}% {theory:>14s} {step:8.3f} {mem:22.1f}")
+        print(f"{s:8s} {rc:9s} {100 * idle:12.1f}% {theory:>14s} {step:8.3f} {mem:36.1f}")
         if base is None:
             base = (idle, step, mem)
         else:
             print(f"  zb_h1 / 1f1b: idle {idle / base[0]:.2f}x, step {100 * (step / base[1] - 1):+.1f} %, "
-                  f"activation memory {mem / base[2]:.2f}x")
+                  f"peak memory {mem - base[2]:+.1f} MiB ({mem / base[2]:.3f}x)")
 PY

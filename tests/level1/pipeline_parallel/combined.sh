@@ -3,7 +3,8 @@
 # pp=2 x dp=2 against one process, losses within 1e-4 and first-step
 # gradients within 1e-5; pp=2 with recompute is bitwise equal to pp=2.
 # zb_h1 (B and W apart) bitwise equal to the other schedules: at pp=2 x
-# dp=2 (the gradient reduction with overlap, its buckets cued by W) and at
+# tp=2 (column and row parallel products split), at pp=2 x dp=2 (the
+# gradient reduction with overlap, its buckets cued by W) and at
 # pp=2 with recompute (W reuses what the replay inside B saved); with ZeRO-2
 # (gradients reduced per micro-batch, in another order) within the bars.
 source "$(dirname "$0")/../../lib/common.sh"
@@ -25,6 +26,9 @@ compare() {  # ref run args...
 }
 run pp2tp2 4 "pp=2 dp=1 tp=2" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 compare ref pp2tp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 --phase "pp x tp steps"
+run pp2tp2zb 4 "pp=2 dp=1 tp=2" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
+  --set features.pipeline_parallel.schedule=zb_h1
+compare pp2tp2 pp2tp2zb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 with tensor parallel"
 run pp2dp2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=gpipe
 compare ref pp2dp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 --phase "pp x dp steps"
 run pp2 2 "pp=2 dp=1 over"
