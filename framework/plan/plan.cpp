@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -165,6 +166,30 @@ std::string cache_dir() {
 }  // namespace
 
 double current_resident_bytes() { return resident_memory_bytes().first; }
+
+std::vector<int> planned_ranks(const dist::ProcessMesh& mesh) {
+  std::vector<int> out;
+  const int world = mesh.world_size();
+  for (int r = 0; r < world; ++r) {
+    bool first = true;
+    if (world > dist::ProcessMesh::kRankLines) {
+      // Large worlds: the first member of each data and sequence group
+      // stands for the others (the same blocks at the same shapes). The
+      // rank's base coordinates from its tag ("<dim><index>" each).
+      std::istringstream tag(mesh.tag(r));
+      for (std::string item; tag >> item;) {
+        for (const auto& d : mesh.dims()) {
+          if (d.role != dist::MeshRole::kReplicate && d.role != dist::MeshRole::kSequence) continue;
+          if (item.size() > d.name.size() && item.compare(0, d.name.size(), d.name) == 0 &&
+              std::isdigit(static_cast<unsigned char>(item[d.name.size()])) && std::stoi(item.substr(d.name.size())) != 0)
+            first = false;
+        }
+      }
+    }
+    if (first) out.push_back(r);
+  }
+  return out;
+}
 
 std::string calibration_key(const Config& c) {
   std::ostringstream k;
@@ -571,7 +596,7 @@ Calibration calibrate(const Config& c) {
 
 std::vector<RankEstimate> model_state(const Setup& setup) {
   std::vector<RankEstimate> out;
-  for (int r = 0; r < setup.mesh.world_size(); ++r) {
+  for (int r : planned_ranks(setup.mesh)) {
     const RankBuild b = build_rank(setup, r);
     RankEstimate e;
     e.rank = r;
@@ -596,6 +621,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   const auto& mesh = setup.mesh;
   const int world = mesh.world_size();
   LayoutEstimate out;
+  out.world = world;
   out.threads_per_rank = std::max(1, cal.cores / world);
   // More single-thread ranks than cores share them.
   const double oversubscribed = std::max(1.0, static_cast<double>(world * out.threads_per_rank) / cal.cores);
@@ -641,7 +667,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   auto message = [&](double bytes) {
     return cal.p2p_latency_s + in_step + bytes / cal.p2p_bytes_per_s * oversubscribed;
   };
-  for (int r = 0; r < world; ++r) {
+  for (int r : planned_ranks(setup.mesh)) {
     const RankBuild b = build_rank(setup, r);
     RankEstimate e;
     e.rank = r;
@@ -791,6 +817,11 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
         << r->baseline / kMiB << std::setw(9) << r->peak() / kMiB;
     }
     o << "\n";
+  }
+  if (e.world > 0 && static_cast<int>(e.ranks.size()) < e.world) {
+    o << "  (" << e.ranks.size() << " of " << e.world
+      << " ranks built: the first of each data and sequence group; the others hold what it holds, ZeRO's uneven "
+         "slices aside)\n";
   }
   for (const auto& [ranks, r] : rows) {
     o << "  ranks " << ranks << " model state bytes: params " << static_cast<long long>(r->params) << ", grads "

@@ -103,6 +103,8 @@ struct RankEstimate {
 };
 
 struct LayoutEstimate {
+  int world = 0;
+  /// planned_ranks' estimates (every rank up to ProcessMesh::kRankLines).
   std::vector<RankEstimate> ranks;
   int threads_per_rank = 1;
   double step_seconds = 0;  ///< the slowest rank's compute + idle + comm
@@ -110,6 +112,9 @@ struct LayoutEstimate {
   double tokens_per_step = 0;
 };
 
+/// The ranks a plan builds: every rank up to ProcessMesh::kRankLines;
+/// beyond, the first member of each data and sequence group.
+std::vector<int> planned_ranks(const dist::ProcessMesh& mesh);
 /// Model state per rank from the planning build alone (no calibration):
 /// params, grads and optimizer filled, the rest 0.
 std::vector<RankEstimate> model_state(const Setup& setup);

@@ -47,6 +47,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct Candidate {
   std::vector<std::string> overrides;  ///< the layout's keys
   std::string label;
+  std::string extra;  ///< the label's part after the degrees
   std::string refused;
   hp::plan::LayoutEstimate estimate;
 };
@@ -91,46 +92,60 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
                   for (int mbs : micro_batch_sizes) {
                     Candidate c;
                     auto set = [&c](const std::string& k, const std::string& v) { c.overrides.push_back(k + "=" + v); };
-                    std::string l = "dp" + std::to_string(dp);
+                    // The label names features here; an accepted layout's is
+                    // its mesh's shape (the mesh names its dimensions).
+                    std::string l;
                     set("features.tensor_parallel.enabled", tp > 1 ? "true" : "false");
                     if (tp > 1) {
                       set("features.tensor_parallel.size", std::to_string(tp));
                       set("features.tensor_parallel.sequence_parallel", sp ? "true" : "false");
-                      l += " tp" + std::to_string(tp) + (sp ? "+sp" : "");
+                      l += " tensor_parallel=" + std::to_string(tp);
                     }
                     set("features.pipeline_parallel.enabled", pp > 1 ? "true" : "false");
                     if (pp > 1) {
                       set("features.pipeline_parallel.size", std::to_string(pp));
                       set("features.pipeline_parallel.schedule", schedule);
                       set("features.pipeline_parallel.virtual_stages", schedule == "interleaved_1f1b" ? "2" : "1");
-                      l += " pp" + std::to_string(pp) + " " + schedule;
+                      l += " pipeline_parallel=" + std::to_string(pp);
                     }
                     set("features.context_parallel.enabled", cp > 1 ? "true" : "false");
                     if (cp > 1) {
                       set("features.context_parallel.size", std::to_string(cp));
-                      l += " cp" + std::to_string(cp);
+                      l += " context_parallel=" + std::to_string(cp);
                     }
                     if (experts) {
                       set("features.expert_parallel.enabled", ep > 1 ? "true" : "false");
                       if (ep > 1) {
                         set("features.expert_parallel.size", std::to_string(ep));
-                        l += " ep" + std::to_string(ep);
+                        l += " expert_parallel=" + std::to_string(ep);
                       }
                     }
+                    std::string extra = sp ? " sp" : "";
+                    if (pp > 1) extra += " " + schedule;
                     set("features.zero.enabled", zero > 0 ? "true" : "false");
                     if (zero > 0) {
                       set("features.zero.stage", std::to_string(zero));
-                      l += " zero" + std::to_string(zero);
+                      extra += " zero" + std::to_string(zero);
                     }
                     set("features.recompute.enabled", rc ? "true" : "false");
-                    if (rc) l += " recompute";
+                    if (rc) extra += " recompute";
                     set("training.micro_batch_size", std::to_string(mbs));
-                    l += " mbs" + std::to_string(mbs);
-                    c.label = l;
+                    extra += " mbs" + std::to_string(mbs);
+                    c.label = (l.empty() ? std::string("data_parallel") : l.substr(1)) + extra;
+                    c.extra = extra;
                     out.push_back(std::move(c));
                   }
         }
   return out;
+}
+
+/// The mesh's shape without its dimensions of size 1 ("pp=2 dp=2").
+std::string mesh_label(const hp::dist::ProcessMesh& mesh) {
+  std::istringstream in(mesh.shape());
+  std::string out;
+  for (std::string item; in >> item;)
+    if (item.size() < 2 || item.compare(item.size() - 2, 2, "=1") != 0) out += (out.empty() ? "" : " ") + item;
+  return out.empty() ? "one rank" : out;
 }
 
 std::string fixed(double v, int digits) {
@@ -242,6 +257,7 @@ int run(int argc, char** argv) {
     try {
       for (const auto& o : c.overrides) r.apply_override(o);
       const hp::Setup s = hp::prepare(r, nproc);
+      c.label = mesh_label(s.mesh) + c.extra;
       const int mbs = static_cast<int>(s.config.get_int("training.micro_batch_size"));
       if (!layouts_only) c.estimate = hp::plan::estimate(s, cals.at(mbs));
       accepted.push_back(&c);

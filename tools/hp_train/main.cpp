@@ -149,6 +149,7 @@ int run(int argc, char** argv) {
         std::cout << hp::plan::describe_memory(hp::plan::estimate(setup, cal), true);
       } else {
         hp::plan::LayoutEstimate e;
+        e.world = setup.mesh.world_size();
         e.ranks = hp::plan::model_state(setup);
         std::cout << hp::plan::describe_memory(e, false)
                   << "  (activations: not calibrated on this machine for this model; hp-plan measures them once)\n";

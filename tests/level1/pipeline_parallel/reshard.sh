@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A checkpoint written at pp=2 (each stage writes its own blocks) loads at
 # pp=1 and at pp=4 and continues with the same losses as the uninterrupted
-# pp=2 run (within 1e-6, the pipeline parity bar); at pp=2 again, bitwise.
+# pp=2 run (within 1e-6, the pipeline parity bar); at pp=2 again, bitwise,
+# also with dropout, and with dropout resumed under schedule zb_h1.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -37,6 +38,15 @@ echo "== pp2 resumed from its own checkpoint"
   || { cat "$WORK/log"; fail "dropout resume"; }
 echo "== pp2 with dropout resumed from its own checkpoint"
 "$BIN/hp-compare" "$WORK/drop" "$WORK/drop2" --from-step 16 --exact --phase resume | tail -2 || fail "pp2 dropout resume not bitwise"
+# The 1f1b checkpoint resumed with zb_h1 (B and W apart), dropout on: the
+# checkpoint is the same either way and zb_h1 computes 1f1b's numbers.
+# shellcheck disable=SC2046
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 $(pp 2) --set model.dropout=0.1 --set training.max_steps=30 \
+  --set features.pipeline_parallel.schedule=zb_h1 --set checkpoint.resume="$WORK/drop/checkpoints/step_00000015" \
+  --set run.output_dir="$WORK/dropzb" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "zb_h1 resume"; }
+echo "== pp2 1f1b checkpoint resumed with zb_h1, dropout on"
+"$BIN/hp-compare" "$WORK/drop" "$WORK/dropzb" --from-step 16 --exact --phase "zb_h1 resume" | tail -2 \
+  || fail "zb_h1 resumed from a 1f1b checkpoint not bitwise"
 for r in pp1 pp4; do
   echo "== $r resumed from the pp=2 checkpoint"
   "$BIN/hp-compare" "$WORK/pp2" "$WORK/$r" --from-step 21 --first-loss-rtol 1e-6 --loss-rtol 1e-6 --norm-rtol 1e-5 --phase resume | tail -2 \
