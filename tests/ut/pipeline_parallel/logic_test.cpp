@@ -284,12 +284,12 @@ std::vector<std::vector<Action>> all_ranks(ScheduleKind kind, int P, int M, int 
 
 TEST(Schedule, NamesRoundTrip) {
   for (ScheduleKind k :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZbH1}) {
     EXPECT_EQ(parse_schedule(to_string(k)), k);
   }
   EXPECT_STREQ(to_string(ScheduleKind::kInterleaved), "interleaved_1f1b");
   EXPECT_EQ(error_of<std::invalid_argument>([] { parse_schedule("1F1B"); }),
-            "unknown pipeline schedule '1F1B'; expected gpipe, 1f1b or interleaved_1f1b");
+            "unknown pipeline schedule '1F1B'; expected gpipe, 1f1b, interleaved_1f1b or zb_h1");
   EXPECT_THROW(parse_schedule(""), std::invalid_argument);
   EXPECT_THROW(parse_schedule("interleaved"), std::invalid_argument);
 }
