@@ -16,6 +16,16 @@ export HP_INTRA_OP_THREADS=1 HP_PLAN_CACHE="$WORK/cache"
 small_config "$WORK/c.yaml"
 sed -i 's/max_steps: 20/max_steps: 3/; s/eval_interval: 10/eval_interval: 0/; s/dropout: 0.1/dropout: 0.0/' "$WORK/c.yaml"
 
+# Usage errors: exit 2 with the rule.
+out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --measure 2 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"--measure needs --out DIR"* ]] || fail "--measure without --out: exit $rc: $out"
+out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,x 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"expected integers separated by commas"* ]] || fail "bad --micro-batch-sizes: exit $rc: $out"
+out=$("$BIN/hp-sweep" "$WORK/c.yaml" --out "$WORK/nogrid" 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"give --grid"* ]] || fail "hp-sweep without a grid: exit $rc: $out"
+out=$("$BIN/hp-sweep" "$WORK/c.yaml" --variant "optimizer.lr" --out "$WORK/badvariant" 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"expected KEY=V items"* ]] || fail "hp-sweep bad --variant: exit $rc: $out"
+
 # (1) the enumeration against hp-train's own check
 "$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,3 --layouts > "$WORK/layouts" 2> "$WORK/layouts.err" \
   || { cat "$WORK/layouts.err"; fail "hp-plan --layouts"; }
