@@ -830,4 +830,17 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
   return o.str();
 }
 
+std::string describe_schedule(const Setup& setup) {
+  const Config& c = setup.config;
+  auto ctx = dist::DistributedContext::planning(setup.mesh, 0);
+  FeatureRuntime runtime(c, *ctx, nullptr);
+  runtime.install(setup.features);
+  std::shared_ptr<StepExecutor> executor = runtime.executor();
+  if (!executor) executor = make_sequential_executor();
+  const std::int64_t mbs = c.get_int("training.micro_batch_size");
+  const std::int64_t gbs = c.get_int("training.global_batch_size");
+  const int replicas = role_size(setup.mesh, dist::MeshRole::kReplicate);
+  return executor->describe_schedule(static_cast<int>(std::max<std::int64_t>(1, gbs / (replicas * mbs))));
+}
+
 }  // namespace hp::plan

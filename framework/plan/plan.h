@@ -120,6 +120,9 @@ std::vector<int> planned_ranks(const dist::ProcessMesh& mesh);
 std::vector<RankEstimate> model_state(const Setup& setup);
 /// The whole estimate of a resolved layout.
 LayoutEstimate estimate(const Setup& setup, const Calibration& cal);
+/// The step's schedule (every stage's actions in order), from the executor
+/// rank 0 installs in a planning context, for --dry-run.
+std::string describe_schedule(const Setup& setup);
 /// One table, a line per rank (MiB), for --dry-run and hp-plan.
 std::string describe_memory(const LayoutEstimate& e, bool with_activations);
 

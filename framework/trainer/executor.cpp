@@ -22,6 +22,16 @@ DropoutSite dropout_site(const StepWork& work, std::int64_t mb) {
           work.documents ? work.documents(mb) : at::Tensor()};
 }
 
+std::string StepExecutor::describe_schedule(int micro_batches) const {
+  std::string out = "schedule sequential: 1 rank, " + std::to_string(micro_batches) +
+                    " micro-batch" + (micro_batches == 1 ? "" : "es") +
+                    " (F forward, B backward; chunk.micro-batch)\n  rank 0:";
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    out += " F0." + std::to_string(mb) + " B0." + std::to_string(mb);
+  }
+  return out + "\n";
+}
+
 namespace {
 
 class SequentialExecutor : public StepExecutor {

@@ -10,6 +10,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <numeric>
 #include <optional>
 
@@ -74,8 +75,9 @@ class PipelineExecutor : public StepExecutor {
       : pp_(d.group("pp")),
         P_(pp_.size()),
         stage_(pp_.rank()),
-        V_(static_cast<int>(c.get_int(kVirtual))),
         kind_(parse_schedule(c.get_string(kSchedule))),
+        V_(chunks_per_rank(kind_, static_cast<int>(c.get_int(kVirtual)))),
+        placement_(placement_of(kind_)),
         balance_(c.get_int_list(kBalance)),
         link_(pp_, P_ * V_, stage_),
         memory_probe_(std::getenv("HP_PIPELINE_MEMORY_PROBE") != nullptr) {}
@@ -94,8 +96,7 @@ class PipelineExecutor : public StepExecutor {
     std::vector<int> blocks;
     chunk_blocks_.clear();
     int position = 0;
-    for (int v = 0; v < V_; ++v) {
-      const int chunk = v * P_ + stage_;
+    for (int chunk : chunks_of_rank(placement_, P_, V_, stage_)) {
       std::vector<int> positions;
       for (int b = part.first[chunk]; b < part.first[chunk + 1]; ++b) {
         blocks.push_back(b);
@@ -106,24 +107,50 @@ class PipelineExecutor : public StepExecutor {
     return blocks;
   }
 
-  bool computes_loss() const override { return stage_ == P_ - 1; }
+  bool computes_loss() const override { return stage_ == peer(P_ * V_ - 1); }
 
   /// From the schedule's simulation (forward 1, backward 2): this stage's
   /// most chunks in flight, as a share of its V chunks, and its idle time.
   StepShape shape(int micro_batches) const override {
     std::vector<std::vector<Action>> lists;
     for (int r = 0; r < P_; ++r) lists.push_back(make_schedule(kind_, P_, micro_batches, V_, r));
-    const Simulation sim = simulate(lists, P_, V_);
+    const Simulation sim = simulate(lists, P_, V_, 1.0, 2.0, placement_);
     StepShape out;
     out.in_flight = static_cast<double>(sim.peak_in_flight.at(static_cast<std::size_t>(stage_))) / V_;
     if (sim.deadlock_free) out.idle_fraction = sim.idle_fraction.at(static_cast<std::size_t>(stage_));
     return out;
   }
 
+  /// Every stage's list, and the simulated idle share of each (forward 1,
+  /// backward 2; a B and a W 1 each).
+  std::string describe_schedule(int micro_batches) const override {
+    std::vector<std::vector<Action>> lists;
+    for (int r = 0; r < P_; ++r) lists.push_back(make_schedule(kind_, P_, micro_batches, V_, r));
+    const Simulation sim = simulate(lists, P_, V_, 1.0, 2.0, placement_);
+    const bool split = kind_ == ScheduleKind::kZbH1 || kind_ == ScheduleKind::kZbV;
+    std::ostringstream out;
+    out << "schedule " << to_string(kind_) << ": " << P_ << " stages, " << micro_batches << " micro-batch"
+        << (micro_batches == 1 ? "" : "es") << ", " << V_ << " chunk" << (V_ == 1 ? "" : "s") << " per stage"
+        << (placement_ == Placement::kV ? " in a V" : "") << " (F forward, B "
+        << (split ? "input gradient, W weight gradient" : "backward") << "; chunk.micro-batch)\n";
+    for (int r = 0; r < P_; ++r) {
+      out << "  stage " << r << ":";
+      for (const Action& a : lists[static_cast<std::size_t>(r)]) out << ' ' << a.str();
+      if (sim.deadlock_free) {
+        char idle[64];
+        std::snprintf(idle, sizeof idle, "  (idle %.1f %%)", 100.0 * sim.idle_fraction[static_cast<std::size_t>(r)]);
+        out << idle;
+      }
+      out << '\n';
+    }
+    return out.str();
+  }
+
   StepReport run(BuiltModel& m, const StepWork& w) override {
     const int M = static_cast<int>(w.micro_batches);
     const int C = P_ * V_;
-    const auto actions = w.backward ? make_schedule(kind_, P_, M, V_, stage_) : make_forward_only(P_, M, V_, stage_);
+    const auto actions =
+        w.backward ? make_schedule(kind_, P_, M, V_, stage_) : make_forward_only(P_, M, V_, stage_, placement_);
     c10::AutoGradMode grad_mode(w.backward);
     StepReport rep;
     std::map<std::pair<int, int>, InFlight> live;
@@ -149,9 +176,9 @@ class PipelineExecutor : public StepExecutor {
     for (const Action& a : actions) {
       const int c = a.chunk;
       if (a.kind == Action::Kind::kForward && c > 0) {
-        upcoming[{0, c - 1}].push_back({(c - 1) % P_, {Direction::kForward, c - 1, a.mb}});
+        upcoming[{0, c - 1}].push_back({peer(c - 1), {Direction::kForward, c - 1, a.mb}});
       } else if (a.kind == Action::Kind::kBackward && c < C - 1) {
-        upcoming[{1, c}].push_back({(c + 1) % P_, {Direction::kBackward, c, a.mb}});
+        upcoming[{1, c}].push_back({peer(c + 1), {Direction::kBackward, c, a.mb}});
       }
     }
     auto post_front = [&](const std::pair<int, int>& channel) {
@@ -166,7 +193,7 @@ class PipelineExecutor : public StepExecutor {
     for (const auto& kv : upcoming) post_front(kv.first);
     // zb_h1: the products' backward split (include/hp/model/weight_grad.h):
     // B queues each chunk and micro-batch's W here, the W action runs it.
-    const bool split_backward = kind_ == ScheduleKind::kZbH1 && w.backward;
+    const bool split_backward = (kind_ == ScheduleKind::kZbH1 || kind_ == ScheduleKind::kZbV) && w.backward;
     std::optional<wgrad::SplitForward> split;
     if (split_backward) split.emplace();
     std::map<std::pair<int, int>, wgrad::WeightGradQueue> weights;
@@ -200,7 +227,7 @@ class PipelineExecutor : public StepExecutor {
         if (c == 0) {
           st.inputs = w.batch(mb).inputs;
         } else {
-          st.inputs = link_.recv((c - 1) % P_, {Direction::kForward, c - 1, mb});
+          st.inputs = link_.recv(peer(c - 1), {Direction::kForward, c - 1, mb});
           taken({0, c - 1});
           if (w.backward) {
             for (auto& item : st.inputs) {
@@ -223,7 +250,7 @@ class PipelineExecutor : public StepExecutor {
           if (w.after_forward) w.after_forward();
           if (w.backward) st.loss = aux.defined() ? lo.sum * w.loss_scale + aux : lo.sum * w.loss_scale;
         } else {
-          link_.send(x, (c + 1) % P_, {Direction::kForward, c, mb});
+          link_.send(x, peer(c + 1), {Direction::kForward, c, mb});
           if (w.backward) st.aux = aux;
         }
         if (w.backward) {
@@ -243,7 +270,7 @@ class PipelineExecutor : public StepExecutor {
         if (c == C - 1) {
           st.loss.backward();
         } else {
-          Activations grads = link_.recv((c + 1) % P_, {Direction::kBackward, c, mb});
+          Activations grads = link_.recv(peer(c + 1), {Direction::kBackward, c, mb});
           taken({1, c});
           std::vector<at::Tensor> outs, gs;
           for (const auto& item : st.outputs) {
@@ -270,7 +297,7 @@ class PipelineExecutor : public StepExecutor {
             at::Tensor g = t.grad();
             in_grads.insert(item.key(), g.defined() ? g : at::zeros_like(t));
           }
-          link_.send(in_grads, (c - 1) % P_, {Direction::kBackward, c - 1, mb});
+          link_.send(in_grads, peer(c - 1), {Direction::kBackward, c - 1, mb});
         }
         live.erase(it);
       }
@@ -310,9 +337,14 @@ class PipelineExecutor : public StepExecutor {
   }
 
  private:
+  /// The stage that runs chunk `c`.
+  int peer(int c) const { return rank_of_chunk(placement_, P_, V_, c); }
+
   dist::Group& pp_;
-  int P_, stage_, V_;
+  int P_, stage_;
   ScheduleKind kind_;
+  int V_;
+  Placement placement_;
   std::vector<std::int64_t> balance_;
   StageLink link_;
   bool memory_probe_;
@@ -324,18 +356,21 @@ class PipelineParallelFeature : public Feature {
   void declare_options(Schema& s, const std::string& prefix) const override {
     s.add_int(prefix + "size", 2).range(1, 1024)
         .describe("Pipeline stages (the pp mesh dimension); each builds a contiguous run of blocks.");
-    s.add_enum(prefix + "schedule", "1f1b", {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"})
+    s.add_enum(prefix + "schedule", "1f1b", {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv"})
         .describe("Order of forwards and backwards: gpipe (all forwards, then all backwards), 1f1b "
                   "(one forward one backward after a warm-up), interleaved_1f1b (virtual_stages chunks per rank), "
                   "zb_h1 (zero-bubble H1: each backward split into B, the input's gradient, and W, the weights', "
-                  "with the W's filling the bubble at 1f1b's activation memory; fp32 products only are split).");
+                  "with the W's filling the bubble at 1f1b's activation memory; fp32 products only are split), "
+                  "zbv (zero-bubble V: as zb_h1 with two chunks per rank in a V, rank r running chunks r and "
+                  "2 x size - 1 - r, so the first stage also runs the last chunk and the loss).");
     s.add_int(prefix + "num_microbatches", 0).range(0, 1e6)
         .describe("Micro-batches per step and data-parallel rank; 0 takes global_batch_size / "
                   "(micro_batch_size x dp), and any other value must equal it.");
     s.add_int(prefix + "virtual_stages", 1).range(1, 64)
-        .describe("Model chunks per rank (interleaved_1f1b only): chunk c runs on stage c mod size.");
+        .describe("Model chunks per rank (interleaved_1f1b): chunk c runs on stage c mod size; zbv always "
+                  "runs 2 (in a V) and takes 1 or 2 here.");
     s.add_int_list(prefix + "balance", {}).at_least(1).or_word("auto")
-        .describe("Blocks per chunk in model order (size x virtual_stages entries), or auto: "
+        .describe("Blocks per chunk in model order (size x chunks per rank entries), or auto: "
                   "contiguous chunks whose costliest is as light as possible, from the blocks' cost estimates.");
   }
 
@@ -350,10 +385,13 @@ class PipelineParallelFeature : public Feature {
             "a divisor of " + std::to_string(c.world_size()));
       return;
     }
-    if (V > 1 && schedule != "interleaved_1f1b") {
+    if (schedule == "zbv" && V > 2) {
+      e.add(kVirtual, std::to_string(V), "schedule zbv runs two chunks per rank in a V", "1 or 2 (both mean the V)");
+    } else if (V > 1 && schedule != "interleaved_1f1b" && schedule != "zbv") {
       e.add(kVirtual, std::to_string(V), "more than one chunk per rank needs schedule interleaved_1f1b (schedule is " +
                                              schedule + ")", "1, or set schedule: interleaved_1f1b");
     }
+    const int chunks = P * chunks_per_rank(parse_schedule(schedule), V);
     const int dp = ctx.mesh.replicas;
     if (dp > 0 && c.ok({"training.global_batch_size", "training.micro_batch_size"})) {
       const auto G = c.get_int("training.global_batch_size"), mbs = c.get_int("training.micro_batch_size");
@@ -384,11 +422,11 @@ class PipelineParallelFeature : public Feature {
     // the costs it declares.
     if (!ctx.model.block_flops.empty()) {
       try {
-        split(block_costs(ctx.model.block_flops, ctx.model.loss_flops), c.get_int_list(kBalance), P * V);
+        split(block_costs(ctx.model.block_flops, ctx.model.loss_flops), c.get_int_list(kBalance), chunks);
       } catch (const PartitionError& err) {
         const auto& b = c.get_int_list(kBalance);
         e.add(kBalance, b.empty() ? "auto" : hp::to_string(c.value(kBalance)), err.what(),
-              "auto, or " + std::to_string(P * V) + " counts >= 1 adding up to the model's blocks");
+              "auto, or " + std::to_string(chunks) + " counts >= 1 adding up to the model's blocks");
       }
     }
   }

@@ -98,8 +98,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleaved;
   if (name == "zb_h1") return ScheduleKind::kZbH1;
+  if (name == "zbv") return ScheduleKind::kZbV;
   throw std::invalid_argument("unknown pipeline schedule '" + name +
-                              "'; expected gpipe, 1f1b, interleaved_1f1b or zb_h1");
+                              "'; expected gpipe, 1f1b, interleaved_1f1b, zb_h1 or zbv");
 }
 
 const char* to_string(ScheduleKind k) {
@@ -112,8 +113,28 @@ const char* to_string(ScheduleKind k) {
       return "interleaved_1f1b";
     case ScheduleKind::kZbH1:
       return "zb_h1";
+    case ScheduleKind::kZbV:
+      return "zbv";
   }
   return "?";
+}
+
+Placement placement_of(ScheduleKind k) { return k == ScheduleKind::kZbV ? Placement::kV : Placement::kLoop; }
+
+int chunks_per_rank(ScheduleKind k, int virtual_stages) {
+  return k == ScheduleKind::kZbV ? 2 : virtual_stages;
+}
+
+int rank_of_chunk(Placement pl, int P, int V, int chunk) {
+  if (pl == Placement::kV && V == 2) return chunk < P ? chunk : 2 * P - 1 - chunk;
+  return chunk % P;
+}
+
+std::vector<int> chunks_of_rank(Placement pl, int P, int V, int rank) {
+  std::vector<int> out;
+  for (int c = 0; c < P * V; ++c)
+    if (rank_of_chunk(pl, P, V, c) == rank) out.push_back(c);
+  return out;
 }
 
 std::string Action::str() const {
@@ -123,14 +144,19 @@ std::string Action::str() const {
 
 std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank) {
   check_layout(P, M, V, rank);
-  if (V > 1 && kind != ScheduleKind::kInterleaved) {
+  if (kind == ScheduleKind::kZbV && V != 2) {
+    throw std::invalid_argument("zbv runs two chunks per rank (a V); V = " + std::to_string(V));
+  }
+  if (V > 1 && kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZbV) {
     throw std::invalid_argument(std::string(to_string(kind)) + " runs one chunk per rank; V = " +
                                 std::to_string(V) + " needs interleaved_1f1b");
   }
   switch (kind) {
-    case ScheduleKind::kZbH1: {
+    case ScheduleKind::kZbH1:
+    case ScheduleKind::kZbV: {
       std::vector<Action> out;
-      const zb::Plan plan = zb::plan(zb::Scheme::kZbH1, P, M);
+      const zb::Plan plan =
+          zb::plan(kind == ScheduleKind::kZbV ? zb::Scheme::kZbV : zb::Scheme::kZbH1, P, M);
       for (const zb::Op& op : plan.per_rank.at(static_cast<std::size_t>(rank))) {
         const Action::Kind k = op.kind == zb::Op::Kind::kF   ? Action::Kind::kForward
                                : op.kind == zb::Op::Kind::kB ? Action::Kind::kBackward
@@ -165,13 +191,14 @@ std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int ra
 // micro-batches 0 .. M-1. Plain (micro-batch, chunk) order would be correct
 // too but serialises the pipeline when V > 1: rank 0 would wait for every
 // micro-batch's round trip through all P ranks before starting the next one.
-std::vector<Action> make_forward_only(int P, int M, int V, int rank) {
+std::vector<Action> make_forward_only(int P, int M, int V, int rank, Placement pl) {
   check_layout(P, M, V, rank);
+  const std::vector<int> mine = chunks_of_rank(pl, P, V, rank);
   std::vector<Action> out;
   for (int group = 0; group < M; group += P) {
     const int end = std::min(group + P, M);
-    for (int slot = 0; slot < V; ++slot) {
-      for (int m = group; m < end; ++m) out.push_back(fwd(slot * P + rank, m));
+    for (int c : mine) {
+      for (int m = group; m < end; ++m) out.push_back(fwd(c, m));
     }
   }
   return out;
@@ -185,7 +212,7 @@ std::vector<Action> make_forward_only(int P, int M, int V, int rank) {
 // inputs allow, until every list is done or a full sweep makes no progress
 // (a deadlock: every unfinished rank waits on an action that can never run).
 Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int V,
-                    double forward_cost, double backward_cost) {
+                    double forward_cost, double backward_cost, Placement pl) {
   if (P < 1 || V < 1) throw std::invalid_argument("simulate: P and V must be >= 1");
   if (static_cast<int>(per_rank.size()) != P) {
     throw std::invalid_argument("simulate: " + std::to_string(per_rank.size()) +
@@ -194,7 +221,7 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
   const int chunks = P * V;
   for (int r = 0; r < P; ++r) {
     for (const Action& a : per_rank[r]) {
-      if (a.chunk < 0 || a.chunk >= chunks || a.chunk % P != r || a.mb < 0) {
+      if (a.chunk < 0 || a.chunk >= chunks || rank_of_chunk(pl, P, V, a.chunk) != r || a.mb < 0) {
         throw std::invalid_argument("simulate: action " + a.str() + " does not belong on rank " +
                                     std::to_string(r) + " of " + std::to_string(P));
       }

@@ -3,8 +3,11 @@
 // No LibTorch here: pure logic, unit-tested on its own.
 //
 // Layout: the model is split into P * V chunks (V = virtual stages per rank,
-// 1 for gpipe and 1f1b). Chunk c lives on pipeline rank c % P, so rank r owns
-// chunks r, r + P, r + 2P, ... Micro-batches are 0 .. M-1.
+// 1 for gpipe and 1f1b, 2 for zbv). Chunk c lives on pipeline rank c % P
+// (a loop: rank r owns chunks r, r + P, r + 2P, ...), except under zbv,
+// whose two chunks per rank make a V: rank r owns chunks r and 2P - 1 - r,
+// so the first and the last chunk share rank 0 and chunk P - 1 hands over
+// to chunk P on the same rank. Micro-batches are 0 .. M-1.
 //
 // A rank's list holds only its COMPUTE actions, in the order it runs them:
 //   Forward(chunk, mb)  : needs the output of Forward(chunk - 1, mb) (if chunk > 0)
@@ -18,11 +21,21 @@
 
 namespace hp::pipeline {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZbH1 };
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZbH1, kZbV };
 
-/// "gpipe", "1f1b", "interleaved_1f1b", "zb_h1" -> kind; throws std::invalid_argument otherwise.
+/// "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv" -> kind; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind k);
+
+/// Where chunks live: a loop (chunk c on rank c % P) or a V (zbv).
+enum class Placement { kLoop, kV };
+Placement placement_of(ScheduleKind k);
+/// Chunks per rank a schedule runs: zbv 2, the others `virtual_stages`.
+int chunks_per_rank(ScheduleKind k, int virtual_stages);
+/// The rank that runs chunk `chunk` of P * V.
+int rank_of_chunk(Placement pl, int P, int V, int chunk);
+/// The chunks rank `rank` runs, ascending (its chunk-slots in model order).
+std::vector<int> chunks_of_rank(Placement pl, int P, int V, int rank);
 
 struct Action {
   /// kBackward: the whole backward, or B alone (the input's gradient) in a
@@ -52,9 +65,11 @@ struct Action {
 ///  zb_h1:  zero-bubble H1 (zero_bubble.h's plan with equal F, B and W
 ///          costs): F, B and W actions; each rank defers its W's into the
 ///          bubble at 1F1B's peak activations. V must be 1.
+///  zbv:    zero-bubble V (zero_bubble.h's ZB-V plan, equal costs): two
+///          chunks per rank in a V, F, B and W actions. V must be 2.
 /// Throws std::invalid_argument for P < 1, M < 1, V < 1, rank outside [0, P),
-/// V > 1 with a kind other than interleaved, or interleaved with V > 1 and
-/// M % P != 0.
+/// V > 1 with a kind other than interleaved or zbv, zbv with V != 2, or
+/// interleaved with V > 1 and M % P != 0.
 std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank);
 
 /// Forward-only list (evaluation): every forward of the rank's chunks, in
@@ -62,7 +77,9 @@ std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int ra
 /// turn (Megatron's interleaved forward order; the last group is smaller when
 /// P does not divide M). For V == 1 that is mb 0..M-1. (Plain (mb, chunk) order
 /// would serialise the pipeline for V > 1.) Same argument checks as above.
-std::vector<Action> make_forward_only(int P, int M, int V, int rank);
+/// The chunk-slots are `pl`'s (a V: chunk rank, then chunk 2P - 1 - rank).
+std::vector<Action> make_forward_only(int P, int M, int V, int rank,
+                                      Placement pl = Placement::kLoop);
 
 /// Runs all P lists against each other in discrete time (each action costs
 /// `forward_cost` or `backward_cost` time units; an action starts when its
@@ -82,6 +99,7 @@ struct Simulation {
                                          ///< forwarded but not yet backwarded
 };
 Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int V,
-                    double forward_cost = 1.0, double backward_cost = 2.0);
+                    double forward_cost = 1.0, double backward_cost = 2.0,
+                    Placement pl = Placement::kLoop);
 
 }  // namespace hp::pipeline

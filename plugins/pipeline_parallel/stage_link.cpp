@@ -149,7 +149,8 @@ Activations StageLink::recv(int peer, const MessageId& id) {
   Channel& ch = recv_channels_[{static_cast<int>(id.dir), id.boundary}];
   auto read_header = [&] {
     at::Tensor h = take(peer, tag(id, kHeader), static_cast<std::int64_t>(kHeaderWords * 8), id, "header");
-    const auto* w = reinterpret_cast<const std::int64_t*>(h.data_ptr<std::uint8_t>());
+    // Bytes from a peer, the sender's int64 words from this same stage.
+    const auto* w = static_cast<const std::int64_t*>(h.data_ptr());
     std::vector<std::int64_t> words(w, w + kHeaderWords);
     ch.metas = decode_header(words, &ch.generation);
     ch.payload_bytes = payload_bytes(ch.metas);

@@ -45,7 +45,9 @@ int run(int argc, char** argv) {
       "Compare the gradient dumps of this step (grads_step<N>/, training.dump_grads_at_step)");
   app.add_option("--from-step", m.from_step, "Compare metrics from this step on");
   app.add_option("--to-step", m.to_step, "Compare metrics up to this step (default: the last logged)");
-  app.add_flag("--exact", m.exact, "Require bitwise-equal loss, grad_norm and eval_loss");
+  app.add_flag("--exact", m.exact,
+               "Require bitwise-equal loss, grad_norm and eval_loss (grad_norm to --norm-rtol when given: "
+               "stages that sum their squares in another grouping)");
   app.add_option("--phase", m.phase, "Name of the phase a later-step divergence points at");
   CLI11_PARSE(app, argc, argv);
   for (const auto& b : grad_bars) {

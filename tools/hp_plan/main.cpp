@@ -83,7 +83,7 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
       for (int cp : divisors(n / tp / pp))
         for (int ep : experts ? divisors(n / tp / pp / cp) : std::vector<int>{1}) {
           const int dp = n / tp / pp / cp;
-          std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}
+          std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1", "zbv"}
                                                       : std::vector<std::string>{""};
           for (const auto& schedule : schedules)
             for (int sp : tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})

@@ -141,6 +141,11 @@ int run(int argc, char** argv) {
     print_features(setup);
     std::cout << setup.mesh.describe(all_ranks);
     std::cout << hp::describe_optimizer_groups(setup.config);
+    try {
+      std::cout << hp::plan::describe_schedule(setup);
+    } catch (const std::exception& e) {
+      std::cout << "schedule: not described (" << e.what() << ")\n";
+    }
     // Memory per rank: the model state from each rank's build on the meta
     // device; activations too when hp-plan has calibrated this model here.
     try {

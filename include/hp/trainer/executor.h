@@ -82,6 +82,11 @@ class StepExecutor {
     (void)micro_batches;
     return {};
   }
+  /// The step's schedule for every rank that runs it, as a table (one line
+  /// per stage: its forwards, backwards and weight-gradient actions in
+  /// order), for --dry-run; the sequential one: each micro-batch's
+  /// forward then backward.
+  virtual std::string describe_schedule(int micro_batches) const;
   /// Indices (model order) of the blocks this rank builds.
   virtual std::vector<int> place(const ModelDescription& desc) = 0;
   /// Whether this rank computes the loss (and so builds the loss block).

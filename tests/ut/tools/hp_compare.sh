@@ -145,6 +145,10 @@ expect 0 "^PASS" ref gnorm_under
 # --norm-rtol replaces the loss bars for the gradient norm only.
 expect 1 "FAIL: first value over the bar: grad_norm at step 3 \(rel. error 9.000e-05 > 1.0e-05\)" ref gnorm_under --norm-rtol 1e-5
 expect 0 "^PASS" ref gnorm_under --norm-rtol 1e-4
+# --exact with --norm-rtol: losses bitwise, the gradient norm to its own bar.
+expect 1 "FAIL: first value over the bar: grad_norm at step 3 \(rel. error 9.000e-05 > 0, bitwise\)" ref gnorm_under --exact
+expect 0 "^PASS" ref gnorm_under --exact --norm-rtol 1e-4
+expect 1 "FAIL: first value over the bar: loss at step 3 \(rel. error 2.220e-16 > 0, bitwise\)" ref ulp --exact --norm-rtol 1e-4
 # One ulp: fails under --exact only.
 expect 1 "FAIL: first value over the bar: loss at step 3 \(rel. error 2.220e-16 > 0, bitwise\)" ref ulp --exact
 expect 0 "^PASS" ref ulp
