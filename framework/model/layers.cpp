@@ -5,6 +5,7 @@
 #include "hp/model/kv_cache.h"
 #include "hp/model/moe.h"
 #include "hp/model/precision.h"
+#include "hp/model/weight_grad.h"
 #include "framework/model/tensor_dump.h"
 
 #include <ATen/ATen.h>
@@ -83,7 +84,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, double theta
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return precision::in_fp32(x, [&](const at::Tensor& xf) {
-    return xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps) * w;
+    return wgrad::scale(xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps), w);
   });
 }
 
@@ -115,7 +116,7 @@ class DenseEmbedding : public Layer {
   /// The rows looked up in fp32, then cast: the activation stream starts
   /// in the policy's type.
   at::Tensor forward(const at::Tensor& ids) override {
-    return precision::cast(at::embedding(weight_, ids), dtype_);
+    return precision::cast(wgrad::embedding(weight_, ids), dtype_);
   }
 
  private:

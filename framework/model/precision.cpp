@@ -123,7 +123,7 @@ struct NarrowSoftmax : torch::autograd::Function<NarrowSoftmax> {
 }  // namespace
 
 at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b, double eps) {
-  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {dim}, w, b, eps);
+  if (x.scalar_type() == at::kFloat) return wgrad::layer_norm(x, dim, w, b, eps);
   return NarrowLayerNorm::apply(x, w, b, dim, eps);
 }
 

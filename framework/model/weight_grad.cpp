@@ -20,13 +20,28 @@ using torch::autograd::variable_list;
 
 /// W of one item: the products autograd's addmm / mm backward computes for
 /// a weight used transposed (gY^T X) and the bias (gY summed to its shape).
+void accumulate(const at::Tensor& param, const at::Tensor& grad) {
+  at::Tensor& g = const_cast<at::Tensor&>(param).mutable_grad();
+  if (g.defined()) {
+    g.add_(grad);
+  } else {
+    g = grad;
+  }
+}
+
 void run_item(const WeightGradItem& it) {
   c10::NoGradGuard no_grad;
+  g_weight.fetch_add(1);
+  if (it.grads) {
+    const std::vector<at::Tensor> gs = it.grads();
+    accumulate(it.weight, gs.at(0));
+    if (it.bias.defined() && gs.size() > 1 && gs[1].defined()) accumulate(it.bias, gs[1]);
+    return;
+  }
   const std::int64_t out = it.weight.size(0), in = it.weight.size(1);
   const at::Tensor gy = it.grad_out.reshape({-1, out});
   const at::Tensor x = it.input.reshape({-1, in});
   const at::Tensor gw = gy.t().mm(x);
-  g_weight.fetch_add(1);
   at::Tensor& g = const_cast<at::Tensor&>(it.weight).mutable_grad();
   if (g.defined()) {
     g.add_(gw);
@@ -41,6 +56,16 @@ void run_item(const WeightGradItem& it) {
     } else {
       h = gb;
     }
+  }
+}
+
+/// Queues `item` into the thread's Collect, or runs it at once.
+void defer(WeightGradItem item) {
+  if (t_collect) {
+    g_deferred.fetch_add(1);
+    t_collect->push(std::move(item));
+  } else {
+    run_item(item);
   }
 }
 
@@ -67,18 +92,111 @@ struct SplitLinear : torch::autograd::Function<SplitLinear> {
       gx = gy.reshape({-1, w.size(0)}).mm(w).view(x.sizes());
       g_input.fetch_add(1);
     }
-    WeightGradItem item{x, gy, w, b};
-    if (t_collect) {
-      g_deferred.fetch_add(1);
-      t_collect->push(std::move(item));
-    } else {
-      run_item(item);
-    }
+    defer(WeightGradItem{x, gy, w, b, nullptr});
     return {gx, at::Tensor(), at::Tensor()};
   }
 };
 
+/// Rows of `w` by `ids`: B has nothing to compute, W is ATen's embedding
+/// backward (what autograd's embedding backward calls).
+struct SplitEmbedding : torch::autograd::Function<SplitEmbedding> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& ids) {
+    ctx->saved_data["w"] = w;
+    ctx->saved_data["ids"] = ids;
+    return at::embedding(w, ids);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor w = ctx->saved_data["w"].toTensor();
+    const at::Tensor ids = ctx->saved_data["ids"].toTensor();
+    const at::Tensor gy = grads[0];
+    WeightGradItem item{at::Tensor(), gy, w, at::Tensor(), nullptr};
+    const std::int64_t rows = w.size(0);
+    item.grads = [gy, ids, rows] {
+      return std::vector<at::Tensor>{at::embedding_backward(gy, ids, rows, -1, false, false)};
+    };
+    defer(std::move(item));
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Layer norm whose backward is B (the input's gradient) with W (the
+/// weight's and the bias's) queued: ATen's layer-norm backward asked for
+/// one side at a time, each output computed as the fused call computes it.
+struct SplitLayerNorm : torch::autograd::Function<SplitLayerNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& bias_or_empty, std::int64_t dim, double eps) {
+    const at::Tensor b = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
+    auto [y, mean, rstd] = at::native_layer_norm(x, {dim}, w, b, eps);
+    ctx->save_for_backward({x, mean, rstd});
+    ctx->saved_data["w"] = w;
+    ctx->saved_data["b"] = b;
+    ctx->saved_data["dim"] = dim;
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor w = ctx->saved_data["w"].toTensor(), b = ctx->saved_data["b"].toTensor();
+    const std::int64_t dim = ctx->saved_data["dim"].toInt();
+    const at::Tensor gy = grads[0];
+    at::Tensor gx;
+    if (ctx->needs_input_grad(0)) {
+      gx = std::get<0>(at::native_layer_norm_backward(gy, s[0], {dim}, s[1], s[2], w, b, {true, false, false}));
+      g_input.fetch_add(1);
+    }
+    WeightGradItem item{s[0], gy, w, b, nullptr};
+    const at::Tensor x = s[0], mean = s[1], rstd = s[2];
+    item.grads = [gy, x, mean, rstd, w, b, dim] {
+      auto r = at::native_layer_norm_backward(gy, x, {dim}, mean, rstd, w, b, {false, true, b.defined()});
+      return std::vector<at::Tensor>{std::get<1>(r), std::get<2>(r)};
+    };
+    defer(std::move(item));
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// x * w, w broadcast over the leading dimensions: B gY w, W (gY x) summed
+/// to w's shape (mul's backward for each side).
+struct SplitScale : torch::autograd::Function<SplitScale> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["w"] = w;
+    return x * w;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor w = ctx->saved_data["w"].toTensor();
+    const at::Tensor gy = grads[0];
+    at::Tensor gx;
+    if (ctx->needs_input_grad(0)) {
+      gx = gy * w;
+      g_input.fetch_add(1);
+    }
+    WeightGradItem item{x, gy, w, at::Tensor(), nullptr};
+    item.grads = [gy, x, w] { return std::vector<at::Tensor>{(gy * x).sum_to_size(w.sizes())}; };
+    defer(std::move(item));
+    return {gx, at::Tensor()};
+  }
+};
+
+bool split_now(const at::Tensor& w) { return t_split && w.requires_grad() && at::GradMode::is_enabled(); }
+
 }  // namespace
+
+at::Tensor embedding(const at::Tensor& weight, const at::Tensor& ids) {
+  if (!split_now(weight)) return at::embedding(weight, ids);
+  return SplitEmbedding::apply(weight, ids);
+}
+
+at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b,
+                      double eps) {
+  if (!split_now(w) || x.scalar_type() != at::kFloat) return at::layer_norm(x, {dim}, w, b, eps);
+  return SplitLayerNorm::apply(x.contiguous(), w, b.defined() ? b : at::empty({0}, w.options()), dim, eps);
+}
+
+at::Tensor scale(const at::Tensor& x, const at::Tensor& w) {
+  if (!split_now(w) || x.scalar_type() != w.scalar_type()) return x * w;
+  return SplitScale::apply(x, w);
+}
 
 std::size_t WeightGradQueue::run(const std::function<void(const at::Tensor&)>& ready) {
   c10::NoGradGuard no_grad;
@@ -96,7 +214,9 @@ std::size_t WeightGradQueue::run(const std::function<void(const at::Tensor&)>& r
 
 std::int64_t WeightGradQueue::bytes() const {
   std::int64_t n = 0;
-  for (const auto& it : items_) n += static_cast<std::int64_t>(it.input.nbytes() + it.grad_out.nbytes());
+  for (const auto& it : items_) {
+    for (const at::Tensor* t : {&it.input, &it.grad_out}) n += t->defined() ? static_cast<std::int64_t>(t->nbytes()) : 0;
+  }
   return n;
 }
 

@@ -412,11 +412,13 @@ class PipelineParallelFeature : public Feature {
         }
       }
     }
-    if (P > 1 && !ctx.model.shared_parameter_key.empty()) {
+    // zbv's V puts the first and the last chunk (the embedding and the
+    // head) on stage 0: a tied weight stays on one stage.
+    if (P > 1 && schedule != "zbv" && !ctx.model.shared_parameter_key.empty()) {
       e.add(ctx.model.shared_parameter_key, "true",
             "tied embeddings across pipeline stages are not supported yet (the embedding and the head live "
-            "on different stages)",
-            "false when features.pipeline_parallel.size > 1");
+            "on different stages; under schedule zbv both live on stage 0)",
+            "false when features.pipeline_parallel.size > 1, or features.pipeline_parallel.schedule: zbv");
     }
     // The model's blocks are split here, before any process starts, from
     // the costs it declares.

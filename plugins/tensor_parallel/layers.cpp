@@ -13,6 +13,7 @@
 #include "hp/model/kv_cache.h"
 #include "hp/model/moe.h"
 #include "hp/model/precision.h"
+#include "hp/model/weight_grad.h"
 #include "hp/config/config.h"
 
 namespace hp::tensor_parallel {
@@ -245,7 +246,7 @@ class VocabEmbedding : public Layer {
     auto local = (ids - begin_).masked_fill(outside, 0);
     // Cast before the sum: one rank holds each row, the others add zeros
     // (exact in any type), so the stream starts in the policy's type.
-    return m_.leave(precision::cast(at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0), dtype_));
+    return m_.leave(precision::cast(wgrad::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0), dtype_));
   }
 
  private:

@@ -19,13 +19,17 @@
 
 namespace hp::wgrad {
 
-/// One deferred weight gradient: gW = gY^T X (and gb = sum gY), summed into
-/// weight.grad (and bias.grad).
+/// One deferred weight gradient, summed into weight.grad (and bias.grad).
+/// A product (`grads` empty): gW = gY^T X and gb = gY summed to the bias.
+/// Any other layer (`grads` set): what `grads()` returns, {gW, gb or
+/// undefined}, from what its B kept (`input`, `grad_out` and its own
+/// captures: an embedding's ids, a norm's row statistics).
 struct WeightGradItem {
-  at::Tensor input;      ///< the layer's input X, [..., in]
+  at::Tensor input;      ///< the layer's input X, [..., in] (a product's)
   at::Tensor grad_out;   ///< the output's gradient gY, [..., out]
-  at::Tensor weight;     ///< the parameter, [out, in]
+  at::Tensor weight;     ///< the parameter, [out, in] for a product
   at::Tensor bias;       ///< the bias parameter, or undefined
+  std::function<std::vector<at::Tensor>()> grads;  ///< a non-product layer's W
 };
 
 /// The W work of one backward (a chunk and micro-batch), in the order B
@@ -87,5 +91,18 @@ void reset_counters();
 
 /// The product for precision::linear (fp32): a split one while splitting.
 at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
+/// The other weight-bearing layers, split while splitting (the weight
+/// requires its gradient and gradient mode is on), otherwise ATen's op:
+/// - embedding: B nothing (integer ids have no gradient), W ATen's
+///   embedding backward (the rows' gradients summed per id);
+/// - layer norm (fp32): B the input's gradient, W the weight's and bias's,
+///   each from ATen's layer-norm backward with only its outputs asked for;
+/// - scale (x * w over the last dimension, RMS norm's weight): B gY w,
+///   W (gY x) summed to w's shape: mul's backward, in two.
+at::Tensor embedding(const at::Tensor& weight, const at::Tensor& ids);
+at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b,
+                      double eps);
+at::Tensor scale(const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace hp::wgrad

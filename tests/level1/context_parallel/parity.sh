@@ -2,7 +2,8 @@
 # docs/PARITY.md for context parallel, against one process (first-step loss
 # and every gradient within 1e-5; 20-step losses, grad norms and eval losses
 # within 1e-4), dropout 0.1 (masks by global position): cp=2, cp=4;
-# cp=2 x dp=2 with zero; cp=2 x tp=2 with sequence parallel; cp=2 x pp=2;
+# cp=2 x dp=2 with zero; cp=2 x tp=2 with sequence parallel; cp=2 x pp=2
+# (and with schedule zbv, bitwise to 1f1b's);
 # cp=2 with selective recompute bitwise equal to cp=2 without.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
@@ -45,6 +46,11 @@ run cp2dp2zero 4 2 "dp=2 cp=2" --set features.zero.enabled=true
 run cp2tp2sp 4 2 "dp=1 cp=2 tp=2" --set features.tensor_parallel.enabled=true \
   --set features.tensor_parallel.sequence_parallel=true
 run cp2pp2 4 2 "pp=2 dp=1 cp=2" --set features.pipeline_parallel.enabled=true
+run cp2pp2zbv 4 2 "pp=2 dp=1 cp=2" --set features.pipeline_parallel.enabled=true \
+  --set features.pipeline_parallel.schedule=zbv
+echo "== cp2pp2 with zbv (B and W apart, chunks in a V) against cp2pp2 (1f1b), bitwise"
+"$BIN/hp-compare" "$WORK/cp2pp2" "$WORK/cp2pp2zbv" --exact --norm-rtol 1e-14 --grads-step 1 --grad-rtol 0 \
+  --phase "zbv with context parallel" | tail -2 || fail "cp x zbv"
 run cp2rc 2 2 "dp=1 cp=2" --set features.recompute.enabled=true --set features.recompute.granularity=selective
 replayed_every_step "$WORK/cp2rc" || fail "selective recompute did not run under cp"
 echo "== cp2 + selective recompute against cp2"

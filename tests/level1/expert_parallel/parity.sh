@@ -4,7 +4,8 @@
 # by global name within 1e-5, losses within 1e-4: 50 steps where the MoE
 # balancing shows (ep=2 and the aux-loss-free bias layout), 20 for the other
 # layouts, the docs/PARITY.md minimum), dropless (capacity dropping:
-# capacity.sh); recompute on vs off bitwise; ep=2 with block
+# capacity.sh); recompute on vs off bitwise; ep=2 x pp=2 with schedule zbv
+# bitwise to 1f1b's (gradient norm within 1e-14); ep=2 with block
 # attention (model.attention: block) against the eager reference; the
 # experts through BLAS (model.moe.expert_compute: slices) against the
 # packed-weight product. ep4 and ep2tp2 run the experts' AVX2 packed kernel
@@ -39,6 +40,8 @@ run ep2dp4 4 "${short[@]}" $(ep 2)
 HP_PACKED_GEMM_KERNEL=avx2 run ep4 4 "${short[@]}" $(ep 4)
 HP_PACKED_GEMM_KERNEL=avx2 run ep2tp2 4 "${short[@]}" $(ep 2) --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 run ep2pp2 4 "${short[@]}" $(ep 2) --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
+run ep2pp2zbv 4 "${short[@]}" $(ep 2) --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2 \
+  --set features.pipeline_parallel.schedule=zbv
 run ep2zero 2 "${short[@]}" $(ep 2) --set features.zero.enabled=true
 run tp2 2 "${short[@]}" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2
 run ep2rc 2 $(ep 2) --set features.recompute.enabled=true
@@ -57,6 +60,9 @@ for run in sys.argv[1:]:
     assert min(v) > 0, run
     print(f"{run.rsplit('/', 1)[1]}: device-level balance loss {v[0]:.5f} at step 1, {v[-1]:.5f} at step {len(v)}")
 PY
+echo "== ep2pp2 with zbv (B and W apart, chunks in a V) against ep2pp2 (1f1b)"
+"$BIN/hp-compare" "$WORK/ep2pp2" "$WORK/ep2pp2zbv" --exact --norm-rtol 1e-14 --grads-step 1 --grad-rtol 0 \
+  --phase "zbv with expert parallel" | tail -2 || fail "ep x zbv"
 echo "== recompute on vs off (ep=2)"
 replayed_every_step "$WORK/ep2rc" || fail "recompute did not run at ep=2"
 "$BIN/hp-compare" "$WORK/ep2" "$WORK/ep2rc" --exact --grads-step 1 --grad-rtol 0 --phase "recompute replay" || fail "recompute"

@@ -9,7 +9,7 @@
 
 int main(int argc, char** argv) {
   if (argc != 6) {
-    std::fprintf(stderr, "usage: hp_print_schedule gpipe|1f1b|interleaved_1f1b P M V RANK\n");
+    std::fprintf(stderr, "usage: hp_print_schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zbv P M V RANK\n");
     return 2;
   }
   try {

@@ -152,4 +152,64 @@ TEST(WeightGradSplit, OutsideSplitForwardTheProductIsAtenLinear) {
   EXPECT_EQ(wgrad::counters().input_grad_products, 0u);
 }
 
+/// The other weight-bearing layers: an embedding, a layer norm with and
+/// without a bias, an RMS-norm-style weight scale, and a head tied to the
+/// embedding.
+struct Stack {
+  torch::Tensor emb = seeded({11, 8}, 11).requires_grad_();
+  torch::Tensor ln_w = seeded({8}, 12).requires_grad_(), ln_b = seeded({8}, 13).requires_grad_();
+  torch::Tensor ln2_w = seeded({8}, 14).requires_grad_();
+  torch::Tensor g = seeded({8}, 15).requires_grad_();
+  torch::Tensor loss(const torch::Tensor& ids) const {
+    auto h = wgrad::embedding(emb, ids);
+    h = torch::gelu(wgrad::layer_norm(h, 8, ln_w, ln_b, 1e-5));
+    h = wgrad::layer_norm(h, 8, ln2_w, torch::Tensor(), 1e-5);
+    h = wgrad::scale(h, g);
+    return hp::precision::linear(h, emb).pow(2).sum();  // tied head
+  }
+  std::vector<torch::Tensor> params() const { return {emb, ln_w, ln_b, ln2_w, g}; }
+};
+
+// B computes the norms' and the scale's input gradients and no weight
+// gradient (the embedding's B is nothing: ids have none); W computes every
+// weight's without autograd; each equals autograd's unsplit one bitwise
+// (one micro-batch: the tied weight's two uses sum alike either way).
+TEST(WeightGradSplit, EmbeddingsNormsAndScalesSplitToo) {
+  const Stack m;
+  const auto ids = torch::randint(0, 11, {3, 5}, torch::make_generator<at::CPUGeneratorImpl>(16));
+  m.loss(ids).backward();
+  std::vector<torch::Tensor> reference;
+  for (const auto& p : m.params()) reference.push_back(p.grad().clone());
+  for (auto p : m.params()) p.mutable_grad() = torch::Tensor();
+
+  wgrad::reset_counters();
+  wgrad::WeightGradQueue queue;
+  {
+    wgrad::SplitForward split;
+    auto loss = m.loss(ids);
+    wgrad::Collect collect;
+    loss.backward();
+    queue = collect.take();
+  }
+  // B: the head's product, the scale and two norms' input gradients.
+  EXPECT_EQ(wgrad::counters().input_grad_products, 4u);
+  EXPECT_EQ(wgrad::counters().weight_grad_products, 0u);
+  EXPECT_EQ(wgrad::counters().deferred, 5u);
+  for (const auto& p : m.params()) EXPECT_FALSE(p.grad().defined());
+  std::size_t cues = 0;
+  EXPECT_EQ(queue.run([&](const at::Tensor&) {
+    EXPECT_FALSE(at::GradMode::is_enabled());
+    ++cues;
+  }),
+            5u);
+  EXPECT_EQ(cues, 6u);  // the head's weight (no bias), the scale, two norm weights, one norm bias, the embedding
+  EXPECT_EQ(wgrad::counters().input_grad_products, 4u);
+  EXPECT_EQ(wgrad::counters().weight_grad_products, 5u);
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_EQ(m.params()[i].grad().grad_fn(), nullptr);
+    EXPECT_TRUE(torch::equal(m.params()[i].grad(), reference[i]))
+        << "parameter " << i << " max diff " << (m.params()[i].grad() - reference[i]).abs().max().item<double>();
+  }
+}
+
 }  // namespace

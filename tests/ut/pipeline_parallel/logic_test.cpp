@@ -284,12 +284,13 @@ std::vector<std::vector<Action>> all_ranks(ScheduleKind kind, int P, int M, int 
 
 TEST(Schedule, NamesRoundTrip) {
   for (ScheduleKind k :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZbH1}) {
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZbH1,
+        ScheduleKind::kZbV}) {
     EXPECT_EQ(parse_schedule(to_string(k)), k);
   }
   EXPECT_STREQ(to_string(ScheduleKind::kInterleaved), "interleaved_1f1b");
   EXPECT_EQ(error_of<std::invalid_argument>([] { parse_schedule("1F1B"); }),
-            "unknown pipeline schedule '1F1B'; expected gpipe, 1f1b, interleaved_1f1b or zb_h1");
+            "unknown pipeline schedule '1F1B'; expected gpipe, 1f1b, interleaved_1f1b, zb_h1 or zbv");
   EXPECT_THROW(parse_schedule(""), std::invalid_argument);
   EXPECT_THROW(parse_schedule("interleaved"), std::invalid_argument);
 }
@@ -561,6 +562,39 @@ TEST(Schedule, ForwardOnly) {
       }
     }
   }
+}
+
+// zbv's V: rank r runs chunks r and 2P - 1 - r; forward-only lists visit
+// them in model order per group of P micro-batches and never deadlock.
+TEST(Schedule, VPlacement) {
+  using hp::pipeline::Placement;
+  EXPECT_EQ(hp::pipeline::placement_of(ScheduleKind::kZbV), Placement::kV);
+  EXPECT_EQ(hp::pipeline::placement_of(ScheduleKind::kInterleaved), Placement::kLoop);
+  EXPECT_EQ(hp::pipeline::chunks_per_rank(ScheduleKind::kZbV, 1), 2);
+  EXPECT_EQ(hp::pipeline::chunks_per_rank(ScheduleKind::kInterleaved, 3), 3);
+  EXPECT_EQ(hp::pipeline::chunks_of_rank(Placement::kV, 4, 2, 0), (std::vector<int>{0, 7}));
+  EXPECT_EQ(hp::pipeline::chunks_of_rank(Placement::kV, 4, 2, 3), (std::vector<int>{3, 4}));
+  EXPECT_EQ(hp::pipeline::chunks_of_rank(Placement::kLoop, 4, 2, 3), (std::vector<int>{3, 7}));
+  EXPECT_EQ(strs(make_forward_only(2, 4, 2, 0, Placement::kV)),
+            split_words("F0.0 F0.1 F3.0 F3.1 F0.2 F0.3 F3.2 F3.3"));
+  for (int P : {1, 2, 4}) {
+    for (int M : {1, 3, 8}) {
+      std::vector<std::vector<Action>> fwd, steps;
+      for (int r = 0; r < P; ++r) {
+        fwd.push_back(make_forward_only(P, M, 2, r, Placement::kV));
+        steps.push_back(make_schedule(ScheduleKind::kZbV, P, M, 2, r));
+      }
+      EXPECT_TRUE(simulate(fwd, P, 2, 0.5, 1.0, Placement::kV).deadlock_free) << P << " " << M;
+      const Simulation sim = simulate(steps, P, 2, 0.5, 1.0, Placement::kV);
+      EXPECT_TRUE(sim.deadlock_free) << P << " " << M;
+      // The V's lists on the loop's placement are refused.
+      if (P > 1) {
+        EXPECT_THROW(simulate(steps, P, 2, 0.5, 1.0, Placement::kLoop), std::invalid_argument);
+      }
+    }
+  }
+  EXPECT_EQ(error_of<std::invalid_argument>([] { make_schedule(ScheduleKind::kZbV, 2, 4, 1, 0); }),
+            "zbv runs two chunks per rank (a V); V = 1");
 }
 
 TEST(Schedule, ArgumentErrors) {

@@ -3,9 +3,11 @@
 // exists: at P = 4, M = 8 with equal F, B and W, 1F1B idles 3/11 of the
 // pipeline (27.3 %), ZB-H1 its formula's (P-1)(F+B-W) per rank (1/9 =
 // 11.1 %; also at P = 2..8) at 1F1B's peak activation memory, ZB-V less
-// than ZB-H1 (the target of 5 % is not reached by this greedy construction:
-// 5.9 %, printed); at P = 2, M = 4, ZB-H1's idle fraction is at most half of
-// 1F1B's. Every plan runs each F, B and W once,
+// than ZB-H1 and at its lower bound (P-1)/(6M+P-1) with equal chunk costs
+// (5.9 % at P = 4, M = 8: the last rank cannot start before P - 1 forwards
+// have run and then has 6M ops of its own, so no ZB-V schedule of equal
+// costs idles less); at P = 2, M = 4, ZB-H1's idle fraction is at most half
+// of 1F1B's. Every plan runs each F, B and W once,
 // after its inputs, one op at a time per rank; the 1F1B plan's makespan is
 // the existing simulator's for make_schedule(1f1b) with B and W fused.
 #include "plugins/pipeline_parallel/zero_bubble.h"
@@ -86,6 +88,28 @@ TEST(ZeroBubble, HOneMatchesItsFormula) {
     const Plan h1 = hp::pipeline::zb::plan(Scheme::kZbH1, P, M);
     check_valid(h1);
     EXPECT_NEAR(h1.idle(), (P - 1.0) / (3.0 * M + P - 1.0), 1e-9) << "P " << P << " M " << M;
+  }
+}
+
+// ZB-V reaches the bound of any schedule of its V with equal costs: the
+// last rank's first op waits for P - 1 forwards, every rank runs 6M ops,
+// so the makespan is at least 6M + P - 1 and the mean idle at least
+// (P - 1) / (6M + P - 1). The executor's zbv lists are the plan's.
+TEST(ZeroBubble, VReachesItsLowerBound) {
+  for (const auto& [P, M] : std::vector<std::pair<int, int>>{{2, 4}, {4, 8}, {4, 16}, {8, 16}}) {
+    const Plan v = hp::pipeline::zb::plan(Scheme::kZbV, P, M);
+    check_valid(v);
+    EXPECT_NEAR(v.idle(), (P - 1.0) / (6.0 * M + P - 1.0), 1e-9) << "P " << P << " M " << M;
+    std::vector<std::vector<hp::pipeline::Action>> lists;
+    for (int r = 0; r < P; ++r)
+      lists.push_back(hp::pipeline::make_schedule(hp::pipeline::ScheduleKind::kZbV, P, M, 2, r));
+    for (int r = 0; r < P; ++r) {
+      ASSERT_EQ(v.per_rank[r].size(), lists[r].size());
+      for (std::size_t i = 0; i < lists[r].size(); ++i) EXPECT_EQ(v.per_rank[r][i].str(), lists[r][i].str());
+    }
+    const auto sim = hp::pipeline::simulate(lists, P, 2, 1.0, 2.0, hp::pipeline::Placement::kV);
+    ASSERT_TRUE(sim.deadlock_free);
+    EXPECT_NEAR(sim.makespan, v.makespan, 1e-9);
   }
 }
 
