@@ -360,7 +360,8 @@ class PipelineParallelFeature : public Feature {
         .describe("Order of forwards and backwards: gpipe (all forwards, then all backwards), 1f1b "
                   "(one forward one backward after a warm-up), interleaved_1f1b (virtual_stages chunks per rank), "
                   "zb_h1 (zero-bubble H1: each backward split into B, the input's gradient, and W, the weights', "
-                  "with the W's filling the bubble at 1f1b's activation memory; fp32 products only are split), "
+                  "with the W's filling the bubble at 1f1b's activation memory; fp32 products, embeddings and norms are split, "
+                  "the packed expert products and bf16 products keep W in B), "
                   "zbv (zero-bubble V: as zb_h1 with two chunks per rank in a V, rank r running chunks r and "
                   "2 x size - 1 - r, so the first stage also runs the last chunk and the loss).");
     s.add_int(prefix + "num_microbatches", 0).range(0, 1e6)
