@@ -1,4 +1,5 @@
 #include "hp/model/moe.h"
+#include "hp/model/weight_grad.h"
 #include "hp/model/kv_cache.h"
 #include "hp/model/precision.h"
 
@@ -457,6 +458,12 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     }
     ctx->save_for_backward({x, w1, w2, pre, act});
     ctx->saved_data["counts"] = c10::IValue(counts);
+    // Zero-bubble schedules (weight_grad.h): the backward may run B here
+    // and queue W, which needs the biases too.
+    if (wgrad::splitting() && at::GradMode::is_enabled()) {
+      ctx->saved_data["b1"] = b1;
+      ctx->saved_data["b2"] = b2;
+    }
     // The parameters themselves (not a saved copy's handle): their .grad.
     ctx->saved_data["w1"] = w1;
     ctx->saved_data["w2"] = w2;
@@ -471,6 +478,7 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     span.arg("rows", x.size(0));
     const auto counts = ctx->saved_data["counts"].toIntVector();
     at::Tensor gy = grads[0].contiguous();
+    if (ctx->saved_data.count("b1") && wgrad::collecting()) return split_backward(ctx, gy);
     const auto* exec = torch::autograd::get_current_graph_task_exec_info();
     const bool into_grad = exec && exec->empty();  // Tensor::backward: leaves accumulate
     WeightGrad gw1(ctx->saved_data["w1"].toTensor(), into_grad);
@@ -541,6 +549,101 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
       }
     });
     return {gx, gw1.result(), gb1, gw2.result(), gb2, at::Tensor(), at::Tensor()};
+  }
+
+  /// B of a zero-bubble schedule: the rows' gradients only (g W2, gelu's
+  /// backward, g' W1, as above); W queued: the weights' and biases'
+  /// gradients from the same operands (g, h, g', x), summed into .grad as
+  /// the unsplit backward sums them.
+  static variable_list split_backward(AutogradContext* ctx, const at::Tensor& gy) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3], &act = saved[4];
+    const auto counts = ctx->saved_data["counts"].toIntVector();
+    std::shared_ptr<ExpertPacks> packs;
+    if (ctx->saved_data.count("packs"))
+      packs = c10::static_intrusive_pointer_cast<PacksHolder>(ctx->saved_data["packs"].toCapsule())->packs;
+    const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
+    at::Tensor gx = at::empty_like(x), gp_all = at::empty({x.size(0), F}, x.options());
+    {
+      std::unique_lock<std::mutex> lock;
+      const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
+      const std::uint32_t v1 = w1._version(), v2 = w2._version();
+      at::Tensor gh;
+      if (packs) {
+        lock = std::unique_lock<std::mutex>(packs->in_use);
+        packs->reserve(E, F * H);
+        gh = at::empty({x.size(0), F}, x.options());
+      }
+      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+        if (m == 0) return;
+        at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), dx = gx.narrow(0, off, m);
+        at::Tensor dh;
+        if (packs) {
+          dh = gh.narrow(0, off, m);
+          packs->pack_expert(e, w1.data_ptr<float>(), w2.data_ptr<float>(), F, H, s1, v1, s2, v2);
+          packed_gemm::product(m, H, F, g.data_ptr<float>(), H, packs->fc2_rows.at(e), nullptr,
+                               dh.data_ptr<float>(), F);
+        } else {
+          dh = g.mm(w2[e]);
+        }
+        at::Tensor gp = gp_all.narrow(0, off, m);
+        gp.copy_(at::gelu_backward(dh, p));
+        if (packs) {
+          packed_gemm::product(m, F, H, gp.data_ptr<float>(), F, packs->fc1_rows.at(e), nullptr,
+                               dx.data_ptr<float>(), H);
+        } else {
+          at::mm_out(dx, gp, w1[e]);
+        }
+      });
+    }
+    const at::Tensor pw1 = ctx->saved_data["w1"].toTensor(), pw2 = ctx->saved_data["w2"].toTensor();
+    const at::Tensor pb1 = ctx->saved_data["b1"].toTensor(), pb2 = ctx->saved_data["b2"].toTensor();
+    const bool packed_grads = packs && packed_gemm::best_kernel() == packed_gemm::Kernel::kAvx512;
+    wgrad::WeightGradItem item;
+    item.grad_out = gy;
+    item.input = x;
+    item.weight = pw1;
+    item.bias = pb1;
+    item.also = {pw2, pb2};
+    item.apply = [gy, x, act, gp_all, counts, pw1, pw2, pb1, pb2, packed_grads] {
+      WeightGrad gw1(pw1, true), gw2(pw2, true);
+      at::Tensor gb1 = at::empty({pw1.size(0), pw1.size(1)}, pw1.options());
+      at::Tensor gb2 = at::empty({pw2.size(0), pw2.size(1)}, pw2.options());
+      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+        at::Tensor db1 = gb1[e], db2 = gb2[e];
+        if (m == 0) {
+          gw1.zero(e);
+          db1.zero_();
+          gw2.zero(e);
+          db2.zero_();
+          return;
+        }
+        at::Tensor g = gy.narrow(0, off, m), h = act.narrow(0, off, m), gp = gp_all.narrow(0, off, m);
+        at::Tensor xi = x.narrow(0, off, m);
+        if (packed_grads)
+          gw2.packed_product(e, g, h);
+        else
+          gw2.product(e, g.t(), h);
+        at::sum_out(db2, g, 0);
+        if (packed_grads)
+          gw1.packed_product(e, gp, xi);
+        else
+          gw1.product(e, gp.t(), xi);
+        at::sum_out(db1, gp, 0);
+      });
+      for (auto& [param, grad] : {std::pair{pw1, gw1.result()}, std::pair{pw2, gw2.result()},
+                                  std::pair{pb1, gb1}, std::pair{pb2, gb2}}) {
+        if (!grad.defined()) continue;  // summed into .grad already
+        at::Tensor& held = const_cast<at::Tensor&>(param).mutable_grad();
+        if (held.defined()) {
+          held.add_(grad);
+        } else {
+          held = grad;
+        }
+      }
+    };
+    wgrad::defer(std::move(item));
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:

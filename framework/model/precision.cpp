@@ -153,8 +153,12 @@ at::Tensor cast(const at::Tensor& t, at::ScalarType dtype) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::ScalarType dt = x.scalar_type();
   if (dt == at::kFloat && w.scalar_type() == at::kFloat) {
-    // Zero-bubble schedules: B now, W later (include/hp/model/weight_grad.h).
-    if (wgrad::splitting() && w.requires_grad() && at::GradMode::is_enabled()) return wgrad::split_linear(x, w, b);
+    // Zero-bubble schedules: B now, W later (include/hp/model/weight_grad.h);
+    // W sums into .grad, so only for parameters themselves (not a view of
+    // a stack, as SwiGLU experts cut theirs: autograd sums those).
+    if (wgrad::splitting() && w.is_leaf() && w.requires_grad() && at::GradMode::is_enabled() &&
+        (!b.defined() || b.is_leaf()))
+      return wgrad::split_linear(x, w, b);
     return at::linear(x, w, b);
   }
   if (dt == at::kBFloat16 && product_kernel() == ProductKernel::kWiden) {

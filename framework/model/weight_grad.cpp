@@ -32,6 +32,10 @@ void accumulate(const at::Tensor& param, const at::Tensor& grad) {
 void run_item(const WeightGradItem& it) {
   c10::NoGradGuard no_grad;
   g_weight.fetch_add(1);
+  if (it.apply) {
+    it.apply();
+    return;
+  }
   if (it.grads) {
     const std::vector<at::Tensor> gs = it.grads();
     accumulate(it.weight, gs.at(0));
@@ -56,16 +60,6 @@ void run_item(const WeightGradItem& it) {
     } else {
       h = gb;
     }
-  }
-}
-
-/// Queues `item` into the thread's Collect, or runs it at once.
-void defer(WeightGradItem item) {
-  if (t_collect) {
-    g_deferred.fetch_add(1);
-    t_collect->push(std::move(item));
-  } else {
-    run_item(item);
   }
 }
 
@@ -178,9 +172,23 @@ struct SplitScale : torch::autograd::Function<SplitScale> {
   }
 };
 
-bool split_now(const at::Tensor& w) { return t_split && w.requires_grad() && at::GradMode::is_enabled(); }
+/// Parameters themselves only (W sums into their .grad; a view's would be lost).
+bool split_now(const at::Tensor& w) {
+  return t_split && w.is_leaf() && w.requires_grad() && at::GradMode::is_enabled();
+}
 
 }  // namespace
+
+bool collecting() { return t_collect != nullptr; }
+
+void defer(WeightGradItem item) {
+  if (t_collect) {
+    g_deferred.fetch_add(1);
+    t_collect->push(std::move(item));
+  } else {
+    run_item(item);
+  }
+}
 
 at::Tensor embedding(const at::Tensor& weight, const at::Tensor& ids) {
   if (!split_now(weight)) return at::embedding(weight, ids);
@@ -189,7 +197,8 @@ at::Tensor embedding(const at::Tensor& weight, const at::Tensor& ids) {
 
 at::Tensor layer_norm(const at::Tensor& x, std::int64_t dim, const at::Tensor& w, const at::Tensor& b,
                       double eps) {
-  if (!split_now(w) || x.scalar_type() != at::kFloat) return at::layer_norm(x, {dim}, w, b, eps);
+  if (!split_now(w) || (b.defined() && !b.is_leaf()) || x.scalar_type() != at::kFloat)
+    return at::layer_norm(x, {dim}, w, b, eps);
   return SplitLayerNorm::apply(x.contiguous(), w, b.defined() ? b : at::empty({0}, w.options()), dim, eps);
 }
 
@@ -206,6 +215,7 @@ std::size_t WeightGradQueue::run(const std::function<void(const at::Tensor&)>& r
     if (ready) {
       ready(it.weight);
       if (it.bias.defined()) ready(it.bias);
+      for (const at::Tensor& p : it.also) ready(p);
     }
   }
   items_.clear();

@@ -30,6 +30,11 @@ struct WeightGradItem {
   at::Tensor weight;     ///< the parameter, [out, in] for a product
   at::Tensor bias;       ///< the bias parameter, or undefined
   std::function<std::vector<at::Tensor>()> grads;  ///< a non-product layer's W
+  /// A layer that sums its own gradients into .grad (the packed expert
+  /// FFNs, whose products add into .grad): run instead of the above; `also`
+  /// lists its parameters beyond weight and bias, for the ready cues.
+  std::function<void()> apply;
+  std::vector<at::Tensor> also;
 };
 
 /// The W work of one backward (a chunk and micro-batch), in the order B
@@ -88,6 +93,11 @@ struct Counters {
 };
 Counters counters();
 void reset_counters();
+
+/// Whether a Collect is active on this thread: a split backward queues W.
+bool collecting();
+/// Queues `item` into this thread's Collect, or runs it at once.
+void defer(WeightGradItem item);
 
 /// The product for precision::linear (fp32): a split one while splitting.
 at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);

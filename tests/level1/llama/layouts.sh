@@ -7,7 +7,7 @@
 #     (their weights whole on every rank, gradients summed over tp), writing
 #     sharded checkpoints; its step-10 checkpoint resumed at cp=2 (B9) and
 #     at the same layout (bitwise, B2);
-#   pp=2 under 1f1b and under gpipe; per-module degrees (attention at tp=2, the FFN,
+#   pp=2 under 1f1b, gpipe and zbv; per-module degrees (attention at tp=2, the FFN,
 #     embedding and LM head at 4, sequence parallel);
 #   interleaved 1F1B (pp=2) x tp=2 (key/value heads split) x block attention;
 #   cp=2 (rotary positions by global position on the head-tail chunks) x dp=2
@@ -15,7 +15,7 @@
 #   dp=2 under zero stage 3, and the same with full recompute, bitwise;
 # and the MoE variant (SwiGLU experts, a shared expert) against its own
 # reference: ep=2 x tp=2 (expert tensor parallel), tp=2 (every expert split
-# over tp), interleaved pp=2 x ep=2.
+# over tp), interleaved pp=2 x ep=2, zbv pp=2 x ep=2.
 # HP_TEST_DROPOUT=0 runs them without dropout.
 source "$(dirname "$0")/../combinations/lib.sh"
 BIN=$1
@@ -37,6 +37,7 @@ run tp4sp_again 4 "dp=1 tp=4" $(tp 4) $(sp) --set features.sharded_checkpoint.en
   --set checkpoint.resume="$WORK/tp4sp/checkpoints/step_00000010"
 run pp2 2 "pp=2 dp=1" $(pp 2)
 run pp2g 2 "pp=2 dp=1" $(pp 2) --set features.pipeline_parallel.schedule=gpipe
+run pp2v 2 "pp=2 dp=1" $(pp 2) --set features.pipeline_parallel.schedule=zbv
 run mod4 4 "" $(tp 2) $(sp) --set features.tensor_parallel.ffn_size=4 --set features.tensor_parallel.embedding_size=4 \
   --set features.tensor_parallel.lm_head_size=4
 run ppi2tp2blk 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(blk)
@@ -63,6 +64,7 @@ resumed_within tp4sp 11 tp4sp_cp2
 resumed_bitwise tp4sp tp4sp_again 11
 parity ref pp2 "pipeline, 1f1b"
 parity ref pp2g "pipeline, gpipe"
+parity ref pp2v "pipeline, zbv (RMS norms' and products' B and W apart)"
 parity ref mod4 "per-module degrees: attention 2, FFN, embedding and LM head 4, sequence parallel"
 parity ref ppi2tp2blk "interleaved pipeline x tensor parallel x block attention"
 parity ref cp2dp2 "context x data parallel x zero stage 1"
@@ -78,10 +80,12 @@ run mref 1 ""
 run mep2tp2 4 "" $(ep 2) $(tp 2)
 run mtp2 2 "" $(tp 2)
 run mppi2ep2 4 "" $(ppi 2) $(ep 2)
+run mppv2ep2 4 "" $(pp 2) --set features.pipeline_parallel.schedule=zbv $(ep 2)
 }
 grep -qa "experts.gate.weight" "$WORK/mref/grads_step1/"* || fail "the MoE llama has no SwiGLU experts (no experts.gate.weight gradient)"
 parity mref mep2tp2 "SwiGLU experts: expert x tensor parallel"
 parity mref mtp2 "SwiGLU experts split over tensor parallel"
 parity mref mppi2ep2 "SwiGLU experts: interleaved pipeline x expert parallel"
+parity mref mppv2ep2 "SwiGLU experts (their stacked weights' W in B): zbv pipeline x expert parallel"
 echo "llama layouts: $((SECONDS - t0)) s"
 finish
