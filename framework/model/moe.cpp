@@ -460,7 +460,8 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
     ctx->saved_data["counts"] = c10::IValue(counts);
     // Zero-bubble schedules (weight_grad.h): the backward may run B here
     // and queue W, which needs the biases too.
-    if (wgrad::splitting() && at::GradMode::is_enabled()) {
+    // (A Function's forward runs with gradient mode off: not asked here.)
+    if (wgrad::splitting() && w1.requires_grad() && w1.is_leaf() && w2.is_leaf()) {
       ctx->saved_data["b1"] = b1;
       ctx->saved_data["b2"] = b2;
     }

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "hp/model/moe.h"
 #include "hp/model/precision.h"
 #include "hp/model/weight_grad.h"
 
@@ -209,6 +210,49 @@ TEST(WeightGradSplit, EmbeddingsNormsAndScalesSplitToo) {
     EXPECT_EQ(m.params()[i].grad().grad_fn(), nullptr);
     EXPECT_TRUE(torch::equal(m.params()[i].grad(), reference[i]))
         << "parameter " << i << " max diff " << (m.params()[i].grad() - reference[i]).abs().max().item<double>();
+  }
+}
+
+// The grouped expert FFN (packed and through BLAS): B the rows' gradient
+// only, W the weights' and biases' (summed into .grad as the unsplit
+// backward sums them), bitwise over two micro-batches with W run after
+// both B's; an expert with no rows gets zero gradients either way.
+TEST(WeightGradSplit, GroupedExpertFfnSplits) {
+  for (auto how : {hp::ExpertCompute::kPacked, hp::ExpertCompute::kSlices}) {
+    hp::ExpertWeights e;
+    e.w1 = seeded({3, 32, 16}, 21).requires_grad_();
+    e.b1 = seeded({3, 32}, 22).requires_grad_();
+    e.w2 = seeded({3, 16, 32}, 23).requires_grad_();
+    e.b2 = seeded({3, 16}, 24).requires_grad_();
+    const std::vector<torch::Tensor> params{e.w1, e.b1, e.w2, e.b2};
+    const std::vector<std::int64_t> counts{5, 0, 7};
+    auto x1 = seeded({12, 16}, 25).requires_grad_(), x2 = seeded({12, 16}, 26).requires_grad_();
+    auto loss = [&](const torch::Tensor& x) { return e.forward_grouped(x, counts, how).pow(2).sum(); };
+    loss(x1).backward();
+    loss(x2).backward();
+    std::vector<torch::Tensor> reference;
+    for (const auto& p : params) reference.push_back(p.grad().clone());
+    reference.push_back(x1.grad().clone());
+    for (auto p : params) p.mutable_grad() = torch::Tensor();
+    x1.mutable_grad() = torch::Tensor();
+
+    wgrad::reset_counters();
+    std::vector<wgrad::WeightGradQueue> queues;
+    for (const auto& x : {x1, x2}) {
+      wgrad::SplitForward split;
+      auto l = loss(x);
+      wgrad::Collect collect;
+      l.backward();
+      queues.push_back(collect.take());
+    }
+    EXPECT_EQ(wgrad::counters().deferred, 2u);
+    for (const auto& p : params) EXPECT_FALSE(p.grad().defined());
+    std::size_t cues = 0;
+    for (auto& q : queues) q.run([&](const at::Tensor&) { ++cues; });
+    EXPECT_EQ(cues, 8u);  // w1, b1, w2, b2 per micro-batch
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(torch::equal(params[i].grad(), reference[i])) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(x1.grad(), reference.back()));
   }
 }
 
