@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zb_h1 against 1f1b (figures printed, never asserted): the GPT at
+# zb_h1 and zbv against 1f1b (figures printed, never asserted): the GPT at
 # LAYERS x HIDDEN (default 12 x 768, GPT-2 small), pp=2 with 4 micro-batches
 # of one sample (2 processes x 1 thread), with and without recompute: the
 # measured idle fraction (pipeline_idle_fraction: time a stage waits on
@@ -24,7 +24,7 @@ features:
   pipeline_parallel: {enabled: true, size: 2}
 YAML
 for rc in false true; do
-  for s in 1f1b zb_h1; do
+  for s in 1f1b zb_h1 zbv; do
     name=${s}_rc$rc
     "$BIN/hp-train" "$W/c.yaml" --nproc 2 --threads-per-worker 1 --set features.pipeline_parallel.schedule=$s \
       --set features.recompute.enabled=$rc --set run.output_dir="$W/$name" > "$W/$name.log" 2>&1 \
@@ -41,20 +41,19 @@ def fig(name, key):
     return statistics.median(r[key] for r in rows(name)[2:])
 print(f"{'schedule':8s} {'recompute':9s} {'idle measured':>13s} {'idle simulator':>14s} {'step s':>8s} "
       f"{'peak above start MiB (largest stage)':>36s}")
-sim = {"1f1b": 1 / 5, "zb_h1": None}
 for rc in ("false", "true"):
     base = None
-    for s in ("1f1b", "zb_h1"):
+    for s in ("1f1b", "zb_h1", "zbv"):
         n = f"{s}_rc{rc}"
         idle = statistics.mean([fig(n, "pipeline_idle_fraction_stage0"), fig(n, "pipeline_idle_fraction_stage1")])
         step = fig(n, "step_seconds")
         p = json.load(open(f"{w}/{n}/peaks.json"))
         mem = max((a - b) / 2**20 for a, b in zip(p["peak_resident_memory_bytes"], p["start_resident_memory_bytes"]))
-        theory = "20.0 %" if s == "1f1b" else "7.7 %"
+        theory = {"1f1b": "20.0 %", "zb_h1": "7.7 %", "zbv": "4.0 %"}[s]
         print(f"{s:8s} {rc:9s} {100 * idle:12.1f}% {theory:>14s} {step:8.3f} {mem:36.1f}")
         if base is None:
             base = (idle, step, mem)
         else:
-            print(f"  zb_h1 / 1f1b: idle {idle / base[0]:.2f}x, step {100 * (step / base[1] - 1):+.1f} %, "
+            print(f"  {s} / 1f1b: idle {idle / base[0]:.2f}x, step {100 * (step / base[1] - 1):+.1f} %, "
                   f"peak memory {mem - base[2]:+.1f} MiB ({mem / base[2]:.3f}x)")
 PY

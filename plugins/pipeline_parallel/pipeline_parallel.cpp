@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -149,8 +150,9 @@ class PipelineExecutor : public StepExecutor {
   StepReport run(BuiltModel& m, const StepWork& w) override {
     const int M = static_cast<int>(w.micro_batches);
     const int C = P_ * V_;
-    const auto actions =
-        w.backward ? make_schedule(kind_, P_, M, V_, stage_) : make_forward_only(P_, M, V_, stage_, placement_);
+    const ActionCosts planned = costs_;
+    const auto actions = w.backward ? make_schedule(kind_, P_, M, V_, stage_, planned)
+                                    : make_forward_only(P_, M, V_, stage_, placement_);
     c10::AutoGradMode grad_mode(w.backward);
     StepReport rep;
     std::map<std::pair<int, int>, InFlight> live;
@@ -197,9 +199,24 @@ class PipelineExecutor : public StepExecutor {
     std::optional<wgrad::SplitForward> split;
     if (split_backward) split.emplace();
     std::map<std::pair<int, int>, wgrad::WeightGradQueue> weights;
+    // The first training step of a zero-bubble schedule times its F, B and
+    // W (compute only: waits for messages left out); the later steps run
+    // the plan made for those costs (RFC 0019, 6.4).
+    const bool measure = split_backward && !costs_measured_;
+    double spent[3] = {0, 0, 0};
+    int counted[3] = {0, 0, 0};
     for (const Action& a : actions) {
       const int c = a.chunk, mb = a.mb;
       const bool fwd = a.kind == Action::Kind::kForward;
+      const auto a0 = std::chrono::steady_clock::now();
+      const double wait0 = link_.wait_seconds();
+      auto account = [&] {
+        if (!measure) return;
+        const int k = static_cast<int>(a.kind);
+        spent[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count() -
+                    (link_.wait_seconds() - wait0);
+        ++counted[k];
+      };
       if (a.kind == Action::Kind::kWeight) {
         dist::flight::set_phase(dist::flight::Phase::kBackward, mb, c);
         profile::Span span("compute", "weight");
@@ -211,6 +228,7 @@ class PipelineExecutor : public StepExecutor {
         }
         it->second.run(w.weight_ready);
         weights.erase(it);
+        account();
         continue;
       }
       dist::flight::set_phase(!w.backward ? dist::flight::Phase::kEval
@@ -301,6 +319,7 @@ class PipelineExecutor : public StepExecutor {
         }
         live.erase(it);
       }
+      account();
       link_.reap();
     }
     if (!weights.empty()) {
@@ -324,8 +343,32 @@ class PipelineExecutor : public StepExecutor {
       rep.figures["pipeline_headers_sent"] = static_cast<double>(link_.headers_sent());
       if (memory_probe_) rep.figures["pipeline_step_memory_growth_bytes"] = growth;
       // Every stage's figures, so the first stage's metrics show the whole pipeline.
-      at::Tensor mine = at::tensor({total > 0 ? wait / total : 0.0, static_cast<double>(peak), growth}, at::kDouble);
+      auto mean = [&](int k) { return counted[k] ? spent[k] / counted[k] : 0.0; };
+      at::Tensor mine = at::tensor({total > 0 ? wait / total : 0.0, static_cast<double>(peak), growth, mean(0),
+                                    mean(1), mean(2)},
+                                   at::kDouble);
       auto all = pp_.all_gather(mine.unsqueeze(0), 0);
+      if (measure) {
+        // Every stage gathers the same figures and so plans alike: the
+        // stages' mean F, B and W, B and W rounded to quarters of F.
+        double f = 0, b = 0, wt = 0;
+        for (int s = 0; s < P_; ++s) {
+          f += all[s][3].item<double>();
+          b += all[s][4].item<double>();
+          wt += all[s][5].item<double>();
+        }
+        auto quarter = [&](double x) { return f > 0 ? std::max(0.25, std::round(4 * x / f) / 4) : 1.0; };
+        costs_ = ActionCosts{1.0, quarter(b), quarter(wt)};
+        costs_measured_ = true;
+        if (stage_ == 0 && pp_.global_ranks().front() == 0) {
+          log::logger()->info("pipeline: {} planned from step 1's measured costs: B {:.2f} F, W {:.2f} F",
+                              to_string(kind_), costs_.b, costs_.w);
+        }
+      }
+      if (split_backward) {
+        rep.figures["pipeline_plan_b_over_f"] = planned.b;
+        rep.figures["pipeline_plan_w_over_f"] = planned.w;
+      }
       for (int s = 0; s < P_; ++s) {
         const std::string tag = "_stage" + std::to_string(s);
         rep.figures["pipeline_idle_fraction" + tag] = all[s][0].item<double>();
@@ -345,6 +388,8 @@ class PipelineExecutor : public StepExecutor {
   ScheduleKind kind_;
   int V_;
   Placement placement_;
+  ActionCosts costs_;            ///< what zb_h1 and zbv plan for
+  bool costs_measured_ = false;  ///< after the first training step
   std::vector<std::int64_t> balance_;
   StageLink link_;
   bool memory_probe_;

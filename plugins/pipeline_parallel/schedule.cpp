@@ -142,7 +142,7 @@ std::string Action::str() const {
   return k + std::to_string(chunk) + "." + std::to_string(mb);
 }
 
-std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank) {
+std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank, ActionCosts costs) {
   check_layout(P, M, V, rank);
   if (kind == ScheduleKind::kZbV && V != 2) {
     throw std::invalid_argument("zbv runs two chunks per rank (a V); V = " + std::to_string(V));
@@ -155,8 +155,8 @@ std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int ra
     case ScheduleKind::kZbH1:
     case ScheduleKind::kZbV: {
       std::vector<Action> out;
-      const zb::Plan plan =
-          zb::plan(kind == ScheduleKind::kZbV ? zb::Scheme::kZbV : zb::Scheme::kZbH1, P, M);
+      const zb::Plan plan = zb::plan(kind == ScheduleKind::kZbV ? zb::Scheme::kZbV : zb::Scheme::kZbH1, P, M,
+                                     zb::Costs{costs.f, costs.b, costs.w});
       for (const zb::Op& op : plan.per_rank.at(static_cast<std::size_t>(rank))) {
         const Action::Kind k = op.kind == zb::Op::Kind::kF   ? Action::Kind::kForward
                                : op.kind == zb::Op::Kind::kB ? Action::Kind::kBackward

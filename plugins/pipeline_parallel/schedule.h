@@ -70,7 +70,13 @@ struct Action {
 /// Throws std::invalid_argument for P < 1, M < 1, V < 1, rank outside [0, P),
 /// V > 1 with a kind other than interleaved or zbv, zbv with V != 2, or
 /// interleaved with V > 1 and M % P != 0.
-std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank);
+/// Costs of a forward, a B and a W (any unit) that the zero-bubble plans
+/// are built for (zb_h1, zbv); other kinds ignore them.
+struct ActionCosts {
+  double f = 1, b = 1, w = 1;
+};
+std::vector<Action> make_schedule(ScheduleKind kind, int P, int M, int V, int rank,
+                                  ActionCosts costs = {});
 
 /// Forward-only list (evaluation): every forward of the rank's chunks, in
 /// groups of P micro-batches, each group through chunk-slot 0, 1, ..., V-1 in

@@ -67,6 +67,8 @@ class StageLink {
 
   /// Seconds spent blocked in recv and wait_all since the last call.
   double take_wait_seconds();
+  /// The same, without resetting.
+  double wait_seconds() const { return wait_seconds_; }
   std::int64_t headers_sent() const { return headers_sent_; }
 
  private:

@@ -7,8 +7,10 @@
 # gradient reduction with overlap, its buckets cued by W) and at
 # pp=2 with recompute (W reuses what the replay inside B saved); with ZeRO-2
 # (gradients reduced per micro-batch, in another order) within the bars.
-# zbv (two chunks per stage in a V) the same at pp=2 x tp=2, pp=2 x dp=2
-# and with recompute, its gradient norm within 1e-14 (other stage sums).
+# zbv (two chunks per stage in a V) the same at pp=2 x dp=2 and with
+# recompute, its gradient norm within 1e-14 (other stage sums); with tensor
+# and sequence parallel (sums in another grouping) and with ZeRO-3 within
+# the bars.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
@@ -32,8 +34,9 @@ run pp2tp2zb 4 "pp=2 dp=1 tp=2" --set features.tensor_parallel.enabled=true --se
   --set features.pipeline_parallel.schedule=zb_h1
 compare pp2tp2 pp2tp2zb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 with tensor parallel"
 run pp2tp2zbv 4 "pp=2 dp=1 tp=2" --set features.tensor_parallel.enabled=true --set features.tensor_parallel.size=2 \
-  --set features.pipeline_parallel.schedule=zbv
-compare pp2tp2 pp2tp2zbv --exact --norm-rtol 1e-14 --grads-step 1 --grad-rtol 0 --phase "zbv with tensor parallel"
+  --set features.pipeline_parallel.schedule=zbv --set features.tensor_parallel.sequence_parallel=true
+compare pp2tp2 pp2tp2zbv --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-5 --grad-rtol 1e-5 \
+  --phase "zbv with tensor and sequence parallel"
 run pp2dp2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=gpipe
 compare ref pp2dp2 --grads-step 1 --first-loss-rtol 1e-5 --loss-rtol 1e-4 --eval-rtol 1e-5 --grad-rtol 1e-5 --phase "pp x dp steps"
 run pp2 2 "pp=2 dp=1 over"
@@ -47,6 +50,9 @@ compare pp2dp2 pp2dp2zbv --exact --norm-rtol 1e-14 --grads-step 1 --grad-rtol 0 
 run pp2dp2zbz2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zb_h1 --set features.zero.enabled=true \
   --set features.zero.stage=2
 compare pp2dp2 pp2dp2zbz2 --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-5 --grad-rtol 1e-5 --phase "zb_h1 with zero-2"
+run pp2dp2zbvz3 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zbv --set features.zero.enabled=true \
+  --set features.zero.stage=3
+compare pp2dp2 pp2dp2zbvz3 --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-5 --grad-rtol 1e-5 --phase "zbv with zero-3"
 run pp2rczb 2 "pp=2 dp=1 over" --set features.recompute.enabled=true --set features.pipeline_parallel.schedule=zb_h1
 replayed_every_step "$WORK/pp2rczb" || fail "recompute did not run at pp=2 with zb_h1"
 compare pp2rc pp2rczb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 with recompute"
