@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <numeric>
 #include <optional>
 
@@ -32,6 +33,7 @@
 #include "hp/model/weight_grad.h"
 #include "plugins/pipeline_parallel/schedule.h"
 #include "plugins/pipeline_parallel/stage_link.h"
+#include "plugins/pipeline_parallel/zero_bubble.h"
 
 namespace hp::pipeline {
 
@@ -369,6 +371,7 @@ class PipelineExecutor : public StepExecutor {
         rep.figures["pipeline_plan_b_over_f"] = planned.b;
         rep.figures["pipeline_plan_w_over_f"] = planned.w;
       }
+      rep.figures["pipeline_idle_fraction_simulated"] = simulated_idle(M, planned);
       for (int s = 0; s < P_; ++s) {
         const std::string tag = "_stage" + std::to_string(s);
         rep.figures["pipeline_idle_fraction" + tag] = all[s][0].item<double>();
@@ -380,6 +383,26 @@ class PipelineExecutor : public StepExecutor {
   }
 
  private:
+  /// The pipeline's idle share (mean over stages) that the simulator gives
+  /// the lists of a step: at the planned F, B and W for zb_h1 and zbv
+  /// (their plan's own timing), at forward 1 and backward 2 otherwise.
+  double simulated_idle(int M, const ActionCosts& c) {
+    const auto key = std::make_tuple(M, c.b, c.w);
+    auto it = simulated_.find(key);
+    if (it != simulated_.end()) return it->second;
+    double idle = 0;
+    if (kind_ == ScheduleKind::kZbH1 || kind_ == ScheduleKind::kZbV) {
+      idle = zb::plan(kind_ == ScheduleKind::kZbV ? zb::Scheme::kZbV : zb::Scheme::kZbH1, P_, M, {c.f, c.b, c.w})
+                 .idle();
+    } else {
+      std::vector<std::vector<Action>> lists;
+      for (int r = 0; r < P_; ++r) lists.push_back(make_schedule(kind_, P_, M, V_, r));
+      const Simulation sim = simulate(lists, P_, V_, 1.0, 2.0, placement_);
+      for (double f : sim.idle_fraction) idle += f / P_;
+    }
+    return simulated_[key] = idle;
+  }
+
   /// The stage that runs chunk `c`.
   int peer(int c) const { return rank_of_chunk(placement_, P_, V_, c); }
 
@@ -390,6 +413,7 @@ class PipelineExecutor : public StepExecutor {
   Placement placement_;
   ActionCosts costs_;            ///< what zb_h1 and zbv plan for
   bool costs_measured_ = false;  ///< after the first training step
+  std::map<std::tuple<int, double, double>, double> simulated_;  ///< (M, B, W) -> simulated idle
   std::vector<std::int64_t> balance_;
   StageLink link_;
   bool memory_probe_;
