@@ -204,6 +204,8 @@ std::string calibration_key(const Config& c) {
   }
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
+  // What the calibration measures; a new version measures afresh.
+  k << "calibration 2 (peaks over 4 steps of 4 micro-batches of other samples)\n";
   return k.str();
 }
 
@@ -456,7 +458,7 @@ double shared_core_in_step(int n) {
 /// backward, AdamW update). Returns the peak resident memory above the
 /// start, the bytes each block's forward keeps (block cache), and the
 /// seconds of each block (forward, with backward shared as the forwards).
-nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks) {
+nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1) {
   at::set_num_threads(threads);
   const double start = current_resident_bytes();
   reset_peak_resident_memory();
@@ -470,7 +472,6 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   auto optimizer = make_optimizer(OptimizerOptions::from(c), model.params);
   const auto data = make_dataset(c);
   const std::int64_t seq = c.get_int("model.seq_len");
-  const Batch batch = make_batch(*data, Split::kTrain, 0, 0, mbs, seq);
   const double tokens = static_cast<double>(mbs * seq);
   const std::size_t nb = model.blocks.size();
   if (count_blocks) memory::use_block_cache(4096, 0);
@@ -478,8 +479,12 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   double bwd = 0;
   const int steps = 4, timed_from = 2;
   for (int step = 0; step < steps; ++step) {
-    const bool timed = step >= timed_from;
-    optimizer->zero_grad();
+   optimizer->zero_grad();
+   // Other samples for every micro-batch, as in training: a MoE's expert
+   // buffers change size with the routing, which the heap's peak shows.
+   for (int mb = 0; mb < micro; ++mb) {
+    const bool timed = step >= timed_from && mb == 0;
+    const Batch batch = make_batch(*data, Split::kTrain, step, mb * mbs, mbs, seq);
     c10::AutoGradMode grad(true);
     Activations x = batch.inputs;
     double before = count_blocks ? static_cast<double>(memory::block_cache_stats().in_use_bytes) : 0;
@@ -503,6 +508,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
         if (timed) bwd += since(t1);
       }
     }
+   }
     optimizer->step(1e-4);
   }
   nlohmann::json j;
@@ -532,16 +538,17 @@ Calibration calibrate(const Config& c) {
   // loaded, nothing built): what a fork of this process holds at once.
   cal.baseline_bytes = std::stod(in_child([] { return std::to_string(current_resident_bytes()); }));
   const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
-  auto child = [&](std::int64_t m, int threads, bool count) {
-    return nlohmann::json::parse(in_child([&] { return one_process(c, m, threads, count).dump(); }));
+  auto child = [&](std::int64_t m, int threads, bool count, int micro) {
+    return nlohmann::json::parse(in_child([&] { return one_process(c, m, threads, count, micro).dump(); }));
   };
   // The bytes each block keeps, counted exactly (block cache), and the
   // peak a process reaches at two micro-batch sizes (glibc's heap, as in
   // training): the slope is what a token of activations costs at the peak,
   // the rest what a process adds besides its model state (code paged in,
   // thread stacks, the start-up probe).
-  const nlohmann::json counted = child(mbs, 1, true);
-  const nlohmann::json small = child(mbs, 1, false), large = child(2 * mbs, 1, false);
+  const nlohmann::json counted = child(mbs, 1, true, 1);
+  // Four micro-batches a step for the peaks (the heap after a few routings).
+  const nlohmann::json small = child(mbs, 1, false, 4), large = child(2 * mbs, 1, false, 4);
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's times.
   const nlohmann::json loaded = nlohmann::json::parse(
@@ -569,7 +576,7 @@ Calibration calibrate(const Config& c) {
   }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
-    const nlohmann::json all = child(mbs, cal.cores, false);
+    const nlohmann::json all = child(mbs, cal.cores, false, 1);
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {
