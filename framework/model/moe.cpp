@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -474,177 +475,129 @@ struct GroupedFfn : torch::autograd::Function<GroupedFfn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     profile::Span span("compute", "moe.experts.backward");
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3],
-                     &act = saved[4];
+    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3], &act = saved[4];
     span.arg("rows", x.size(0));
     const auto counts = ctx->saved_data["counts"].toIntVector();
-    at::Tensor gy = grads[0].contiguous();
-    if (ctx->saved_data.count("b1") && wgrad::collecting()) return split_backward(ctx, gy);
-    const auto* exec = torch::autograd::get_current_graph_task_exec_info();
-    const bool into_grad = exec && exec->empty();  // Tensor::backward: leaves accumulate
-    WeightGrad gw1(ctx->saved_data["w1"].toTensor(), into_grad);
-    WeightGrad gw2(ctx->saved_data["w2"].toTensor(), into_grad);
-    at::Tensor gx = at::empty_like(x);
-    at::Tensor gb1 = at::empty({w1.size(0), w1.size(1)}, w1.options());
-    at::Tensor gb2 = at::empty({w2.size(0), w2.size(1)}, w2.options());
+    const at::Tensor gy = grads[0].contiguous();
     // The row-gradient products g W2 and g' W1 through packed_gemm when
     // the forward used it.
     std::shared_ptr<ExpertPacks> packs;
     if (ctx->saved_data.count("packs"))
       packs = c10::static_intrusive_pointer_cast<PacksHolder>(ctx->saved_data["packs"].toCapsule())->packs;
-    std::unique_lock<std::mutex> lock;
-    at::Tensor gh;
-    const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
-    const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
-    const std::uint32_t v1 = w1._version(), v2 = w2._version();
     // The weight gradients through packed_gemm as well where it runs its
     // AVX-512 kernel (1.6-1.9 x BLAS there; HP_PACKED_GEMM_KERNEL=avx2 turns
     // that off on an AVX-512 CPU); its AVX2 kernel reads a^T
     // slower than BLAS does, so without AVX-512F they stay with BLAS.
     const bool packed_grads = packs && packed_gemm::best_kernel() == packed_gemm::Kernel::kAvx512;
+    at::Tensor gx = at::empty_like(x), gp = at::empty({x.size(0), w1.size(1)}, x.options());
+    input_grads(counts, gy, pre, w1, w2, packs, gx, gp);
+    const at::Tensor pw1 = ctx->saved_data["w1"].toTensor(), pw2 = ctx->saved_data["w2"].toTensor();
+    if (ctx->saved_data.count("b1") && wgrad::collecting()) {
+      // B of a zero-bubble schedule ends here; W (the weights' and biases'
+      // gradients from the same g, h, g' and x, summed into .grad as below
+      // and as autograd sums the biases) is queued.
+      const at::Tensor pb1 = ctx->saved_data["b1"].toTensor(), pb2 = ctx->saved_data["b2"].toTensor();
+      wgrad::WeightGradItem item;
+      item.grad_out = gy;
+      item.input = x;
+      item.weight = pw1;
+      item.bias = pb1;
+      item.also = {pw2, pb2};
+      item.apply = [gy, x, act, gp, counts, pw1, pw2, pb1, pb2, packed_grads] {
+        auto g = weight_grads(counts, gy, x, act, gp, pw1, pw2, true, packed_grads);
+        for (auto& [param, grad] : {std::pair{pw1, g[0]}, std::pair{pb1, g[1]}, std::pair{pw2, g[2]},
+                                    std::pair{pb2, g[3]}}) {
+          if (!grad.defined()) continue;  // summed into .grad already
+          at::Tensor& held = const_cast<at::Tensor&>(param).mutable_grad();
+          if (held.defined()) {
+            held.add_(grad);
+          } else {
+            held = grad;
+          }
+        }
+      };
+      wgrad::defer(std::move(item));
+      return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    const auto* exec = torch::autograd::get_current_graph_task_exec_info();
+    const bool into_grad = exec && exec->empty();  // Tensor::backward: leaves accumulate
+    auto g = weight_grads(counts, gy, x, act, gp, pw1, pw2, into_grad, packed_grads);
+    return {gx, g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+
+  /// The rows' gradients: per expert, dh = g w2, g' = gelu's backward
+  /// (into `gp`, which W reads), dx = g' w1 (into `gx`).
+  static void input_grads(const std::vector<std::int64_t>& counts, const at::Tensor& gy, const at::Tensor& pre,
+                          const at::Tensor& w1, const at::Tensor& w2, const std::shared_ptr<ExpertPacks>& packs,
+                          at::Tensor& gx, at::Tensor& gp) {
+    const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
+    const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
+    const std::uint32_t v1 = w1._version(), v2 = w2._version();
+    std::unique_lock<std::mutex> lock;
+    at::Tensor gh;
     if (packs) {
       lock = std::unique_lock<std::mutex>(packs->in_use);
       packs->reserve(E, F * H);
-      gh = at::empty({x.size(0), F}, x.options());
+      gh = at::empty({gy.size(0), F}, gy.options());
     }
     for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
+      if (m == 0) return;
+      at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), dx = gx.narrow(0, off, m);
+      at::Tensor dh;
+      if (packs) {
+        // B = W2[e] [H, F] and W1[e] [F, H] as they are (row-major).
+        dh = gh.narrow(0, off, m);
+        packs->pack_expert(e, w1.data_ptr<float>(), w2.data_ptr<float>(), F, H, s1, v1, s2, v2);
+        packed_gemm::product(m, H, F, g.data_ptr<float>(), H, packs->fc2_rows.at(e), nullptr,
+                             dh.data_ptr<float>(), F);
+      } else {
+        dh = g.mm(w2[e]);
+      }
+      at::Tensor gpe = gp.narrow(0, off, m);
+      at::gelu_backward_out(gpe, dh, p);
+      if (packs) {
+        packed_gemm::product(m, F, H, gpe.data_ptr<float>(), F, packs->fc1_rows.at(e), nullptr,
+                             dx.data_ptr<float>(), H);
+      } else {
+        at::mm_out(dx, gpe, w1[e]);
+      }
+    });
+  }
+
+  /// The weights' and biases' gradients: y = h w2^T + b2 gives dW2 = g^T h
+  /// and db2 = g's rows summed; p = x w1^T + b1 gives dW1 = g'^T x and db1.
+  /// {dW1, db1, dW2, db2}; a weight's is undefined when summed into its
+  /// .grad (WeightGrad); an expert without rows gets zeros, as autograd.
+  static std::array<at::Tensor, 4> weight_grads(const std::vector<std::int64_t>& counts, const at::Tensor& gy,
+                                                const at::Tensor& x, const at::Tensor& act, const at::Tensor& gp,
+                                                const at::Tensor& pw1, const at::Tensor& pw2, bool into_grad,
+                                                bool packed_grads) {
+    WeightGrad gw1(pw1, into_grad), gw2(pw2, into_grad);
+    at::Tensor gb1 = at::empty({pw1.size(0), pw1.size(1)}, pw1.options());
+    at::Tensor gb2 = at::empty({pw2.size(0), pw2.size(1)}, pw2.options());
+    for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
       at::Tensor db1 = gb1[e], db2 = gb2[e];
-      if (m == 0) {  // an expert without rows: zero gradients, as autograd gives
+      if (m == 0) {
         gw1.zero(e);
         db1.zero_();
         gw2.zero(e);
         db2.zero_();
         return;
       }
-      at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), xi = x.narrow(0, off, m);
-      at::Tensor dx = gx.narrow(0, off, m);
-      // y = h w2^T + b2: dW2 = g^T h, db2 = sum of g's rows, dh = g w2.
-      at::Tensor h = act.narrow(0, off, m);
+      at::Tensor g = gy.narrow(0, off, m), h = act.narrow(0, off, m), gpe = gp.narrow(0, off, m);
+      at::Tensor xi = x.narrow(0, off, m);
       if (packed_grads)
         gw2.packed_product(e, g, h);
       else
         gw2.product(e, g.t(), h);
       at::sum_out(db2, g, 0);
-      at::Tensor dh;
-      if (packs) {
-        // B = W2[e] [H, F] and W1[e] [F, H] as they are (row-major).
-        dh = gh.narrow(0, off, m);
-        packs->pack_expert(e, w1.data_ptr<float>(), w2.data_ptr<float>(), F, H, s1, v1, s2, v2);
-        const float* p2 = packs->fc2_rows.at(e);
-        packed_gemm::product(m, H, F, g.data_ptr<float>(), H, p2, nullptr, dh.data_ptr<float>(), F);
-      } else {
-        dh = g.mm(w2[e]);
-      }
-      at::Tensor gp = at::gelu_backward(dh, p);
-      // p = x w1^T + b1: dW1 = gp^T x, db1 = sum of gp's rows, dx = gp w1.
       if (packed_grads)
-        gw1.packed_product(e, gp, xi);
+        gw1.packed_product(e, gpe, xi);
       else
-        gw1.product(e, gp.t(), xi);
-      at::sum_out(db1, gp, 0);
-      if (packs) {
-        const float* p1 = packs->fc1_rows.at(e);
-        packed_gemm::product(m, F, H, gp.data_ptr<float>(), F, p1, nullptr, dx.data_ptr<float>(), H);
-      } else {
-        at::mm_out(dx, gp, w1[e]);
-      }
+        gw1.product(e, gpe.t(), xi);
+      at::sum_out(db1, gpe, 0);
     });
-    return {gx, gw1.result(), gb1, gw2.result(), gb2, at::Tensor(), at::Tensor()};
-  }
-
-  /// B of a zero-bubble schedule: the rows' gradients only (g W2, gelu's
-  /// backward, g' W1, as above); W queued: the weights' and biases'
-  /// gradients from the same operands (g, h, g', x), summed into .grad as
-  /// the unsplit backward sums them.
-  static variable_list split_backward(AutogradContext* ctx, const at::Tensor& gy) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[2], &pre = saved[3], &act = saved[4];
-    const auto counts = ctx->saved_data["counts"].toIntVector();
-    std::shared_ptr<ExpertPacks> packs;
-    if (ctx->saved_data.count("packs"))
-      packs = c10::static_intrusive_pointer_cast<PacksHolder>(ctx->saved_data["packs"].toCapsule())->packs;
-    const std::int64_t E = w1.size(0), F = w1.size(1), H = w1.size(2);
-    at::Tensor gx = at::empty_like(x), gp_all = at::empty({x.size(0), F}, x.options());
-    {
-      std::unique_lock<std::mutex> lock;
-      const void *s1 = w1.data_ptr(), *s2 = w2.data_ptr();
-      const std::uint32_t v1 = w1._version(), v2 = w2._version();
-      at::Tensor gh;
-      if (packs) {
-        lock = std::unique_lock<std::mutex>(packs->in_use);
-        packs->reserve(E, F * H);
-        gh = at::empty({x.size(0), F}, x.options());
-      }
-      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
-        if (m == 0) return;
-        at::Tensor g = gy.narrow(0, off, m), p = pre.narrow(0, off, m), dx = gx.narrow(0, off, m);
-        at::Tensor dh;
-        if (packs) {
-          dh = gh.narrow(0, off, m);
-          packs->pack_expert(e, w1.data_ptr<float>(), w2.data_ptr<float>(), F, H, s1, v1, s2, v2);
-          packed_gemm::product(m, H, F, g.data_ptr<float>(), H, packs->fc2_rows.at(e), nullptr,
-                               dh.data_ptr<float>(), F);
-        } else {
-          dh = g.mm(w2[e]);
-        }
-        at::Tensor gp = gp_all.narrow(0, off, m);
-        gp.copy_(at::gelu_backward(dh, p));
-        if (packs) {
-          packed_gemm::product(m, F, H, gp.data_ptr<float>(), F, packs->fc1_rows.at(e), nullptr,
-                               dx.data_ptr<float>(), H);
-        } else {
-          at::mm_out(dx, gp, w1[e]);
-        }
-      });
-    }
-    const at::Tensor pw1 = ctx->saved_data["w1"].toTensor(), pw2 = ctx->saved_data["w2"].toTensor();
-    const at::Tensor pb1 = ctx->saved_data["b1"].toTensor(), pb2 = ctx->saved_data["b2"].toTensor();
-    const bool packed_grads = packs && packed_gemm::best_kernel() == packed_gemm::Kernel::kAvx512;
-    wgrad::WeightGradItem item;
-    item.grad_out = gy;
-    item.input = x;
-    item.weight = pw1;
-    item.bias = pb1;
-    item.also = {pw2, pb2};
-    item.apply = [gy, x, act, gp_all, counts, pw1, pw2, pb1, pb2, packed_grads] {
-      WeightGrad gw1(pw1, true), gw2(pw2, true);
-      at::Tensor gb1 = at::empty({pw1.size(0), pw1.size(1)}, pw1.options());
-      at::Tensor gb2 = at::empty({pw2.size(0), pw2.size(1)}, pw2.options());
-      for_each_expert(counts, [&](std::int64_t e, std::int64_t off, std::int64_t m) {
-        at::Tensor db1 = gb1[e], db2 = gb2[e];
-        if (m == 0) {
-          gw1.zero(e);
-          db1.zero_();
-          gw2.zero(e);
-          db2.zero_();
-          return;
-        }
-        at::Tensor g = gy.narrow(0, off, m), h = act.narrow(0, off, m), gp = gp_all.narrow(0, off, m);
-        at::Tensor xi = x.narrow(0, off, m);
-        if (packed_grads)
-          gw2.packed_product(e, g, h);
-        else
-          gw2.product(e, g.t(), h);
-        at::sum_out(db2, g, 0);
-        if (packed_grads)
-          gw1.packed_product(e, gp, xi);
-        else
-          gw1.product(e, gp.t(), xi);
-        at::sum_out(db1, gp, 0);
-      });
-      for (auto& [param, grad] : {std::pair{pw1, gw1.result()}, std::pair{pw2, gw2.result()},
-                                  std::pair{pb1, gb1}, std::pair{pb2, gb2}}) {
-        if (!grad.defined()) continue;  // summed into .grad already
-        at::Tensor& held = const_cast<at::Tensor&>(param).mutable_grad();
-        if (held.defined()) {
-          held.add_(grad);
-        } else {
-          held = grad;
-        }
-      }
-    };
-    wgrad::defer(std::move(item));
-    return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gw1.result(), gb1, gw2.result(), gb2};
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "hp/model/moe.h"
@@ -53,6 +54,16 @@ void expect_bitwise(const std::vector<torch::Tensor>& a, const std::vector<torch
                                           << (a[i] / b[i]).mean().item<double>();
 }
 
+/// B of `loss()` under the split (forward under SplitForward, backward
+/// under a Collect): the W queue it leaves.
+wgrad::WeightGradQueue split_backward(const std::function<torch::Tensor()>& loss) {
+  wgrad::SplitForward split;
+  auto l = loss();
+  wgrad::Collect collect;
+  l.backward();
+  return collect.take();
+}
+
 TEST(WeightGradSplit, BComputesInputGradientsOnlyAndWTheWeightsWithoutAutograd) {
   const Mlp m;
   auto x = seeded({3, 5, 8}, 4).requires_grad_();
@@ -62,14 +73,7 @@ TEST(WeightGradSplit, BComputesInputGradientsOnlyAndWTheWeightsWithoutAutograd) 
   x.mutable_grad() = torch::Tensor();
 
   wgrad::reset_counters();
-  wgrad::WeightGradQueue queue;
-  {
-    wgrad::SplitForward split;
-    auto loss = m.loss(x);
-    wgrad::Collect collect;
-    loss.backward();
-    queue = collect.take();
-  }
+  wgrad::WeightGradQueue queue = split_backward([&] { return m.loss(x); });
   // B: the input's gradient is there, no weight product ran.
   EXPECT_EQ(wgrad::counters().input_grad_products, 2u);
   EXPECT_EQ(wgrad::counters().weight_grad_products, 0u);
@@ -123,13 +127,7 @@ TEST(WeightGradSplit, DeferredWeightGradientsAccumulateAcrossMicroBatches) {
   // runs W whenever a stage would wait): in the same order bitwise, in the
   // other order within rounding.
   std::vector<wgrad::WeightGradQueue> queues;
-  for (const auto& x : {x1, x2}) {
-    wgrad::SplitForward split;
-    auto loss = m.loss(x);
-    wgrad::Collect collect;
-    loss.backward();
-    queues.push_back(collect.take());
-  }
+  for (const auto& x : {x1, x2}) queues.push_back(split_backward([&] { return m.loss(x); }));
   for (const auto& p : m.params()) EXPECT_FALSE(p.grad().defined());
   auto q0 = queues[0], q1 = queues[1];
   queues[0].run();
@@ -184,14 +182,7 @@ TEST(WeightGradSplit, EmbeddingsNormsAndScalesSplitToo) {
   for (auto p : m.params()) p.mutable_grad() = torch::Tensor();
 
   wgrad::reset_counters();
-  wgrad::WeightGradQueue queue;
-  {
-    wgrad::SplitForward split;
-    auto loss = m.loss(ids);
-    wgrad::Collect collect;
-    loss.backward();
-    queue = collect.take();
-  }
+  wgrad::WeightGradQueue queue = split_backward([&] { return m.loss(ids); });
   // B: the head's product, the scale and two norms' input gradients.
   EXPECT_EQ(wgrad::counters().input_grad_products, 4u);
   EXPECT_EQ(wgrad::counters().weight_grad_products, 0u);
@@ -238,13 +229,7 @@ TEST(WeightGradSplit, GroupedExpertFfnSplits) {
 
     wgrad::reset_counters();
     std::vector<wgrad::WeightGradQueue> queues;
-    for (const auto& x : {x1, x2}) {
-      wgrad::SplitForward split;
-      auto l = loss(x);
-      wgrad::Collect collect;
-      l.backward();
-      queues.push_back(collect.take());
-    }
+    for (const auto& x : {x1, x2}) queues.push_back(split_backward([&] { return loss(x); }));
     EXPECT_EQ(wgrad::counters().deferred, 2u);
     for (const auto& p : params) EXPECT_FALSE(p.grad().defined());
     std::size_t cues = 0;
