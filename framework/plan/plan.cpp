@@ -692,6 +692,21 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     for (const auto& p : b.model.params) by_block[p.block].push_back(&p);
     double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0;
     double act_comm = 0, act_bytes_sent = 0;
+    // A zero-bubble schedule's W queue: each split layer's output gradient
+    // per token (a product's output width, an embedding's row, a norm's
+    // width; biases share their weight's), for the micro-batches whose W
+    // waits. Whole widths (an over-estimate for column-parallel slices);
+    // expert FFNs left out.
+    double w_queue_per_token = 0;
+    if (shape.weight_pending > 0) {
+      for (const auto& p : b.model.params) {
+        const auto& g = p.spec.global_shape;
+        const std::string& n = p.spec.name;
+        if (n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0) continue;
+        if (g.size() == 2) w_queue_per_token += static_cast<double>(p.embedding ? g[1] : g[0]) * 4;
+        if (g.size() == 1) w_queue_per_token += static_cast<double>(g[0]) * 4;
+      }
+    }
     for (std::size_t i = 0; i < b.model.indices.size(); ++i) {
       const int index = b.model.indices[i];
       const auto& ps = by_block[index];
@@ -741,7 +756,8 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       act_bytes_sent += layers * 4.0 * (positions - 1) * pair;
     }
     // A replayed block holds its activations and their gradients at once.
-    e.activations = act * e.in_flight + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0);
+    e.activations = act * e.in_flight + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0) +
+                    w_queue_per_token * tokens * std::min<double>(shape.weight_pending, micro_batches);
     e.compute = seconds * micro_batches * slowdown;
     e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
 

@@ -120,6 +120,7 @@ class PipelineExecutor : public StepExecutor {
     const Simulation sim = simulate(lists, P_, V_, 1.0, 2.0, placement_);
     StepShape out;
     out.in_flight = static_cast<double>(sim.peak_in_flight.at(static_cast<std::size_t>(stage_))) / V_;
+    out.weight_pending = static_cast<double>(sim.peak_weight_pending.at(static_cast<std::size_t>(stage_))) / V_;
     if (sim.deadlock_free) out.idle_fraction = sim.idle_fraction.at(static_cast<std::size_t>(stage_));
     return out;
   }

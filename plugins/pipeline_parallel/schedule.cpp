@@ -236,12 +236,16 @@ Simulation simulate(const std::vector<std::vector<Action>>& per_rank, int P, int
   for (const auto& list : per_rank)
     for (const Action& a : list) split = split || a.kind == Action::Kind::kWeight;
   const Action::Kind releases = split ? Action::Kind::kWeight : Action::Kind::kBackward;
+  sim.peak_weight_pending.assign(P, 0);
   for (int r = 0; r < P; ++r) {
-    int in_flight = 0;
+    int in_flight = 0, pending = 0;
     for (const Action& a : per_rank[r]) {
       if (a.kind == Action::Kind::kForward) ++in_flight;
       if (a.kind == releases) --in_flight;
+      if (split && a.kind == Action::Kind::kBackward) ++pending;
+      if (a.kind == Action::Kind::kWeight) --pending;
       sim.peak_in_flight[r] = std::max(sim.peak_in_flight[r], in_flight);
+      sim.peak_weight_pending[r] = std::max(sim.peak_weight_pending[r], pending);
     }
   }
 

@@ -101,6 +101,9 @@ struct Simulation {
   bool deadlock_free = false;
   double makespan = 0;
   std::vector<double> idle_fraction;     ///< per rank: 1 - busy / makespan
+  /// Per rank: most chunks whose B ran and whose W has not (their output
+  /// gradients wait in W's queue); 0 without W actions.
+  std::vector<int> peak_weight_pending;
   std::vector<int> peak_in_flight;       ///< per rank: most micro-batch chunks
                                          ///< forwarded but not yet backwarded
 };

@@ -72,6 +72,10 @@ struct StepShape {
   /// The share of the step this rank waits, with a forward costing 1 and a
   /// backward 2 everywhere (the schedule's own bubble).
   double idle_fraction = 0;
+  /// Zero-bubble schedules: the most micro-batches (same units as
+  /// in_flight) whose B ran and whose W waits, holding their layers'
+  /// output gradients; 0 otherwise.
+  double weight_pending = 0;
 };
 
 class StepExecutor {
