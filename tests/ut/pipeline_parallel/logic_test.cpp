@@ -597,6 +597,22 @@ TEST(Schedule, VPlacement) {
             "zbv runs two chunks per rank (a V); V = 1");
 }
 
+// B's whose W has not run hold their output gradients: the simulation
+// counts the most at once per rank (0 without W actions).
+TEST(Schedule, PeakWeightPending) {
+  using K = Action::Kind;
+  const std::vector<Action> one{{K::kForward, 0, 0}, {K::kBackward, 0, 0}, {K::kForward, 0, 1},
+                                {K::kBackward, 0, 1}, {K::kWeight, 0, 0}, {K::kWeight, 0, 1}};
+  EXPECT_EQ(simulate({one}, 1, 1).peak_weight_pending, (std::vector<int>{2}));
+  EXPECT_EQ(simulate(all_ranks(ScheduleKind::kOneFOneB, 2, 4, 1), 2, 1).peak_weight_pending,
+            (std::vector<int>{0, 0}));
+  const Simulation h1 = simulate(all_ranks(ScheduleKind::kZbH1, 2, 4, 1), 2, 1);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(h1.peak_weight_pending[r], 1) << r;
+    EXPECT_LE(h1.peak_weight_pending[r], h1.peak_in_flight[r]) << r;
+  }
+}
+
 TEST(Schedule, ArgumentErrors) {
   EXPECT_EQ(error_of<std::invalid_argument>(
                 [] { make_schedule(ScheduleKind::kInterleaved, 4, 6, 2, 0); }),
