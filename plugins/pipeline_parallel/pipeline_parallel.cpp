@@ -76,6 +76,7 @@ class PipelineExecutor : public StepExecutor {
  public:
   PipelineExecutor(const Config& c, dist::DistributedContext& d)
       : pp_(d.group("pp")),
+        world_(d.group("world")),
         P_(pp_.size()),
         stage_(pp_.rank()),
         kind_(parse_schedule(c.get_string(kSchedule))),
@@ -346,20 +347,18 @@ class PipelineExecutor : public StepExecutor {
       rep.figures["pipeline_headers_sent"] = static_cast<double>(link_.headers_sent());
       if (memory_probe_) rep.figures["pipeline_step_memory_growth_bytes"] = growth;
       // Every stage's figures, so the first stage's metrics show the whole pipeline.
-      auto mean = [&](int k) { return counted[k] ? spent[k] / counted[k] : 0.0; };
-      at::Tensor mine = at::tensor({total > 0 ? wait / total : 0.0, static_cast<double>(peak), growth, mean(0),
-                                    mean(1), mean(2)},
-                                   at::kDouble);
+      at::Tensor mine = at::tensor({total > 0 ? wait / total : 0.0, static_cast<double>(peak), growth}, at::kDouble);
       auto all = pp_.all_gather(mine.unsqueeze(0), 0);
       if (measure) {
-        // Every stage gathers the same figures and so plans alike: the
-        // stages' mean F, B and W, B and W rounded to quarters of F.
-        double f = 0, b = 0, wt = 0;
-        for (int s = 0; s < P_; ++s) {
-          f += all[s][3].item<double>();
-          b += all[s][4].item<double>();
-          wt += all[s][5].item<double>();
-        }
+        // Every rank must run the same plan, not only this pipeline's
+        // stages: ranks of other pipelines share tensor, sequence and
+        // expert groups with them, whose collectives would otherwise meet
+        // in another order. So the costs are summed over the world (every
+        // rank gets the same sum), and B and W rounded to quarters of F.
+        auto mean = [&](int k) { return counted[k] ? spent[k] / counted[k] : 0.0; };
+        at::Tensor sums = at::tensor({mean(0), mean(1), mean(2)}, at::kDouble);
+        world_.all_reduce(sums);
+        const double f = sums[0].item<double>(), b = sums[1].item<double>(), wt = sums[2].item<double>();
         auto quarter = [&](double x) { return f > 0 ? std::max(0.25, std::round(4 * x / f) / 4) : 1.0; };
         costs_ = ActionCosts{1.0, quarter(b), quarter(wt)};
         costs_measured_ = true;
@@ -408,6 +407,7 @@ class PipelineExecutor : public StepExecutor {
   int peer(int c) const { return rank_of_chunk(placement_, P_, V_, c); }
 
   dist::Group& pp_;
+  dist::Group& world_;
   int P_, stage_;
   ScheduleKind kind_;
   int V_;
