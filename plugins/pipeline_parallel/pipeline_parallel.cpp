@@ -155,8 +155,12 @@ class PipelineExecutor : public StepExecutor {
     const int M = static_cast<int>(w.micro_batches);
     const int C = P_ * V_;
     const ActionCosts planned = costs_;
-    const auto actions = w.backward ? make_schedule(kind_, P_, M, V_, stage_, planned)
-                                    : make_forward_only(P_, M, V_, stage_, placement_);
+    // A zero-bubble list is a timed plan of the whole pipeline: made once
+    // per micro-batch count and costs, not every step.
+    const auto key = std::make_tuple(M, planned.b, planned.w);
+    if (w.backward && !lists_.count(key)) lists_[key] = make_schedule(kind_, P_, M, V_, stage_, planned);
+    const std::vector<Action> actions =
+        w.backward ? lists_.at(key) : make_forward_only(P_, M, V_, stage_, placement_);
     c10::AutoGradMode grad_mode(w.backward);
     StepReport rep;
     std::map<std::pair<int, int>, InFlight> live;
@@ -415,6 +419,7 @@ class PipelineExecutor : public StepExecutor {
   ActionCosts costs_;            ///< what zb_h1 and zbv plan for
   bool costs_measured_ = false;  ///< after the first training step
   std::map<std::tuple<int, double, double>, double> simulated_;  ///< (M, B, W) -> simulated idle
+  std::map<std::tuple<int, double, double>, std::vector<Action>> lists_;  ///< (M, B, W) -> this stage's list
   std::vector<std::int64_t> balance_;
   StageLink link_;
   bool memory_probe_;

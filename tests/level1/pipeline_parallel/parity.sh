@@ -63,4 +63,12 @@ echo "== pp2_zbv_tied (tied embeddings, both ends of the V on stage 0) against o
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${common[@]}" "${tied[@]}" --set features.pipeline_parallel.enabled=true \
   --set features.pipeline_parallel.size=2 --dry-run > "$WORK/log" 2>&1 && fail "a tie at pp=2 under 1f1b was accepted"
 grep -q "model.tie_embeddings.*schedule: zbv" "$WORK/log" || { cat "$WORK/log"; fail "the tie's refusal does not name zbv"; }
+# zbv runs two chunks per stage: virtual_stages 1 or 2, anything else refused before start.
+rc=0
+"$BIN/hp-train" "$WORK/c.yaml" --nproc 2 "${common[@]}" --set features.pipeline_parallel.enabled=true \
+  --set features.pipeline_parallel.schedule=zbv --set features.pipeline_parallel.virtual_stages=3 --dry-run \
+  > "$WORK/log" 2>&1 || rc=$?
+[[ $rc -eq 2 ]] || { cat "$WORK/log"; fail "zbv with virtual_stages 3: exit $rc, expected 2"; }
+grep -q "features.pipeline_parallel.virtual_stages = 3: schedule zbv runs two chunks per rank in a V" "$WORK/log" \
+  || { cat "$WORK/log"; fail "zbv with virtual_stages 3: the error does not name the rule"; }
 echo PASS
