@@ -93,4 +93,11 @@ if(HP_BUILD_TESTS)
   hp_require(GTest_FOUND "GoogleTest" "libgtest-dev libgmock-dev")
 endif()
 
+# The process allocator (include/hp/memory/allocator.h says why): mimalloc,
+# linked ahead of glibc by the executables that train (target hp_allocator).
+find_path(HP_MIMALLOC_INCLUDE mimalloc.h)
+find_library(HP_MIMALLOC_LIB NAMES mimalloc libmimalloc.so.2)
+hp_require(HP_MIMALLOC_LIB "mimalloc" libmimalloc-dev)
+hp_require(HP_MIMALLOC_INCLUDE "mimalloc.h" libmimalloc-dev)
+
 find_package(Threads REQUIRED)

@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev
   libcli11-dev
   libxxhash-dev
+  libmimalloc-dev
   libsentencepiece-dev libpcre2-dev python3-regex
   prometheus-cpp-dev
   libopenblas0-openmp

@@ -27,6 +27,7 @@
 #include "hp/comm/group.h"
 #include "hp/comm/mesh.h"
 #include "hp/data/dataset.h"
+#include "hp/memory/allocator.h"
 #include "hp/memory/block_cache.h"
 #include "hp/model/extensions.h"
 #include "hp/model/layers.h"
@@ -205,7 +206,10 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 2 (peaks over 4 steps of 4 micro-batches of other samples)\n";
+  k << "calibration 3 (peaks over 4 steps of 4 micro-batches of other samples; times the median of 5 steps, the "
+       "lower of two processes)\n";
+  k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
+    << "\n";
   return k.str();
 }
 
@@ -458,8 +462,11 @@ double shared_core_in_step(int n) {
 /// backward, AdamW update). Returns the peak resident memory above the
 /// start, the bytes each block's forward keeps (block cache), and the
 /// seconds of each block (forward, with backward shared as the forwards).
-nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1) {
+nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
+                           int steps = 4) {
   at::set_num_threads(threads);
+  // The heap as a rank keeps it (run.keep_freed_memory).
+  if (c.get_bool("run.keep_freed_memory")) memory::keep_freed_memory();
   const double start = current_resident_bytes();
   reset_peak_resident_memory();
   const double gemm_rate = measure_matmul_flops();
@@ -477,13 +484,21 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   if (count_blocks) memory::use_block_cache(4096, 0);
   std::vector<double> fwd(nb + 1, 0.0), kept(nb + 1, 0.0);
   double bwd = 0;
-  const int steps = 4, timed_from = 2;
+  // The first micro-batch of the steps after the first two is timed; each
+  // block's seconds are the median over those steps (a step slowed by
+  // another process on its core does not move it).
+  const int timed_from = 2;
+  std::vector<std::vector<double>> samples;
   for (int step = 0; step < steps; ++step) {
    optimizer->zero_grad();
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
    for (int mb = 0; mb < micro; ++mb) {
     const bool timed = step >= timed_from && mb == 0;
+    if (timed) {
+      std::fill(fwd.begin(), fwd.end(), 0.0);
+      bwd = 0;
+    }
     const Batch batch = make_batch(*data, Split::kTrain, step, mb * mbs, mbs, seq);
     c10::AutoGradMode grad(true);
     Activations x = batch.inputs;
@@ -508,16 +523,26 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
         if (timed) bwd += since(t1);
       }
     }
+    if (timed) {
+      // Forward and backward per block (the backward shared as the forwards).
+      double fsum = 0;
+      for (double f : fwd) fsum += f;
+      std::vector<double> per_block;
+      for (double f : fwd) per_block.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / tokens);
+      samples.push_back(per_block);
+    }
    }
     optimizer->step(1e-4);
   }
   nlohmann::json j;
   j["peak_above_start"] = peak_resident_memory_since_reset() - start;
-  double fsum = 0;
-  for (double f : fwd) fsum += f;
   std::vector<double> secs;
-  const int timed = steps - timed_from;
-  for (double f : fwd) secs.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / timed / tokens);
+  for (std::size_t b = 0; b <= nb; ++b) {
+    std::vector<double> v;
+    for (const auto& sample : samples) v.push_back(sample[b]);
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    secs.push_back(v.empty() ? 0.0 : v[v.size() / 2]);
+  }
   j["seconds_per_token"] = secs;
   std::vector<double> per_token;
   for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
@@ -550,9 +575,23 @@ Calibration calibrate(const Config& c) {
   // Four micro-batches a step for the peaks (the heap after a few routings).
   const nlohmann::json small = child(mbs, 1, false, 4), large = child(2 * mbs, 1, false, 4);
   // One-thread ranks run with every core busy: the same process on each
-  // core at once (shared caches and memory bandwidth); the first one's times.
-  const nlohmann::json loaded = nlohmann::json::parse(
-      in_children(cal.cores, [&](int) { return one_process(c, mbs, 1, false).dump(); }));
+  // core at once (shared caches and memory bandwidth); the first one's
+  // times, five steps each, twice over: the lower of the two per block (a
+  // process the machine slowed throughout does not set the figure).
+  constexpr int kTimedSteps = 7;
+  auto timed = [&](int n, int threads) {
+    return nlohmann::json::parse(
+        in_children(n, [&](int) { return one_process(c, mbs, threads, false, 1, kTimedSteps).dump(); }));
+  };
+  auto lower = [](nlohmann::json a, const nlohmann::json& b) {
+    auto x = a["seconds_per_token"].get<std::vector<double>>();
+    const auto y = b["seconds_per_token"].get<std::vector<double>>();
+    for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) x[i] = std::min(x[i], y[i]);
+    a["seconds_per_token"] = x;
+    a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
+    return a;
+  };
+  const nlohmann::json loaded = lower(timed(cal.cores, 1), timed(cal.cores, 1));
   const double tokens = static_cast<double>(mbs * seq);
   const double slope = std::max(0.0, (large["peak_above_start"].get<double>() - small["peak_above_start"].get<double>()) / tokens);
   const auto kept = counted["kept_per_token"].get<std::vector<double>>();
@@ -567,8 +606,7 @@ Calibration calibrate(const Config& c) {
   {
     // Two one-thread processes per core (more ranks than cores): the time
     // against one per core (time slicing, caches shared by twice as many).
-    const nlohmann::json twice = nlohmann::json::parse(
-        in_children(2 * cal.cores, [&](int) { return one_process(c, mbs, 1, false).dump(); }));
+    const nlohmann::json twice = timed(2 * cal.cores, 1);
     double one = 0, two = 0;
     for (double v : cal.seconds_per_token_1) one += v;
     for (double v : twice["seconds_per_token"].get<std::vector<double>>()) two += v;
@@ -576,7 +614,7 @@ Calibration calibrate(const Config& c) {
   }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
-    const nlohmann::json all = child(mbs, cal.cores, false, 1);
+    const nlohmann::json all = lower(timed(1, cal.cores), timed(1, cal.cores));
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {

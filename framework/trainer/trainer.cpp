@@ -11,7 +11,6 @@
 #include <fstream>
 #include <thread>
 
-#include <malloc.h>
 
 #include "hp/comm/context.h"
 #include "hp/comm/env.h"
@@ -24,6 +23,7 @@
 #include "hp/data/tokenizer.h"
 #include "hp/data/tokens.h"
 #include "hp/logging/logging.h"
+#include "hp/memory/allocator.h"
 #include "hp/model/dropout.h"
 #include "hp/model/kv_cache.h"
 #include "hp/model/extensions.h"
@@ -165,17 +165,6 @@ class TrainingRun {
   double tokens_total_ = 0, samples_total_ = 0;
 };
 
-namespace {
-/// Freed memory stays in the process for the next step (glibc): no block
-/// below 1 GiB is mmapped on its own, and the heap is trimmed only above
-/// 1 GiB of free space at its top.
-void keep_freed_memory() {
-  constexpr int kGiB = 1 << 30;
-  mallopt(M_MMAP_THRESHOLD, kGiB);
-  mallopt(M_TRIM_THRESHOLD, kGiB);
-}
-}  // namespace
-
 TrainingRun::TrainingRun(const RawConfig& raw) {
   env_ = dist::read_dist_env();
   setup_ = prepare(raw, env_.world_size);  // throws ConfigException, before any group
@@ -222,11 +211,15 @@ void TrainingRun::setup_process() {
     log->info("packed expert products: {}", packed_gemm::describe_best_kernel());
   }
   // glibc returns a freed block above its (adaptive, at most 32 MiB) mmap
-  // threshold to the system, and trims the heap's top once 2x that is free:
-  // a step's large buffers (gradient buckets, gathered slices) were then
-  // unmapped and page-faulted back every step (zero at dp=2: 4.3k -> 5.6k
-  // tokens/s with them kept, RFC 0006). Kept for reuse instead.
-  if (setup_.config.get_bool("run.keep_freed_memory")) keep_freed_memory();
+  // threshold to the system, and trims the heap's top once 2x that is free;
+  // mimalloc decommits freed pages after 25 ms: a step's large buffers
+  // (gradient buckets, gathered slices) were then unmapped and page-faulted
+  // back every step (zero at dp=2: 4.3k -> 5.6k tokens/s with them kept,
+  // RFC 0006). Kept for reuse instead.
+  if (setup_.config.get_bool("run.keep_freed_memory")) memory::keep_freed_memory();
+  if (rank0())
+    log->info("memory: {}{}", memory::allocator_name(),
+              setup_.config.get_bool("run.keep_freed_memory") ? ", freed memory kept for the next step" : "");
 
   // Data first: a missing or empty corpus is refused before anything starts.
   data_ = make_dataset(c);
