@@ -384,6 +384,7 @@ ModelInfo decoder_info(const Config& c, Decoder kind) {
     m.layer_kinds.insert("moe");
     m.split_sizes["experts"] = {d.moe->num_experts, "model.moe.num_experts", "the expert count"};
     m.split_sizes["expert_ffn"] = {d.expert_ffn, "model.moe.ffn_hidden", "the expert FFN width"};
+    m.expert_rows_per_token = static_cast<int>(d.moe->top_k);
   }
   return m;
 }

@@ -157,6 +157,22 @@ int split_group(const std::vector<const ParamEntry*>& params, const dist::Proces
   return out;
 }
 
+/// The group a block's experts are split over (a shard over a dimension
+/// of another factoring of the ranks, not a base one), 1 when none.
+int expert_group(const std::vector<const ParamEntry*>& params, const dist::ProcessMesh& mesh) {
+  int out = 1;
+  for (const ParamEntry* p : params) {
+    for (const auto& pl : p->spec.placements) {
+      if (!pl.placement.shards()) continue;
+      bool base = false;
+      for (const auto& d : mesh.dims())
+        if (d.name == pl.dim) base = true;
+      if (!base) out = std::max(out, mesh.group_size(pl.dim));
+    }
+  }
+  return out;
+}
+
 std::string cache_dir() {
   if (const char* p = std::getenv("HP_PLAN_CACHE")) return p;
   if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/hyperparallel/plan";
@@ -206,8 +222,8 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 3 (peaks over 4 steps of 4 micro-batches of other samples; times the median of 5 steps, the "
-       "lower of two processes)\n";
+  k << "calibration 3 (peaks over 4 steps of 4 micro-batches of other samples; times the median of 5 steps in "
+       "each of two processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
   return k.str();
@@ -544,6 +560,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
     secs.push_back(v.empty() ? 0.0 : v[v.size() / 2]);
   }
   j["seconds_per_token"] = secs;
+  j["samples"] = samples;
   std::vector<double> per_token;
   for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
   j["kept_per_token"] = per_token;
@@ -576,22 +593,28 @@ Calibration calibrate(const Config& c) {
   const nlohmann::json small = child(mbs, 1, false, 4), large = child(2 * mbs, 1, false, 4);
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's
-  // times, five steps each, twice over: the lower of the two per block (a
-  // process the machine slowed throughout does not set the figure).
+  // times, five steps each, twice over: each block's median over the ten
+  // (a step or a process the machine slowed does not set the figure).
   constexpr int kTimedSteps = 7;
   auto timed = [&](int n, int threads) {
     return nlohmann::json::parse(
         in_children(n, [&](int) { return one_process(c, mbs, threads, false, 1, kTimedSteps).dump(); }));
   };
-  auto lower = [](nlohmann::json a, const nlohmann::json& b) {
+  auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
     auto x = a["seconds_per_token"].get<std::vector<double>>();
-    const auto y = b["seconds_per_token"].get<std::vector<double>>();
-    for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) x[i] = std::min(x[i], y[i]);
+    auto samples = a["samples"].get<std::vector<std::vector<double>>>();
+    for (const auto& v : b["samples"].get<std::vector<std::vector<double>>>()) samples.push_back(v);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      std::vector<double> v;
+      for (const auto& sample : samples) v.push_back(sample.at(i));
+      std::sort(v.begin(), v.end());
+      if (!v.empty()) x[i] = (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+    }
     a["seconds_per_token"] = x;
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
     return a;
   };
-  const nlohmann::json loaded = lower(timed(cal.cores, 1), timed(cal.cores, 1));
+  const nlohmann::json loaded = pooled(timed(cal.cores, 1), timed(cal.cores, 1));
   const double tokens = static_cast<double>(mbs * seq);
   const double slope = std::max(0.0, (large["peak_above_start"].get<double>() - small["peak_above_start"].get<double>()) / tokens);
   const auto kept = counted["kept_per_token"].get<std::vector<double>>();
@@ -614,7 +637,7 @@ Calibration calibrate(const Config& c) {
   }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
-    const nlohmann::json all = lower(timed(1, cal.cores), timed(1, cal.cores));
+    const nlohmann::json all = pooled(timed(1, cal.cores), timed(1, cal.cores));
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {
@@ -757,6 +780,17 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         act += bytes;
       }
       seconds += block_seconds(static_cast<std::size_t>(index), share) * tokens * (b.recomputed[i] ? 4.0 / 3 : 1.0);
+      // Experts split over a group of their own (not a base split: each
+      // rank runs its experts on the rows routed to them): per micro-batch
+      // the forward exchanges counts, rows out and results back, the
+      // backward the two rows' gradients; each rows exchange moves a
+      // token's top-k rows, the share bound for other ranks.
+      const int experts_over = expert_group(ps, mesh);
+      if (experts_over > 1 && info.expert_rows_per_token > 0) {
+        const double out_bytes = tokens * info.expert_rows_per_token * hidden * 4 * (experts_over - 1) / experts_over;
+        act_comm += 5 * (cal.collective_latency_s + in_step) + 4 * out_bytes / cal.p2p_bytes_per_s * oversubscribed;
+        act_bytes_sent += 4 * out_bytes;
+      }
       const int t = split_group(ps, mesh);
       if (t > 1 && share < 1) {
         // A split block sums its output in forward and its input's gradient

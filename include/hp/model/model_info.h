@@ -41,6 +41,9 @@ struct ModelInfo {
   /// N the weights every token multiplies); model_info() fills a model that
   /// states none with 3 x (the blocks' forward FLOPs + the loss's).
   double train_flops_per_token = 0;
+  /// Rows each token sends to routed experts in a MoE layer (top-k): what
+  /// an expert-parallel exchange moves per token; 0 without experts.
+  int expert_rows_per_token = 0;
 
   /// Options that may differ between a checkpoint and the run resuming it:
   /// choices that change neither which tensors the model has nor what they
