@@ -222,8 +222,8 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 3 (peaks over 4 steps of 4 micro-batches of other samples; times the median of 5 steps in "
-       "each of two processes)\n";
+  k << "calibration 4 (a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+       "times the median of 5 steps in each of two processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
   return k.str();
@@ -246,6 +246,8 @@ std::string Calibration::to_json() const {
   j["p2p_latency_s"] = p2p_latency_s;
   j["p2p_bytes_per_s"] = p2p_bytes_per_s;
   j["shared_core_collective_s"] = shared_core_collective_s;
+  j["ring_step_s"] = ring_step_s;
+  j["ring_step_bytes"] = ring_step_bytes;
   j["gemm_flops_per_s_1"] = gemm_flops_per_s_1;
   j["gemm_flops_per_s_all"] = gemm_flops_per_s_all;
   j["cores"] = cores;
@@ -270,6 +272,8 @@ Calibration Calibration::from_json(const std::string& text) {
   c.p2p_latency_s = j.at("p2p_latency_s").get<double>();
   c.p2p_bytes_per_s = j.at("p2p_bytes_per_s").get<double>();
   c.shared_core_collective_s = j.at("shared_core_collective_s").get<double>();
+  c.ring_step_s = j.at("ring_step_s").get<double>();
+  c.ring_step_bytes = j.at("ring_step_bytes").get<double>();
   c.gemm_flops_per_s_1 = j.at("gemm_flops_per_s_1").get<double>();
   c.gemm_flops_per_s_all = j.at("gemm_flops_per_s_all").get<double>();
   c.cores = j.at("cores").get<int>();
@@ -390,6 +394,41 @@ double between_products(dist::Group& g, int iters) {
   return (with - alone) / iters;
 }
 
+/// A ring step as context parallelism runs one: the exchange with the next
+/// and the previous member posted, a product computed meanwhile, both
+/// waited for. What it adds per step beyond the products alone (the
+/// median of three passes), for a message of `bytes`.
+double ring_between_products(dist::Group& g, std::int64_t bytes, int iters) {
+  at::Tensor a = at::rand({256, 256}), b = at::rand({256, 1024});
+  at::Tensor out = at::ones({bytes / 4}), in = at::empty_like(out);
+  const int n = g.size(), r = g.rank();
+  std::vector<double> extra;
+  for (int rep = 0; rep < 3; ++rep) {
+    double alone = 0, with = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      g.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        std::unique_ptr<dist::Work> send, recv;
+        if (pass == 1) {
+          send = g.isend(out, (r + 1) % n, 7);
+          recv = g.irecv(in, (r - 1 + n) % n, 7);
+        }
+        at::mm(a, b);
+        if (pass == 1) {
+          recv->wait();
+          send->wait();
+        }
+      }
+      g.barrier();
+      (pass == 0 ? alone : with) = since(t0);
+    }
+    extra.push_back((with - alone) / iters);
+  }
+  std::sort(extra.begin(), extra.end());
+  return extra[1];
+}
+
 std::string store_file(const char* what) {
   const std::string file =
       (std::filesystem::temp_directory_path() / (std::string(what) + std::to_string(::getpid()))).string();
@@ -399,7 +438,10 @@ std::string store_file(const char* what) {
 
 struct CollectiveSpeed {
   double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
+  double ring_step_s = 0;
 };
+
+constexpr std::int64_t kRingMessageBytes = std::int64_t{1} << 19;
 
 CollectiveSpeed collective_speed() {
   const std::string file = store_file("hp_plan_store_");
@@ -441,14 +483,16 @@ CollectiveSpeed collective_speed() {
     // What the same all-reduce costs issued between products (waiting for
     // the peer, the hand-over to the communication thread).
     o << between_products(g, 40) << " ";
+    o << ring_between_products(g, kRingMessageBytes, 40) << " ";
     g.barrier();
     return o.str();
   });
   std::filesystem::remove(file);
   std::istringstream in(out);
   CollectiveSpeed c;
-  double small = 0, large = 0, p2p_small = 0, p2p_large = 0, in_step = 0;
-  in >> small >> large >> p2p_small >> p2p_large >> in_step;
+  double small = 0, large = 0, p2p_small = 0, p2p_large = 0, in_step = 0, ring = 0;
+  in >> small >> large >> p2p_small >> p2p_large >> in_step >> ring;
+  c.ring_step_s = std::max(0.0, ring);
   c.p2p_latency_s = p2p_small;
   c.p2p_bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, p2p_large - p2p_small);
   c.latency_s = small;
@@ -651,6 +695,8 @@ Calibration calibrate(const Config& c) {
   cal.collective_in_step_s = speed.in_step_extra_s;
   cal.p2p_latency_s = speed.p2p_latency_s;
   cal.p2p_bytes_per_s = speed.p2p_bytes_per_s;
+  cal.ring_step_s = speed.ring_step_s;
+  cal.ring_step_bytes = static_cast<double>(kRingMessageBytes);
   // Twice as many ranks as cores.
   cal.shared_core_collective_s = shared_core_in_step(2 * cal.cores);
   cal.seconds = since(t_start);
@@ -823,8 +869,14 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       int layers = 0;
       for (int index : b.model.indices)
         if (b.desc.blocks[static_cast<std::size_t>(index)].name.rfind("blocks.", 0) == 0) ++layers;
+      // Each exchange costs what the calibrated ring step added between
+      // products (its message in flight while a product runs, both
+      // members waiting for each other), in proportion to its bytes above
+      // a message's latency.
       const double pair = 2 * tokens * hidden * 4;
-      act_comm += layers * 4.0 * (positions - 1) * message(pair);
+      const double ring_step =
+          cal.p2p_latency_s + std::max(0.0, cal.ring_step_s - cal.p2p_latency_s) * pair / std::max(1.0, cal.ring_step_bytes);
+      act_comm += layers * 4.0 * (positions - 1) * std::max(message(pair), ring_step * oversubscribed);
       act_bytes_sent += layers * 4.0 * (positions - 1) * pair;
     }
     // A replayed block holds its activations and their gradients at once.

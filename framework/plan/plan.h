@@ -49,6 +49,10 @@ struct Calibration {
   /// A collective between products with two one-thread ranks per core, as
   /// collective_in_step_s (ranks waiting for peers that wait for a core).
   double shared_core_collective_s = 0;
+  /// A ring exchange (send to the next member, receive from the previous)
+  /// posted before a product and waited for after it: the seconds it adds
+  /// to the product, for a message of ring_step_bytes.
+  double ring_step_s = 0, ring_step_bytes = 0;
   /// The start-up probe's product rate (FLOP/s) at 1 thread and at `cores`.
   double gemm_flops_per_s_1 = 0, gemm_flops_per_s_all = 0;
   int cores = 1;
