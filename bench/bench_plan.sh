@@ -16,20 +16,10 @@ BIN=build/bin
 STEPS=${1:-12}; K=${2:-8}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 export HP_PLAN_CACHE="$W/cache"
-base() {  # base NAME LAYERS HIDDEN [MOE]
-  local moe=""
-  [[ -n ${4:-} ]] && moe=", moe: {num_experts: 8, top_k: 2}"
-  cat > "$W/$1.yaml" <<YAML
-model: {type: gpt, layers: $2, hidden: $3, heads: 4, seq_len: 128$moe}
-data: {type: text, path: /usr/share/games/fortunes}
-training: {max_steps: $STEPS, global_batch_size: 16, micro_batch_size: 2, log_interval: 1, eval_interval: 0}
-optimizer: {type: adamw, lr: 0.001, schedule: constant}
-checkpoint: {interval: 0, resume: never}
-YAML
-}
-base gpt 4 256
-base wide 6 384
-base moe 4 256 moe
+. bench/small_gpt_config.sh
+small_gpt_config "$W/gpt.yaml" 4 256 "$STEPS"
+small_gpt_config "$W/wide.yaml" 6 384 "$STEPS"
+small_gpt_config "$W/moe.yaml" 4 256 "$STEPS" moe
 run_case() {  # run_case NAME CONFIG NPROC MBS
   echo "== $1: $BIN/hp-plan $2 --nproc $3 --micro-batch-sizes $4 --measure $K"
   "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" --top 5 --measure "$K" --out "$W/$1" \
