@@ -21,6 +21,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "hp/memory/allocator.h"
+
 namespace fs = std::filesystem;
 
 namespace hp {
@@ -505,8 +507,12 @@ const SpmModule& spm_module() {
     std::vector<std::string> tried;
     if (const char* env = std::getenv("HP_SENTENCEPIECE_MODULE")) tried.push_back(env);
     const auto dir = this_library_dir();
-    if (!dir.empty()) tried.push_back((fs::path(dir) / "libhp_sentencepiece.so").string());
-    tried.push_back("libhp_sentencepiece.so");
+    // The adapter whose local scope finds the process's own malloc first
+    // (docs/toolchain.md section 8).
+    const std::string name =
+        memory::mimalloc_serves_malloc() ? "libhp_sentencepiece_mimalloc.so" : "libhp_sentencepiece.so";
+    if (!dir.empty()) tried.push_back((fs::path(dir) / name).string());
+    tried.push_back(name);
     std::string why;
     for (const auto& p : tried) {
       mod.lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);

@@ -181,8 +181,10 @@ class BucketedReducer : public GradReducer {
   }
   /// Makes `l` the reducer's buckets: their redistributions, their flat
   /// tensors (the gradients' values copied in) and a launcher, which keeps
-  /// the counts `counts` learned (empty: it counts the next step).
-  void apply(Layout l, const std::vector<int>& counts = {}) {
+  /// the counts `counts` learned (empty: it counts the next step). Taken by
+  /// value: a rebuild passes the old launcher's counts, and the old launcher
+  /// is destroyed below before the new one learns them.
+  void apply(Layout l, std::vector<int> counts = {}) {
     c10::NoGradGuard no_grad;
     order_.clear();
     redist_.clear();
