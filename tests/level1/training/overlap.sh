@@ -106,6 +106,11 @@ done
 tie=(--set model.tie_embeddings=true)
 run tied_declared 2 true "${tie[@]}"
 run tied_rebuilt 2 true "${tie[@]}" --set distributed.rebuild_buckets=true
+# hp-train runs on mimalloc with freed memory kept (docs/toolchain.md section 8):
+# the rebuild reads counts the old launcher learned, which mimalloc reuses
+# once freed (a use-after-free there failed other layouts' runs at step 2).
+grep -q "memory: mimalloc [0-9.]*, freed memory kept for the next step" "$WORK/tied_rebuilt.log" \
+  || { grep "memory:" "$WORK/tied_rebuilt.log"; fail "hp-train does not name mimalloc on its start line"; }
 echo "== dp2, tied embeddings: buckets rebuilt in arrival order vs declared order"
 "$BIN/hp-compare" "$WORK/tied_declared" "$WORK/tied_rebuilt" --exact --grads-step 2 --phase "rebuilt gradient buckets" \
   || fail "rebuilt buckets changed the numbers"
