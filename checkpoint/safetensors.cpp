@@ -14,16 +14,8 @@
 #include "checkpoint/detail/fs.h"
 #include "checkpoint/error.h"
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "safetensors data is little-endian and is written and read as raw memory: "
-              "hyperparallel's checkpoint layer needs a little-endian host");
-
 namespace hp::ckpt {
 namespace {
-
-// The reference implementation refuses headers above 100 MB; so do we, which
-// also keeps a corrupt length from asking for an absurd allocation.
-constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
 struct DtypeName {
   at::ScalarType type;
@@ -71,14 +63,6 @@ std::optional<at::ScalarType> safetensors_dtype_from_name(const std::string& nam
     }
   }
   return std::nullopt;
-}
-
-std::string supported_safetensors_dtypes() {
-  std::string out;
-  for (const auto& d : kDtypes) {
-    out += (out.empty() ? "" : ", ") + std::string(d.name);
-  }
-  return out;
 }
 
 std::vector<WrittenTensor> write_safetensors(
@@ -156,137 +140,23 @@ std::vector<WrittenTensor> write_safetensors(
   return written;
 }
 
-SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
-  detail::Fd fd = detail::open_for_read(path_);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw CheckpointError("cannot stat " + path_ + ": " + detail::errno_text(errno));
+SafetensorsReader::SafetensorsReader(std::string path) : file_(std::move(path)) {
+  for (const auto& [name, e] : file_.entries()) {
+    SafetensorsEntry x;
+    x.name = name;
+    // The format's dtype names and this table list the same ten.
+    x.dtype = safetensors_dtype_from_name(e.dtype).value();
+    x.shape = e.shape;
+    x.begin = e.begin;
+    x.end = e.end;
+    entries_.emplace(name, std::move(x));
   }
-  file_size_ = static_cast<std::uint64_t>(st.st_size);
-  std::uint64_t header_len = 0;
-  if (file_size_ < 8 || detail::pread_all(fd.get(), &header_len, 8, 0, path_) != 8) {
-    throw CheckpointError("bad header length in safetensors file " + path_ + ": the file has " +
-                          std::to_string(file_size_) +
-                          " bytes, fewer than the 8-byte header length");
-  }
-  if (header_len == 0 || header_len > kMaxHeaderBytes) {
-    throw CheckpointError("bad header length in safetensors file " + path_ + ": " +
-                          std::to_string(header_len) + " (must be 1 to " +
-                          std::to_string(kMaxHeaderBytes) + "); this is not a safetensors file");
-  }
-  if (header_len > file_size_ - 8) {
-    throw CheckpointError("header past end of file in safetensors file " + path_ +
-                          ": the header length says " + std::to_string(header_len) +
-                          " bytes but only " + std::to_string(file_size_ - 8) +
-                          " follow; the file is truncated");
-  }
-  data_begin_ = 8 + header_len;
-  std::string text(header_len, '\0');
-  detail::pread_all(fd.get(), text.data(), text.size(), 8, path_);
-
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError("bad header in safetensors file " + path_ + ": not valid JSON (" +
-                          e.what() + ")");
-  }
-  if (!header.is_object()) {
-    throw CheckpointError("bad header in safetensors file " + path_ + ": not a JSON object");
-  }
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") {
-      if (!value.is_object()) {
-        throw CheckpointError("bad header in safetensors file " + path_ +
-                              ": __metadata__ is not an object");
-      }
-      for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string()) {
-          throw CheckpointError("bad header in safetensors file " + path_ + ": __metadata__." + mk +
-                                " is not a string");
-        }
-        metadata_[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = "tensor '" + key + "' in safetensors file " + path_;
-    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
-        !value.contains("shape") || !value["shape"].is_array() || !value.contains("data_offsets") ||
-        !value["data_offsets"].is_array() || value["data_offsets"].size() != 2 ||
-        !value["data_offsets"][0].is_number_unsigned() ||
-        !value["data_offsets"][1].is_number_unsigned()) {
-      throw CheckpointError("bad header entry for " + where +
-                            ": needs \"dtype\" (string), \"shape\" (array) and "
-                            "\"data_offsets\" ([begin, end])");
-    }
-    SafetensorsEntry e;
-    e.name = key;
-    const auto dtype_name = value["dtype"].get<std::string>();
-    const auto dtype = safetensors_dtype_from_name(dtype_name);
-    if (!dtype) {
-      throw CheckpointError("unknown dtype '" + dtype_name + "' for " + where +
-                            " (hyperparallel reads " + supported_safetensors_dtypes() + ")");
-    }
-    e.dtype = *dtype;
-    for (const auto& d : value["shape"]) {
-      if (!d.is_number_unsigned()) {
-        throw CheckpointError("bad shape for " + where + ": " + value["shape"].dump());
-      }
-      e.shape.push_back(d.get<std::int64_t>());
-    }
-    const auto b = value["data_offsets"][0].get<std::uint64_t>();
-    const auto end = value["data_offsets"][1].get<std::uint64_t>();
-    const auto need = byte_size(e.shape, e.dtype);
-    if (end < b || !need || end - b != *need) {
-      throw CheckpointError("bad data_offsets for " + where + ": [" + std::to_string(b) + ", " +
-                            std::to_string(end) + "] does not hold shape " + format_shape(e.shape) +
-                            " of " + dtype_name);
-    }
-    if (end > file_size_ - data_begin_) {
-      throw CheckpointError("safetensors file " + path_ + " is truncated: " + where +
-                            " needs data up to byte " + std::to_string(data_begin_ + end) +
-                            " (data_offsets [" + std::to_string(b) + ", " + std::to_string(end) +
-                            "]) but the file has " + std::to_string(file_size_) + " bytes");
-    }
-    e.begin = data_begin_ + b;
-    e.end = data_begin_ + end;
-    names_.push_back(key);
-    entries_.emplace(key, std::move(e));
-  }
-  std::stable_sort(names_.begin(), names_.end(), [this](const auto& a, const auto& b) {
-    return entries_.at(a).begin < entries_.at(b).begin;
-  });
-  fd_ = fd.release();
-}
-
-SafetensorsReader::~SafetensorsReader() { detail::Fd closer(fd_); }
-
-SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
-    : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
-      file_size_(other.file_size_),
-      data_begin_(other.data_begin_),
-      metadata_(std::move(other.metadata_)),
-      entries_(std::move(other.entries_)),
-      names_(std::move(other.names_)) {}
-
-SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
-  if (this != &other) {
-    detail::Fd closer(std::exchange(fd_, std::exchange(other.fd_, -1)));
-    path_ = std::move(other.path_);
-    file_size_ = other.file_size_;
-    data_begin_ = other.data_begin_;
-    metadata_ = std::move(other.metadata_);
-    entries_ = std::move(other.entries_);
-    names_ = std::move(other.names_);
-  }
-  return *this;
 }
 
 const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
   const auto it = entries_.find(name);
   if (it == entries_.end()) {
-    throw CheckpointError("no tensor '" + name + "' in safetensors file " + path_);
+    throw CheckpointError("no tensor '" + name + "' in safetensors file " + path());
   }
   return it->second;
 }
@@ -301,15 +171,11 @@ at::Tensor SafetensorsReader::read_range(std::uint64_t begin, std::uint64_t end,
   const auto need = byte_size(shape.vec(), dtype);
   if (end < begin || !need || end - begin != *need) {
     throw CheckpointError("byte range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                          ") of " + path_ + " does not hold shape " + format_shape(shape.vec()) +
+                          ") of " + path() + " does not hold shape " + format_shape(shape.vec()) +
                           " of " + std::string(c10::toString(dtype)));
   }
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
-  const std::size_t n = end - begin;
-  if (n > 0 && (end > file_size_ || detail::pread_all(fd_, out.data_ptr(), n, begin, path_) != n)) {
-    throw CheckpointError("safetensors file " + path_ + " is truncated: byte range [" +
-                          std::to_string(begin) + ", " + std::to_string(end) + ") is past its end");
-  }
+  file_.read(begin, end, out.data_ptr());
   return out;
 }
 

@@ -12,6 +12,8 @@
 //             packed back to back and the file ends with the last one.
 #include <ATen/core/Tensor.h>
 
+#include "checkpoint/safetensors_format.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -27,8 +29,6 @@ namespace hp::ckpt {
 std::optional<std::string> safetensors_dtype_name(at::ScalarType type);
 /// The dtype a safetensors name stands for, or nullopt for an unknown name.
 std::optional<at::ScalarType> safetensors_dtype_from_name(const std::string& name);
-/// "F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL", for messages.
-std::string supported_safetensors_dtypes();
 
 /// Where one tensor landed in a written file.
 struct WrittenTensor {
@@ -65,19 +65,14 @@ struct SafetensorsEntry {
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::string path);
-  ~SafetensorsReader();
-  SafetensorsReader(SafetensorsReader&&) noexcept;
-  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
-  SafetensorsReader(const SafetensorsReader&) = delete;
-  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
-  const std::string& path() const { return path_; }
-  std::uint64_t file_size() const { return file_size_; }
+  const std::string& path() const { return file_.path(); }
+  std::uint64_t file_size() const { return file_.file_size(); }
   /// Absolute offset of the first data byte (8 + header length).
-  std::uint64_t data_begin() const { return data_begin_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::uint64_t data_begin() const { return file_.data_begin(); }
+  const std::map<std::string, std::string>& metadata() const { return file_.metadata(); }
   /// Tensor names in the order of their data in the file.
-  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<std::string>& names() const { return file_.names(); }
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
   const SafetensorsEntry& entry(const std::string& name) const;
 
@@ -89,13 +84,8 @@ class SafetensorsReader {
                         at::IntArrayRef shape) const;
 
  private:
-  std::string path_;
-  int fd_ = -1;
-  std::uint64_t file_size_ = 0;
-  std::uint64_t data_begin_ = 0;
-  std::map<std::string, std::string> metadata_;
+  SafetensorsFile file_;
   std::map<std::string, SafetensorsEntry> entries_;
-  std::vector<std::string> names_;
 };
 
 }  // namespace hp::ckpt

@@ -66,6 +66,14 @@ std::string cpu_model() {
 
 int machine_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+/// The median of `v` (the mean of the middle two when their number is
+/// even), 0 for none.
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
 /// One rank's model built on the meta device in a planning context.
 struct RankBuild {
   std::shared_ptr<dist::DistributedContext> ctx;
@@ -425,8 +433,7 @@ double ring_between_products(dist::Group& g, std::int64_t bytes, int iters) {
     }
     extra.push_back((with - alone) / iters);
   }
-  std::sort(extra.begin(), extra.end());
-  return extra[1];
+  return median(extra);
 }
 
 std::string store_file(const char* what) {
@@ -600,8 +607,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   for (std::size_t b = 0; b <= nb; ++b) {
     std::vector<double> v;
     for (const auto& sample : samples) v.push_back(sample[b]);
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    secs.push_back(v.empty() ? 0.0 : v[v.size() / 2]);
+    secs.push_back(median(v));
   }
   j["seconds_per_token"] = secs;
   j["samples"] = samples;
@@ -640,9 +646,9 @@ Calibration calibrate(const Config& c) {
   // times, five steps each, twice over: each block's median over the ten
   // (a step or a process the machine slowed does not set the figure).
   constexpr int kTimedSteps = 7;
-  auto timed = [&](int n, int threads) {
+  auto timed = [&](int n, int threads, int steps) {
     return nlohmann::json::parse(
-        in_children(n, [&](int) { return one_process(c, mbs, threads, false, 1, kTimedSteps).dump(); }));
+        in_children(n, [&](int) { return one_process(c, mbs, threads, false, 1, steps).dump(); }));
   };
   auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
     auto x = a["seconds_per_token"].get<std::vector<double>>();
@@ -651,14 +657,13 @@ Calibration calibrate(const Config& c) {
     for (std::size_t i = 0; i < x.size(); ++i) {
       std::vector<double> v;
       for (const auto& sample : samples) v.push_back(sample.at(i));
-      std::sort(v.begin(), v.end());
-      if (!v.empty()) x[i] = (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+      if (!v.empty()) x[i] = median(v);
     }
     a["seconds_per_token"] = x;
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
     return a;
   };
-  const nlohmann::json loaded = pooled(timed(cal.cores, 1), timed(cal.cores, 1));
+  const nlohmann::json loaded = pooled(timed(cal.cores, 1, kTimedSteps), timed(cal.cores, 1, kTimedSteps));
   const double tokens = static_cast<double>(mbs * seq);
   const double slope = std::max(0.0, (large["peak_above_start"].get<double>() - small["peak_above_start"].get<double>()) / tokens);
   const auto kept = counted["kept_per_token"].get<std::vector<double>>();
@@ -673,7 +678,8 @@ Calibration calibrate(const Config& c) {
   {
     // Two one-thread processes per core (more ranks than cores): the time
     // against one per core (time slicing, caches shared by twice as many).
-    const nlohmann::json twice = timed(2 * cal.cores, 1);
+    // (A ratio of sums over every block: two timed steps suffice.)
+    const nlohmann::json twice = timed(2 * cal.cores, 1, 4);
     double one = 0, two = 0;
     for (double v : cal.seconds_per_token_1) one += v;
     for (double v : twice["seconds_per_token"].get<std::vector<double>>()) two += v;
@@ -681,7 +687,7 @@ Calibration calibrate(const Config& c) {
   }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
-    const nlohmann::json all = pooled(timed(1, cal.cores), timed(1, cal.cores));
+    const nlohmann::json all = pooled(timed(1, cal.cores, kTimedSteps), timed(1, cal.cores, kTimedSteps));
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {

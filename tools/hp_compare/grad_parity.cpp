@@ -1,8 +1,7 @@
 #include "tools/hp_compare/grad_parity.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,7 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_format.h"
 
 namespace fs = std::filesystem;
 
@@ -29,7 +28,9 @@ struct Slice {
   Dims global_shape, offsets, shape;
   bool placed = false;        ///< the file said where (else: a whole tensor)
   std::vector<int> replicas;  ///< ranks holding the identical slice (placed only)
-  at::Tensor t;
+  std::string dtype;          ///< its safetensors dtype ("F32")
+  std::string bytes;          ///< as written (replicas compare bitwise)
+  std::vector<double> values; ///< the bytes as numbers, row-major
 };
 
 std::string dims(const Dims& d) {
@@ -50,6 +51,93 @@ std::int64_t volume(const Dims& shape) {
   return n;
 }
 
+/// An IEEE half's value.
+double from_half(std::uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  double v;
+  if (exp == 0) {
+    v = std::ldexp(mant, -24);
+  } else if (exp == 31) {
+    v = mant ? std::nan("") : INFINITY;
+  } else {
+    v = std::ldexp(mant + 1024, exp - 25);
+  }
+  return sign ? -v : v;
+}
+
+/// The numbers `bytes` of safetensors dtype `dtype` hold (little-endian).
+std::vector<double> to_doubles(const std::string& bytes, const std::string& dtype) {
+  const std::size_t size = hp::ckpt::safetensors_element_size(dtype);
+  const std::size_t n = size ? bytes.size() / size : 0;
+  std::vector<double> out(n);
+  const char* p = bytes.data();
+  auto load = [&](auto zero, std::size_t i) {
+    decltype(zero) v;
+    std::memcpy(&v, p + i * sizeof v, sizeof v);
+    return v;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (dtype == "F64") {
+      out[i] = load(double{}, i);
+    } else if (dtype == "F32") {
+      out[i] = load(float{}, i);
+    } else if (dtype == "BF16") {
+      const std::uint32_t w = static_cast<std::uint32_t>(load(std::uint16_t{}, i)) << 16;
+      float f;
+      std::memcpy(&f, &w, sizeof f);
+      out[i] = f;
+    } else if (dtype == "F16") {
+      out[i] = from_half(load(std::uint16_t{}, i));
+    } else if (dtype == "I64") {
+      out[i] = static_cast<double>(load(std::int64_t{}, i));
+    } else if (dtype == "I32") {
+      out[i] = load(std::int32_t{}, i);
+    } else if (dtype == "I16") {
+      out[i] = load(std::int16_t{}, i);
+    } else if (dtype == "I8") {
+      out[i] = load(std::int8_t{}, i);
+    } else {  // U8, BOOL
+      out[i] = load(std::uint8_t{}, i);
+    }
+  }
+  return out;
+}
+
+/// Copies a row-major box of `shape` into `full` (row-major `global`) at `offsets`.
+void place(const std::vector<double>& box, const Dims& shape, const Dims& offsets, const Dims& global,
+           std::vector<double>& full) {
+  const std::size_t rank = global.size();
+  if (volume(shape) == 0) return;
+  if (rank == 0) {
+    full[0] = box[0];
+    return;
+  }
+  // Rows of the last dimension, walked with an index over the others.
+  const std::int64_t row = shape[rank - 1];
+  Dims at(rank, 0);
+  for (std::int64_t src = 0; src < volume(shape); src += row) {
+    std::int64_t dst = 0;
+    for (std::size_t k = 0; k < rank; ++k) dst = dst * global[k] + offsets[k] + at[k];
+    std::copy(box.begin() + src, box.begin() + src + row, full.begin() + dst);
+    for (std::size_t k = rank - 1; k-- > 0;) {
+      if (++at[k] < shape[k]) break;
+      at[k] = 0;
+    }
+  }
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
 /// A side (reference or run): every slice of every gradient.
 struct Dump {
   std::string side, dir;
@@ -68,7 +156,7 @@ Dump read_dump(const std::string& side, const std::string& dir) {
   static const std::regex kRank("grads-rank([0-9]+)\\.safetensors");
   for (std::size_t i = 0; i < paths.size(); ++i) {
     const std::string path = paths[i].string(), file = paths[i].filename().string();
-    ckpt::SafetensorsReader r(path);
+    ckpt::SafetensorsFile r(path);
     ++d.files;
     int rank = static_cast<int>(i);
     std::smatch m;
@@ -89,8 +177,11 @@ Dump read_dump(const std::string& side, const std::string& dir) {
       Slice s;
       s.rank = rank;
       s.file = file;
-      s.t = r.read(name);
-      s.shape = s.t.sizes().vec();
+      const auto& entry = r.entry(name);
+      s.dtype = entry.dtype;
+      s.bytes = r.bytes(name);
+      s.values = to_doubles(s.bytes, s.dtype);
+      s.shape = entry.shape;
       if (placement.contains(name)) {
         try {
           const auto& p = placement.at(name);
@@ -119,17 +210,19 @@ Dump read_dump(const std::string& side, const std::string& dir) {
   return d;
 }
 
-/// Bytes of two CPU tensors of the same dtype and shape are equal.
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+/// Two slices of the same dtype and shape hold the same bytes.
+bool bitwise_equal(const Slice& a, const Slice& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.bytes == b.bytes;
 }
 
 /// Assembles every gradient of `d` from its slices, checking the dump.
 /// Failures are printed ("FAIL: ...") and counted in `failures`.
+struct Full {
+  Dims shape;
+  std::vector<double> values;
+};
 struct Assembled {
-  std::map<std::string, at::Tensor> full;
+  std::map<std::string, Full> full;
   std::int64_t copies_checked = 0;  ///< replica copies found bitwise equal to the first
   std::string copy_example;         ///< one gradient whose copies were checked
   std::int64_t slices = 0;
@@ -147,9 +240,9 @@ Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
     const std::string what = "gradient " + name + " of step " + std::to_string(step);
     bool ok = true;
     for (const auto& s : slices) {
-      const at::Tensor t = s.t.to(at::kDouble);
-      const bool nan = t.isnan().any().item<bool>();
-      if (nan || !t.isfinite().all().item<bool>()) {
+      const bool nan = std::any_of(s.values.begin(), s.values.end(), [](double v) { return std::isnan(v); });
+      const bool inf = std::any_of(s.values.begin(), s.values.end(), [](double v) { return std::isinf(v); });
+      if (nan || inf) {
         fail(what + " holds " + (nan ? "NaN" : "an infinity") + " " + where + ", rank " +
              std::to_string(s.rank) + " (" + s.file + ")");
         ok = false;
@@ -157,11 +250,10 @@ Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
     }
     const Slice& first = slices.front();
     for (const auto& s : slices) {
-      if (s.global_shape != first.global_shape || s.t.scalar_type() != first.t.scalar_type()) {
+      if (s.global_shape != first.global_shape || s.dtype != first.dtype) {
         fail(what + " " + where + ": rank " + std::to_string(first.rank) + " gives global shape " +
-             dims(first.global_shape) + " " + c10::toString(first.t.scalar_type()) + ", rank " +
-             std::to_string(s.rank) + " " + dims(s.global_shape) + " " +
-             c10::toString(s.t.scalar_type()));
+             dims(first.global_shape) + " " + first.dtype + ", rank " + std::to_string(s.rank) + " " +
+             dims(s.global_shape) + " " + s.dtype);
         ok = false;
         break;
       }
@@ -177,7 +269,7 @@ Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
       const Slice& a = *copies.front();
       for (std::size_t i = 1; i < copies.size(); ++i) {
         const Slice& b = *copies[i];
-        if (bitwise_equal(a.t, b.t)) {
+        if (bitwise_equal(a, b)) {
           ++out.copies_checked;
           if (out.copy_example.empty()) {
             out.copy_example =
@@ -185,7 +277,7 @@ Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
           }
           continue;
         }
-        const double diff = (a.t.to(at::kDouble) - b.t.to(at::kDouble)).abs().max().item<double>();
+        const double diff = max_abs_diff(a.values, b.values);
         char buf[64];
         std::snprintf(buf, sizeof buf, " (max |a-b| %.3e)", diff);
         fail(slice + ": the replicas on rank " + std::to_string(a.rank) + " and rank " +
@@ -255,15 +347,9 @@ Assembled assemble(const Dump& d, std::int64_t step, int& failures) {
       ok = false;
     }
     if (!ok) continue;
-    at::Tensor full = at::empty(g, first.t.options());
-    for (const auto& [box, copies] : boxes) {
-      at::Tensor view = full;
-      for (std::size_t k = 0; k < g.size(); ++k) {
-        view = view.narrow(static_cast<std::int64_t>(k), box.first[k], box.second[k]);
-      }
-      view.copy_(copies.front()->t);
-    }
-    out.full[name] = full;
+    Full full{g, std::vector<double>(static_cast<std::size_t>(volume(g)))};
+    for (const auto& [box, copies] : boxes) place(copies.front()->values, box.second, box.first, g, full.values);
+    out.full[name] = std::move(full);
   }
   return out;
 }
@@ -296,15 +382,13 @@ int compare_grads(const std::string& ref_dir, const std::string& run_dir, const 
     if (!a.full.count(name) || !b.full.count(name)) continue;  // its assembly failed, already said
     const auto& ta = a.full.at(name);
     const auto& tb = b.full.at(name);
-    if (ta.sizes() != tb.sizes()) {
+    if (ta.shape != tb.shape) {
       std::printf("FAIL: gradient %s: global shape %s in the reference, %s in the run\n",
-                  name.c_str(), dims(ta.sizes().vec()).c_str(), dims(tb.sizes().vec()).c_str());
+                  name.c_str(), dims(ta.shape).c_str(), dims(tb.shape).c_str());
       ++failures;
       continue;
     }
-    const at::Tensor da64 = ta.to(at::kDouble), db64 = tb.to(at::kDouble);
-    const double e =
-        (db64 - da64).abs().max().item<double>() / (da64.abs().max().item<double>() + 1e-12);
+    const double e = max_abs_diff(tb.values, ta.values) / (max_abs(ta.values) + 1e-12);
     ++compared;
     if (e > worst || worst_name.empty()) {
       worst = e;
