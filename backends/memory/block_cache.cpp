@@ -23,14 +23,31 @@ namespace {
 
 constexpr std::size_t kPage = 4096;
 
+/// The size a request of `n` bytes is mapped at: eight classes per
+/// doubling (a block at most 1/8 larger than asked; the pages past the
+/// request are never touched, so never resident, unless a later request
+/// of the class reuses the block). A step asking for the same sizes every
+/// time gets the same blocks back, and one whose sizes vary from step to
+/// step (an MoE's expert buffers follow the routing) reuses them too:
+/// with one list per exact size, such requests missed the cache, mapped a
+/// fresh block and faulted it in every time (MoE GPT 4 x 256 at ep=2
+/// under ZeRO stage 3: 0.95 s a step and 572 MiB above start, against
+/// 0.58 s and 420 MiB with the classes and 0.47 s and 378 MiB with no
+/// cache), and the freed blocks piled up to the cap.
+std::size_t class_size(std::size_t n) {
+  std::size_t top = kPage;
+  while (top * 2 <= n) top *= 2;
+  const std::size_t step = std::max(kPage, top / 8);
+  return (n + step - 1) / step * step;
+}
+
 class BlockCache final : public c10::Allocator {
  public:
   explicit BlockCache(c10::Allocator* fallback) : fallback_(fallback) {}
 
   c10::DataPtr allocate(std::size_t n) const override {
     if (n < min_bytes_.load(std::memory_order_relaxed)) return fallback_->allocate(n);
-    const std::size_t size = (n + kPage - 1) / kPage * kPage;
-    void* p = take(size);
+    void* p = take(class_size(n));
     // The context is the pointer itself, as c10's own allocator does, so
     // raw_allocate / raw_deallocate work too.
     return {p, p, &BlockCache::free_any, c10::Device(c10::DeviceType::CPU)};

@@ -43,7 +43,8 @@ class ZeroFeature : public Feature {
                   "issued while the current block computes.");
     s.add_bool(prefix + "block_cache", true)
         .describe("Stage 3: serve blocks of 256 KiB and more (a gathered block's storage, its gather buffers, the "
-                  "activations) from mappings of their own, freed ones kept for reuse by exact size, instead of "
+                  "activations) from mappings of their own, freed ones kept for reuse by size class (eight per "
+                  "doubling, so an MoE's routing-sized buffers are reused too), instead of "
                   "glibc's heap, where blocks gathered and freed between the activations fragment it and the "
                   "process holds far more than it uses.")
         .note("12 x 768 GPT, dp=2: peak resident memory 2152 -> 1487 MiB (bench/results/bench_zero.md)");

@@ -1,5 +1,5 @@
 // The block cache (include/hp/memory/block_cache.h) as the process's CPU
-// allocator: large blocks reused by exact size, small ones to the allocator
+// allocator: large blocks reused by size class (eight per doubling), small ones to the allocator
 // before it, the cap on what it keeps, the per-step trim, and c10's raw
 // allocate / deallocate. One process-wide allocator: the tests run in order
 // in this binary of their own and measure differences.
@@ -25,26 +25,30 @@ class BlockCache : public ::testing::Test {
   void SetUp() override { hp::memory::release_block_cache(); }
 };
 
-TEST_F(BlockCache, ALargeBlockFreedIsReusedForTheSameSizeAndOnlyThat) {
+TEST_F(BlockCache, ALargeBlockFreedIsReusedForItsSizeClassAndOnlyThat) {
   ASSERT_TRUE(hp::memory::block_cache_installed());
   const auto before = block_cache_stats();
   void* first = nullptr;
   {
-    at::Tensor t = at::empty({3 * 1024 * 1024 / 4 + 5}, at::kFloat);  // 3 MiB + 20 bytes: a page more
+    // 3 MiB + 20 bytes: between 2 and 4 MiB the classes are 256 KiB apart.
+    at::Tensor t = at::empty({3 * 1024 * 1024 / 4 + 5}, at::kFloat);
     first = t.data_ptr();
-    EXPECT_EQ(block_cache_stats().in_use_bytes - before.in_use_bytes, 3 * kMiB + 4096);
+    EXPECT_EQ(block_cache_stats().in_use_bytes - before.in_use_bytes, 3 * kMiB + 256 * 1024);
     EXPECT_EQ(block_cache_stats().maps - before.maps, 1u);
     t.fill_(7);
   }
   EXPECT_EQ(block_cache_stats().in_use_bytes, before.in_use_bytes);
-  EXPECT_EQ(block_cache_stats().cached_bytes - before.cached_bytes, 3 * kMiB + 4096);
+  EXPECT_EQ(block_cache_stats().cached_bytes - before.cached_bytes, 3 * kMiB + 256 * 1024);
   {
-    at::Tensor same = at::empty({3 * 1024 * 1024 / 4 + 5}, at::kFloat);
-    EXPECT_EQ(same.data_ptr(), first) << "the freed block of the same size is handed out again";
+    // Another size of the same class (an MoE's buffers follow the routing).
+    at::Tensor same = at::empty({(3 * 1024 + 200) * 1024 / 4}, at::kFloat);
+    EXPECT_EQ(same.data_ptr(), first) << "the freed block of the same class is handed out again";
     EXPECT_EQ(block_cache_stats().reuses - before.reuses, 1u);
+    same.fill_(2);
+    EXPECT_EQ(same.sum().item<double>(), 2.0 * (3 * 1024 + 200) * 1024 / 4);
     at::Tensor other = at::empty({2 * 1024 * 1024 / 4}, at::kFloat);
     EXPECT_NE(other.data_ptr(), first);
-    EXPECT_EQ(block_cache_stats().maps - before.maps, 2u) << "another size is mapped anew";
+    EXPECT_EQ(block_cache_stats().maps - before.maps, 2u) << "another class is mapped anew";
     other.fill_(1.5);
     EXPECT_EQ(other.sum().item<double>(), 1.5 * 2 * 1024 * 1024 / 4);
   }
