@@ -230,8 +230,8 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 4 (a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
-       "times the median of 5 steps in each of two processes)\n";
+  k << "calibration 5 (a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+       "times the median of 5 steps in each of two processes; two per core over 2 steps)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
   return k.str();

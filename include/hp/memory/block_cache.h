@@ -8,8 +8,9 @@
 // only shrinks from its top. Here a block of at least the threshold is one
 // mapping; a freed one waits in a list of its size class (eight per
 // doubling) for the next request of that class (no page faults again),
-// and trim() returns those no step needed (a low-water mark per class), so a size used once (a save
-// gathering everything, the model's construction) goes back to the system.
+// and trim() returns those no step needed (a low-water mark per class),
+// so a size used once (a save gathering everything, the model's
+// construction) goes back to the system.
 // Smaller requests go to the allocator installed before. Process-wide and
 // never uninstalled (blocks outlive every owner); thread-safe.
 #include <cstddef>

@@ -204,4 +204,37 @@ make_plain "$dir/p_same" a b
 make_plain "$dir/p_none"
 expect 0 "compared 2 gradients of step 1" p_ref p_same --grads-step 1
 expect 1 "FAIL: no gradients to compare" p_none p_none --grads-step 1
+
+# Gradients of other dtypes are read as their values (hp-compare converts
+# the bytes itself): values exact in every dtype compare equal to the F32
+# reference; one changed value (-2 -> -2.5 in F16) fails with its error.
+make_typed() {  # make_typed DIR DTYPE [SECOND_VALUE]
+  local d=$1 dtype=$2 v=${3:--2.0}
+  mkdir -p "$d/grads_step1"
+  printf '{"step":1,"loss":2.5}\n{"step":2,"loss":2.0}\n' > "$d/metrics.jsonl"
+  python3 - "$d/grads_step1/grads-rank00000.safetensors" "$dtype" "$v" <<'PY'
+import json, struct, sys
+path, dtype, second = sys.argv[1], sys.argv[2], float(sys.argv[3])
+vals = [1.0, second, 0.375, -96.0]
+if dtype == "F64":
+    raw = struct.pack("<4d", *vals)
+elif dtype == "F16":
+    raw = struct.pack("<4e", *vals)
+elif dtype == "BF16":  # the upper half of each float's bits
+    raw = b"".join(struct.pack("<f", v)[2:] for v in vals)
+else:
+    raw = struct.pack("<4f", *vals)
+header = {"g": {"dtype": dtype, "shape": [2, 2], "data_offsets": [0, len(raw)]}}
+h = json.dumps(header).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + raw)
+PY
+}
+make_typed "$dir/t_f32" F32
+for t in F64 BF16 F16; do
+  make_typed "$dir/t_$t" $t
+  expect 0 "max relative error 0.000e\+00" t_f32 t_$t --grads-step 1
+done
+make_typed "$dir/t_f16_off" F16 -2.5
+expect 1 "FAIL: first gradient over the bar: g \(rel. error 5.208e-03" t_f32 t_f16_off --grads-step 1
 echo PASS
