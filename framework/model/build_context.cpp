@@ -114,6 +114,12 @@ void BuildContext::mark_embedding(const at::Tensor& p) {
   }
 }
 
+void BuildContext::mark_kept_copies(const at::Tensor& p, int copies) {
+  for (auto& e : params_) {
+    if (e.tensor.is_same(p)) e.kept_copies = copies;
+  }
+}
+
 at::Tensor BuildContext::shared(const std::string& key) {
   auto it = shared_.find(key);
   if (it == shared_.end()) {

@@ -905,6 +905,14 @@ ExpertWeights MoeLayer::make_experts(BuildContext& ctx, const dist::Placements& 
     });
   }
   if (o_.compute == ExpertCompute::kPacked) {
+    // Where the products will run packed (fp32 rows, sizes of whole
+    // panels, a CPU with the kernel), the packs hold each weight twice.
+    const bool packed = packed_gemm::supported() && !ctx.precision().mixed() &&
+                        w.w1.size(1) % packed_gemm::kPanel == 0 && w.w1.size(2) % packed_gemm::kPanel == 0;
+    if (packed) {
+      ctx.mark_kept_copies(w.w1, 2);
+      ctx.mark_kept_copies(w.w2, 2);
+    }
     w.packs = std::make_shared<ExpertPacks>();
     // The optimizer has changed the weights (or ZeRO gathered new values
     // into the same storage): pack again at the next forward.

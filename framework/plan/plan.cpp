@@ -74,6 +74,14 @@ double median(std::vector<double> v) {
   return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
 }
 
+/// What the layers keep beside their parameters between steps (the packed
+/// expert products' copies), fp32.
+double kept_copies_bytes(const std::vector<ParamEntry>& params) {
+  double n = 0;
+  for (const auto& p : params) n += p.kept_copies * static_cast<double>(p.tensor.numel()) * 4;
+  return n;
+}
+
 /// One rank's model built on the meta device in a planning context.
 struct RankBuild {
   std::shared_ptr<dist::DistributedContext> ctx;
@@ -230,7 +238,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 5 (a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 6 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes; two per core over 2 steps)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
@@ -263,8 +271,13 @@ std::string Calibration::to_json() const {
   j["seconds_per_token_1"] = seconds_per_token_1;
   j["seconds_per_token_all"] = seconds_per_token_all;
   j["backward_extra_per_token"] = backward_extra_per_token;
+  j["grad_pass_seconds_per_byte_1"] = grad_pass_seconds_per_byte_1;
+  j["grad_pass_seconds_per_byte_all"] = grad_pass_seconds_per_byte_all;
+  j["update_seconds_per_byte_1"] = update_seconds_per_byte_1;
+  j["update_seconds_per_byte_all"] = update_seconds_per_byte_all;
   j["two_per_core_factor"] = two_per_core_factor;
   j["process_extra_bytes"] = process_extra_bytes;
+  j["in_step_points"] = in_step_points;
   j["seconds"] = seconds;
   return j.dump(1);
 }
@@ -289,8 +302,13 @@ Calibration Calibration::from_json(const std::string& text) {
   c.seconds_per_token_1 = j.at("seconds_per_token_1").get<std::vector<double>>();
   c.seconds_per_token_all = j.at("seconds_per_token_all").get<std::vector<double>>();
   c.backward_extra_per_token = j.at("backward_extra_per_token").get<double>();
+  c.grad_pass_seconds_per_byte_1 = j.at("grad_pass_seconds_per_byte_1").get<double>();
+  c.grad_pass_seconds_per_byte_all = j.at("grad_pass_seconds_per_byte_all").get<double>();
+  c.update_seconds_per_byte_1 = j.at("update_seconds_per_byte_1").get<double>();
+  c.update_seconds_per_byte_all = j.at("update_seconds_per_byte_all").get<double>();
   c.two_per_core_factor = j.at("two_per_core_factor").get<double>();
   c.process_extra_bytes = j.at("process_extra_bytes").get<double>();
+  c.in_step_points = j.at("in_step_points").get<std::vector<std::vector<double>>>();
   c.seconds = j.at("seconds").get<double>();
   return c;
 }
@@ -556,8 +574,16 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   // another process on its core does not move it).
   const int timed_from = 2;
   std::vector<std::vector<double>> samples;
+  // The step's end as the trainer runs it (the gradients' norm and clip,
+  // the update, the next step's zeroing): seconds per step.
+  // Two parts: what passes over the gradients (zeroing, norm, clip) and
+  // the optimizer's update (over its state).
+  std::vector<double> grad_passes, updates;
+  const double grad_clip = c.get_float("optimizer.grad_clip");
   for (int step = 0; step < steps; ++step) {
+   const auto t_zero = Clock::now();
    optimizer->zero_grad();
+   if (step > timed_from) grad_passes.back() += since(t_zero);
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
    for (int mb = 0; mb < micro; ++mb) {
@@ -599,9 +625,32 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       samples.push_back(per_block);
     }
    }
+    const auto t_clip = Clock::now();
+    {
+      std::vector<ParamEntry> grads;
+      for (const auto& p : model.params) grads.push_back({p.spec, p.tensor.grad()});
+      const double norm = global_grad_norm(*single, grads);
+      if (grad_clip > 0) clip_to(grads, norm, grad_clip);
+    }
+    const auto t_update = Clock::now();
     optimizer->step(1e-4);
+    if (step >= timed_from) {
+      grad_passes.push_back(std::chrono::duration<double>(t_update - t_clip).count());
+      updates.push_back(since(t_update));
+    }
+  }
+  // The last step's zeroing was not timed.
+  if (grad_passes.size() > 1) {
+    grad_passes.pop_back();
+    updates.pop_back();
   }
   nlohmann::json j;
+  j["grad_passes"] = grad_passes;
+  j["updates"] = updates;
+  const ModelStateBytes state = optimizer->model_state(model.params);
+  j["grad_bytes"] = state.grads;
+  j["kept_copies_bytes"] = kept_copies_bytes(model.params);
+  j["optimizer_bytes"] = state.optimizer;
   j["peak_above_start"] = peak_resident_memory_since_reset() - start;
   std::vector<double> secs;
   for (std::size_t b = 0; b <= nb; ++b) {
@@ -641,6 +690,12 @@ Calibration calibrate(const Config& c) {
   const nlohmann::json counted = child(mbs, 1, true, 1);
   // Four micro-batches a step for the peaks (the heap after a few routings).
   const nlohmann::json small = child(mbs, 1, false, 4), large = child(2 * mbs, 1, false, 4);
+  // And at half the micro-batch when it has one: the peak is not linear in
+  // the tokens below the calibrated micro-batch (the heap's size classes;
+  // measured 31, 95 and 121 MiB at 256, 512 and 1024 tokens of the GPT
+  // 4 x 256), which a layout with fewer tokens per rank (positions split
+  // over a sequence group) meets.
+  const nlohmann::json half = mbs >= 2 ? child(mbs / 2, 1, false, 4) : nlohmann::json();
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's
   // times, five steps each, twice over: each block's median over the ten
@@ -660,6 +715,11 @@ Calibration calibrate(const Config& c) {
       if (!v.empty()) x[i] = median(v);
     }
     a["seconds_per_token"] = x;
+    for (const char* k : {"grad_passes", "updates"}) {
+      auto v = a[k].get<std::vector<double>>();
+      for (double s : b[k].get<std::vector<double>>()) v.push_back(s);
+      a[k] = v;
+    }
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
     return a;
   };
@@ -672,9 +732,28 @@ Calibration calibrate(const Config& c) {
   // Each block's share of the slope, as its share of the counted bytes.
   for (double k : kept) cal.act_bytes_per_token.push_back(kept_sum > 0 ? slope * k / kept_sum : 0);
   cal.backward_extra_per_token = 0;
+  // (The layers' kept copies are counted per rank from what it builds.)
   cal.process_extra_bytes = std::max(0.0, small["peak_above_start"].get<double>() - slope * tokens -
-                                              small["model_state"].get<double>());
+                                              small["model_state"].get<double>() -
+                                              small["kept_copies_bytes"].get<double>());
+  // What a step adds besides the model state and the kept copies, at each
+  // measured micro-batch (tokens, bytes).
+  auto in_step = [&](const nlohmann::json& j, std::int64_t m) {
+    return std::vector<double>{static_cast<double>(m * seq), j["peak_above_start"].get<double>() -
+                                                                 j["model_state"].get<double>() -
+                                                                 j["kept_copies_bytes"].get<double>()};
+  };
+  if (!half.is_null()) cal.in_step_points.push_back(in_step(half, mbs / 2));
+  cal.in_step_points.push_back(in_step(small, mbs));
+  cal.in_step_points.push_back(in_step(large, 2 * mbs));
   cal.seconds_per_token_1 = loaded["seconds_per_token"].get<std::vector<double>>();
+  // The step's end per byte of the gradients and of the optimizer's state.
+  auto per_byte = [](const nlohmann::json& j, const char* what, const char* bytes) {
+    const double b = j[bytes].get<double>();
+    return b > 0 ? median(j[what].get<std::vector<double>>()) / b : 0.0;
+  };
+  cal.grad_pass_seconds_per_byte_1 = per_byte(loaded, "grad_passes", "grad_bytes");
+  cal.update_seconds_per_byte_1 = per_byte(loaded, "updates", "optimizer_bytes");
   {
     // Two one-thread processes per core (more ranks than cores): the time
     // against one per core (time slicing, caches shared by twice as many).
@@ -689,9 +768,13 @@ Calibration calibrate(const Config& c) {
   if (cal.cores > 1) {
     const nlohmann::json all = pooled(timed(1, cal.cores, kTimedSteps), timed(1, cal.cores, kTimedSteps));
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
+    cal.grad_pass_seconds_per_byte_all = per_byte(all, "grad_passes", "grad_bytes");
+    cal.update_seconds_per_byte_all = per_byte(all, "updates", "optimizer_bytes");
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {
     cal.seconds_per_token_all = cal.seconds_per_token_1;
+    cal.grad_pass_seconds_per_byte_all = cal.grad_pass_seconds_per_byte_1;
+    cal.update_seconds_per_byte_all = cal.update_seconds_per_byte_1;
     cal.gemm_flops_per_s_all = cal.gemm_flops_per_s_1;
   }
   // A sum between two ranks: its latency and bytes per second.
@@ -787,6 +870,9 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   auto message = [&](double bytes) {
     return cal.p2p_latency_s + in_step + bytes / cal.p2p_bytes_per_s * oversubscribed;
   };
+  // Activation bytes per token of the whole model at one process.
+  double slope = 0;
+  for (double v : cal.act_bytes_per_token) slope += v;
   for (int r : planned_ranks(setup.mesh)) {
     const RankBuild b = build_rank(setup, r);
     RankEstimate e;
@@ -885,8 +971,21 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       act_comm += layers * 4.0 * (positions - 1) * std::max(message(pair), ring_step * oversubscribed);
       act_bytes_sent += layers * 4.0 * (positions - 1) * pair;
     }
+    // Below the calibrated micro-batch's tokens the peak follows the
+    // measured points, not the slope above them (the heap's size classes).
+    double extra = cal.process_extra_bytes, kept = act * e.in_flight;
+    if (cal.in_step_points.size() == 3 && slope > 0) {
+      const auto& lo = cal.in_step_points[0];
+      const auto& at = cal.in_step_points[1];
+      const double t = kept / slope;  // the one-process tokens that keep as much
+      if (t < at[0] && at[0] > lo[0]) {
+        const double m = std::max(0.0, lo[1] + (at[1] - lo[1]) * (t - lo[0]) / (at[0] - lo[0]));
+        kept = std::max(0.0, m - extra);
+        extra = m - kept;
+      }
+    }
     // A replayed block holds its activations and their gradients at once.
-    e.activations = act * e.in_flight + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0) +
+    e.activations = kept + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0) +
                     w_queue_per_token * tokens * std::min<double>(shape.weight_pending, micro_batches);
     e.compute = seconds * micro_batches * slowdown;
     e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
@@ -910,18 +1009,27 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
       grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
     }
-    e.buffers = cal.process_extra_bytes + b.state.transient + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
+    e.buffers = extra + b.state.transient + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
+    e.kept_copies = kept_copies_bytes(b.model.params);
     // The reduction overlaps the backward (two thirds of the compute) where
     // the code overlaps it and a core is free to run it.
     const bool free_core = world * out.threads_per_rank < cal.cores;
     const double exposed = overlap && free_core ? std::max(0.0, grad_comm - e.compute * 2 / 3) : grad_comm;
-    e.comm = micro_batches * act_comm + exposed;
+    // The step's end: the passes over the gradients this rank holds and
+    // the update of its optimizer state, then the loss's sum and the
+    // gradients' norm summed over the ranks (two small collectives).
+    const bool threads_all = out.threads_per_rank > 1;
+    e.update = (e.grads * (threads_all ? cal.grad_pass_seconds_per_byte_all : cal.grad_pass_seconds_per_byte_1) +
+                e.optimizer * (threads_all ? cal.update_seconds_per_byte_all : cal.update_seconds_per_byte_1)) *
+               slowdown;
+    const double step_end_comm = world > 1 ? 2 * (cal.collective_latency_s + in_step) : 0;
+    e.comm = micro_batches * act_comm + exposed + step_end_comm;
     e.comm_bytes = micro_batches * act_bytes_sent +
                    rounds * grad_bytes * 2 * (group - 1) / group +
                    micro_batches * b.state.gathered_per_micro_batch * (group - 1) / group;
     out.ranks.push_back(e);
   }
-  for (const auto& e : out.ranks) out.step_seconds = std::max(out.step_seconds, e.compute + e.idle + e.comm);
+  for (const auto& e : out.ranks) out.step_seconds = std::max(out.step_seconds, e.compute + e.idle + e.comm + e.update);
   return out;
 }
 
@@ -932,7 +1040,8 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
   std::vector<std::vector<int>> members;
   auto same = [&](const RankEstimate& a, const RankEstimate& b) {
     return a.blocks == b.blocks && a.params == b.params && a.grads == b.grads && a.optimizer == b.optimizer &&
-           (!with_activations || (a.activations == b.activations && a.buffers == b.buffers));
+           (!with_activations ||
+            (a.activations == b.activations && a.buffers == b.buffers && a.kept_copies == b.kept_copies));
   };
   for (const auto& r : e.ranks) {
     std::size_t i = 0;
@@ -957,7 +1066,10 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(1);
   o << "memory per rank (MiB; model state exact from the planning build"
-    << (with_activations ? "; activations and baseline from the calibration" : "") << "):\n";
+    << (with_activations ? "; activations and baseline from the calibration; buffers: gradient buckets, the "
+                           "step's transients, the layers' kept copies"
+                         : "")
+    << "):\n";
   o << "  ranks       coords of the first   blocks   params    grads  optimizer   state";
   if (with_activations) o << "  activations  buffers  baseline     peak";
   o << "\n";
@@ -966,7 +1078,7 @@ std::string describe_memory(const LayoutEstimate& e, bool with_activations) {
       << std::setw(7) << r->blocks << std::setw(9) << r->params / kMiB << std::setw(9) << r->grads / kMiB
       << std::setw(11) << r->optimizer / kMiB << std::setw(8) << r->model_state() / kMiB;
     if (with_activations) {
-      o << std::setw(13) << r->activations / kMiB << std::setw(9) << r->buffers / kMiB << std::setw(10)
+      o << std::setw(13) << r->activations / kMiB << std::setw(9) << (r->buffers + r->kept_copies) / kMiB << std::setw(10)
         << r->baseline / kMiB << std::setw(9) << r->peak() / kMiB;
     }
     o << "\n";

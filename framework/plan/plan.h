@@ -65,11 +65,20 @@ struct Calibration {
   /// Most bytes the backward needs beyond the activations, per token of one
   /// micro-batch (gradients of activations in flight), at one process.
   double backward_extra_per_token = 0;
+  /// The step's end: the passes over the gradients (zeroing, norm, clip)
+  /// per gradient byte, and the optimizer's update per byte of its state,
+  /// at 1 thread (every core busy) and at `cores` threads.
+  double grad_pass_seconds_per_byte_1 = 0, grad_pass_seconds_per_byte_all = 0;
+  double update_seconds_per_byte_1 = 0, update_seconds_per_byte_all = 0;
   /// One-thread processes two per core against one per core: the time factor.
   double two_per_core_factor = 2;
   /// What a process holds at its peak besides its model state and
   /// activations (code paged in, thread stacks, the start-up probe).
   double process_extra_bytes = 0;
+  /// The peak above start less the model state and the layers' kept
+  /// copies, {tokens per micro-batch, bytes}, at half the micro-batch
+  /// (when it has one), the micro-batch and twice it.
+  std::vector<std::vector<double>> in_step_points;
   double seconds = 0;  ///< how long the calibration took
 
   std::string to_json() const;
@@ -95,13 +104,15 @@ struct RankEstimate {
   double params = 0, grads = 0, optimizer = 0;  ///< model state between steps
   double activations = 0;  ///< kept for backward at the step's peak
   double buffers = 0;      ///< gradient buckets and backward's extra
+  double kept_copies = 0;  ///< what its layers keep beside their parameters (packed expert weights)
   double baseline = 0;
-  double peak() const { return params + grads + optimizer + activations + buffers + baseline; }
+  double peak() const { return params + grads + optimizer + activations + buffers + kept_copies + baseline; }
   double model_state() const { return params + grads + optimizer; }
   // Step time (seconds)
   double compute = 0;  ///< its blocks' forward and backward, all micro-batches
   double idle = 0;     ///< the schedule's bubble
   double comm = 0;     ///< exposed communication
+  double update = 0;   ///< the step's end: gradient norm and clip, the optimizer's update
   double in_flight = 1;
   double comm_bytes = 0;  ///< bytes it sends per step (all groups)
 };
@@ -111,7 +122,7 @@ struct LayoutEstimate {
   /// planned_ranks' estimates (every rank up to ProcessMesh::kRankLines).
   std::vector<RankEstimate> ranks;
   int threads_per_rank = 1;
-  double step_seconds = 0;  ///< the slowest rank's compute + idle + comm
+  double step_seconds = 0;  ///< the slowest rank's compute + idle + comm + update
   double peak_bytes() const;  ///< the largest rank's peak
   double tokens_per_step = 0;
 };

@@ -293,7 +293,7 @@ int run(int argc, char** argv) {
     const auto& e = fit[i]->estimate;
     double compute = 0, other = 0;
     for (const auto& r : e.ranks) {
-      compute = std::max(compute, r.compute);
+      compute = std::max(compute, r.compute + r.update);
       other = std::max(other, r.idle + r.comm);
     }
     std::printf("%4zu  %-52s %10.3f %12.0f %10.0f %9.3f %9.3f\n", i + 1, fit[i]->label.c_str(), e.step_seconds,
@@ -309,8 +309,8 @@ int run(int argc, char** argv) {
     std::printf("%s", hp::plan::describe_memory(best, true).c_str());
     std::printf("step time per rank (s): ");
     for (const auto& r : best.ranks)
-      std::printf("%s rank %d compute %.3f idle %.3f comm %.3f (%.1f MiB sent)", r.rank ? "," : "", r.rank,
-                  r.compute, r.idle, r.comm, r.comm_bytes / kMiB);
+      std::printf("%s rank %d compute %.3f idle %.3f comm %.3f update %.3f (%.1f MiB sent)", r.rank ? "," : "",
+                  r.rank, r.compute, r.idle, r.comm, r.update, r.comm_bytes / kMiB);
     std::printf("\n");
   }
   if (measure <= 0) return 0;

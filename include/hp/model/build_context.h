@@ -51,6 +51,10 @@ struct ParamEntry {
   /// An embedding table (token or position), marked by its layer: the
   /// optimizer's default rule leaves it out of weight decay.
   bool embedding = false;
+  /// Copies of its values its layer keeps beside it between steps (the
+  /// packed expert products' panels: 2), marked by its layer: the
+  /// planner counts them in a rank's memory.
+  int kept_copies = 0;
 };
 
 /// Wraps a forward computation (used by recompute): gets the inner function
@@ -108,6 +112,9 @@ class BuildContext {
   const std::vector<ParamEntry>& params() const { return params_; }
   /// Marks parameter `p` (created by param()) an embedding table.
   void mark_embedding(const at::Tensor& p);
+  /// Marks parameter `p` as kept in `copies` more copies by its layer (fp32
+  /// each, for as long as the layer lives).
+  void mark_kept_copies(const at::Tensor& p, int copies);
   /// Describe-only: parameters and buffers are created on the meta device
   /// (shapes, no storage, no initial values), to list a model's parameters
   /// without building its tensors (hp-train --dry-run).

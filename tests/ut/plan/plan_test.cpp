@@ -1,0 +1,127 @@
+// The planner's estimate of a layout from its planning build and a
+// calibration filled by hand (no measuring): what a rank keeps beside its
+// parameters follows the experts and layers it builds, fewer tokens per
+// rank than the calibrated micro-batch follow the measured peaks, and the
+// step's end follows the shards of the gradients and optimizer state.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "framework/model/packed_gemm.h"
+#include "framework/plan/plan.h"
+#include "framework/runtime/setup.h"
+#include "framework/model/registry.h"
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+hp::Setup setup(const std::string& yaml, int world) {
+  return hp::prepare(hp::RawConfig::parse_string(yaml, "plan.yaml"), world);
+}
+
+/// A calibration of `setup`'s model with every figure chosen: each block
+/// (and the loss) keeps `per_token` bytes per token and takes 1 us per
+/// token; the measured in-step points at half, one and two micro-batches.
+hp::plan::Calibration calibration(const hp::Setup& s, double per_token, double extra) {
+  hp::plan::Calibration c;
+  c.cores = 2;
+  c.baseline_bytes = 50 * kMiB;
+  c.collective_latency_s = 1e-4;
+  c.collective_bytes_per_s = 1e9;
+  c.p2p_latency_s = 1e-4;
+  c.p2p_bytes_per_s = 1e9;
+  c.ring_step_s = 1e-3;
+  c.ring_step_bytes = 1 << 19;
+  c.gemm_flops_per_s_1 = c.gemm_flops_per_s_all = 1e10;
+  c.two_per_core_factor = 2;
+  c.process_extra_bytes = extra;
+  const std::size_t n = hp::model_info(s.config).block_flops.size() + 1;
+  c.act_bytes_per_token.assign(n, per_token);
+  c.seconds_per_token_1.assign(n, 1e-6);
+  c.seconds_per_token_all.assign(n, 1e-6);
+  return c;
+}
+
+const char* kMoe =
+    "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, moe: {num_experts: 4, top_k: 2}}\n"
+    "data: {type: synthetic}\n"
+    "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+
+}  // namespace
+
+// The packed expert products keep each expert weight twice more (four fp32
+// operands per expert): 2 layers x 4 experts x (fc1 [256, 64] + fc2 [64, 256])
+// x 2 copies x 4 bytes at one process; half the experts, half of it, under
+// ep=2; half the layers under two pipeline stages; none where the products
+// do not run packed (mixed precision).
+TEST(Planner, KeptCopiesFollowTheExpertsAndLayersARankBuilds) {
+  if (!hp::packed_gemm::supported()) GTEST_SKIP() << "no packed expert products on this CPU (AVX2 and FMA)";
+  const double whole = 2.0 * 4 * (256 * 64 + 64 * 256) * 2 * 4;
+  const hp::Setup one = setup(kMoe, 1);
+  const auto cal = calibration(one, 100, 0);
+  const auto e1 = hp::plan::estimate(one, cal);
+  ASSERT_EQ(e1.ranks.size(), 1u);
+  EXPECT_EQ(e1.ranks[0].kept_copies, whole);
+
+  const hp::Setup ep = setup(std::string(kMoe) + "features: {expert_parallel: {enabled: true, size: 2}}\n", 2);
+  const auto e2 = hp::plan::estimate(ep, cal);
+  ASSERT_EQ(e2.ranks.size(), 2u);
+  for (const auto& r : e2.ranks) EXPECT_EQ(r.kept_copies, whole / 2) << "rank " << r.rank;
+
+  const hp::Setup pp = setup(std::string(kMoe) + "features: {pipeline_parallel: {enabled: true, size: 2}}\n", 2);
+  const auto e3 = hp::plan::estimate(pp, cal);
+  ASSERT_EQ(e3.ranks.size(), 2u);
+  for (const auto& r : e3.ranks) EXPECT_EQ(r.kept_copies, whole / 2) << "rank " << r.rank;
+
+  const hp::Setup bf16 = setup(std::string(kMoe) + "features: {mixed_precision: {enabled: true}}\n", 1);
+  EXPECT_EQ(hp::plan::estimate(bf16, cal).ranks.at(0).kept_copies, 0.0);
+}
+
+// A layout whose rank holds fewer tokens per micro-batch than the
+// calibration's (positions split over cp=2: 32 of 64) takes its activations
+// and extra from the line through the measured points below the micro-batch,
+// not from the slope above it; at the calibrated tokens nothing changes.
+TEST(Planner, FewerTokensThanCalibratedFollowTheMeasuredPoints) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const hp::Setup one = setup(gpt, 1);
+  auto cal = calibration(one, 1000, 4 * kMiB);
+  const double slope = 1000.0 * static_cast<double>(cal.act_bytes_per_token.size());
+  const double T = 64;  // tokens of the calibrated micro-batch
+  // Measured: less than the slope says below T (the heap's size classes).
+  cal.in_step_points = {{T / 2, 1 * kMiB}, {T, cal.process_extra_bytes + slope * T},
+                        {2 * T, cal.process_extra_bytes + slope * 2 * T}};
+  const auto at_t = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: false}}\n", 1), cal).ranks.at(0);
+  EXPECT_DOUBLE_EQ(at_t.activations, slope * T);
+
+  const hp::Setup cp = setup(gpt + "features: {context_parallel: {enabled: true, size: 2}}\n", 2);
+  for (const auto& r : hp::plan::estimate(cp, cal).ranks) {
+    // The rank's blocks keep 32 tokens' worth: the lower point itself.
+    EXPECT_NEAR(r.activations + r.buffers - 2 * std::min(r.grads, 25 * kMiB), 1 * kMiB, 1.0) << "rank " << r.rank;
+    EXPECT_LT(r.activations, slope * T / 2) << "rank " << r.rank;
+  }
+}
+
+// The step's end: the passes over the gradients a rank holds and the update
+// of the optimizer state it holds, each at its calibrated rate per byte.
+TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  auto cal = calibration(setup(gpt, 1), 1000, 0);
+  cal.grad_pass_seconds_per_byte_1 = 1e-9;
+  cal.update_seconds_per_byte_1 = 3e-9;
+  const auto dp = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
+  const auto z1 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 2), cal).ranks.at(0);
+  const auto z2 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 2}}\n", 2), cal).ranks.at(0);
+  EXPECT_DOUBLE_EQ(dp.update, dp.grads * 1e-9 + dp.optimizer * 3e-9);
+  EXPECT_NEAR(z1.optimizer, dp.optimizer / 2, 64.0);
+  EXPECT_DOUBLE_EQ(z1.update, z1.grads * 1e-9 + z1.optimizer * 3e-9);
+  EXPECT_LT(z2.grads, dp.grads);
+  EXPECT_DOUBLE_EQ(z2.update, z2.grads * 1e-9 + z2.optimizer * 3e-9);
+  EXPECT_LT(z2.update, z1.update);
+}
