@@ -29,10 +29,13 @@
 #include "hp/data/dataset.h"
 #include "hp/memory/allocator.h"
 #include "hp/memory/block_cache.h"
+#include "hp/model/aux_loss.h"
 #include "hp/model/extensions.h"
 #include "hp/model/layers.h"
 #include "hp/model/model.h"
 #include "hp/model/model_info.h"
+#include "hp/model/moe.h"
+#include "hp/profile/trace.h"
 #include "hp/optim/grad_sync.h"
 #include "hp/optim/optimizer.h"
 #include "hp/plugin/feature_runtime.h"
@@ -151,6 +154,18 @@ double split_share(const std::vector<const ParamEntry*>& params, const dist::Pro
   return global > 0 ? mine / global : 1.0;
 }
 
+/// The share of a block's parameter values a rank holds, over every
+/// dimension its parameters are split along (experts over an expert group
+/// too): what a layer redoes once a step over its weights scales with it.
+double held_share(const std::vector<const ParamEntry*>& params) {
+  double global = 0, mine = 0;
+  for (const ParamEntry* p : params) {
+    global += numel(p->spec.global_shape);
+    mine += static_cast<double>(p->tensor.numel());
+  }
+  return global > 0 ? mine / global : 1.0;
+}
+
 /// The product of the sizes of the base dimensions with `role`.
 int role_size(const dist::ProcessMesh& mesh, dist::MeshRole role) {
   int n = 1;
@@ -238,7 +253,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 6 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 6 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes; two per core over 2 steps)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
@@ -275,6 +290,11 @@ std::string Calibration::to_json() const {
   j["grad_pass_seconds_per_byte_all"] = grad_pass_seconds_per_byte_all;
   j["update_seconds_per_byte_1"] = update_seconds_per_byte_1;
   j["update_seconds_per_byte_all"] = update_seconds_per_byte_all;
+  j["expert_seconds_per_token_1"] = expert_seconds_per_token_1;
+  j["expert_seconds_per_token_all"] = expert_seconds_per_token_all;
+  j["expert_group_imbalance"] = expert_group_imbalance;
+  j["first_micro_batch_extra_1"] = first_micro_batch_extra_1;
+  j["first_micro_batch_extra_all"] = first_micro_batch_extra_all;
   j["two_per_core_factor"] = two_per_core_factor;
   j["process_extra_bytes"] = process_extra_bytes;
   j["in_step_points"] = in_step_points;
@@ -306,6 +326,11 @@ Calibration Calibration::from_json(const std::string& text) {
   c.grad_pass_seconds_per_byte_all = j.at("grad_pass_seconds_per_byte_all").get<double>();
   c.update_seconds_per_byte_1 = j.at("update_seconds_per_byte_1").get<double>();
   c.update_seconds_per_byte_all = j.at("update_seconds_per_byte_all").get<double>();
+  c.expert_seconds_per_token_1 = j.at("expert_seconds_per_token_1").get<std::vector<double>>();
+  c.expert_seconds_per_token_all = j.at("expert_seconds_per_token_all").get<std::vector<double>>();
+  c.expert_group_imbalance = j.at("expert_group_imbalance").get<std::vector<std::vector<double>>>();
+  c.first_micro_batch_extra_1 = j.at("first_micro_batch_extra_1").get<std::vector<double>>();
+  c.first_micro_batch_extra_all = j.at("first_micro_batch_extra_all").get<std::vector<double>>();
   c.two_per_core_factor = j.at("two_per_core_factor").get<double>();
   c.process_extra_bytes = j.at("process_extra_bytes").get<double>();
   c.in_step_points = j.at("in_step_points").get<std::vector<std::vector<double>>>();
@@ -573,7 +598,22 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   // block's seconds are the median over those steps (a step slowed by
   // another process on its core does not move it).
   const int timed_from = 2;
-  std::vector<std::vector<double>> samples;
+  std::vector<std::vector<double>> samples, first_samples;
+  // A MoE's layers: each block's routed-expert products timed (their
+  // profile spans, forward and backward), and every micro-batch's tokens
+  // per expert of each layer (the routing's loads).
+  std::vector<std::pair<std::size_t, const MoeLayer*>> moes;  // (block, layer)
+  for (std::size_t b = 0; b < nb; ++b)
+    for (const auto& m : model.blocks[b]->modules())
+      if (const auto* l = dynamic_cast<const MoeLayer*>(m.get())) moes.emplace_back(b, l);
+  std::vector<std::vector<double>> routed, expert_samples, routed_before(moes.size());
+  std::vector<double> expert(nb + 1, 0.0);
+  auto span_seconds = [](const std::vector<profile::Event>& events, const char* name) {
+    std::vector<double> out;
+    for (const auto& e : events)
+      if (e.name == name) out.push_back(static_cast<double>(e.end_ns - e.begin_ns) * 1e-9);
+    return out;
+  };
   // The step's end as the trainer runs it (the gradients' norm and clip,
   // the update, the next step's zeroing): seconds per step.
   // Two parts: what passes over the gradients (zeroing, norm, clip) and
@@ -587,13 +627,25 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
    for (int mb = 0; mb < micro; ++mb) {
-    const bool timed = step >= timed_from && mb == 0;
+    // With two micro-batches or more a step, the first and the second are
+    // timed apart: the first after an update pays what a layer redoes once
+    // a step (a MoE repacks its experts' weights), the others do not.
+    const bool timed = step >= timed_from && mb < std::min(micro, 2);
+    const bool first_of_several = micro >= 2 && mb == 0;
     if (timed) {
       std::fill(fwd.begin(), fwd.end(), 0.0);
+      std::fill(expert.begin(), expert.end(), 0.0);
       bwd = 0;
+      if (!moes.empty()) {
+        profile::take_events();
+        profile::set_recording(true);
+      }
     }
     const Batch batch = make_batch(*data, Split::kTrain, step, mb * mbs, mbs, seq);
     c10::AutoGradMode grad(true);
+    // Auxiliary losses collected as a training step does (a MoE's
+    // balancing losses, and the routing statistics behind them).
+    AuxLossScope aux;
     Activations x = batch.inputs;
     double before = count_blocks ? static_cast<double>(memory::block_cache_stats().in_use_bytes) : 0;
     for (std::size_t b = 0; b <= nb; ++b) {
@@ -605,6 +657,9 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
         lo = model.loss->forward(x, batch.targets);
       }
       if (timed) fwd[b] += since(t0);
+      if (timed && !moes.empty()) {
+        for (double v : span_seconds(profile::take_events(), "moe.experts")) expert[b] += v;
+      }
       if (count_blocks) {
         const double now = static_cast<double>(memory::block_cache_stats().in_use_bytes);
         kept[b] = now - before;
@@ -612,9 +667,33 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       }
       if (b == nb) {
         const auto t1 = Clock::now();
-        (lo.sum / tokens).backward();
+        at::Tensor total = lo.sum / tokens;
+        const at::Tensor extra = aux.total();
+        if (extra.defined()) total = total + extra / tokens;
+        total.backward();
         if (timed) bwd += since(t1);
       }
+    }
+    if (timed && !moes.empty() && first_of_several) {
+      profile::set_recording(false);
+      profile::take_events();
+    } else if (timed && !moes.empty()) {
+      profile::set_recording(false);
+      // The backward runs the layers in reverse order.
+      const auto back = span_seconds(profile::take_events(), "moe.experts.backward");
+      for (std::size_t i = 0; i < back.size() && i < moes.size(); ++i) expert[moes[moes.size() - 1 - i].first] += back[i];
+      std::vector<double> per_block;
+      for (double v : expert) per_block.push_back(v / tokens);
+      expert_samples.push_back(per_block);
+    }
+    for (std::size_t i = 0; i < moes.size(); ++i) {
+      const auto& now = moes[i].second->stats().tokens_per_expert;
+      auto& was = routed_before[i];
+      was.resize(now.size(), 0.0);
+      std::vector<double> delta;
+      for (std::size_t e = 0; e < now.size(); ++e) delta.push_back(now[e] - was[e]);
+      if (!delta.empty()) routed.push_back(delta);
+      was = now;
     }
     if (timed) {
       // Forward and backward per block (the backward shared as the forwards).
@@ -622,7 +701,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       for (double f : fwd) fsum += f;
       std::vector<double> per_block;
       for (double f : fwd) per_block.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / tokens);
-      samples.push_back(per_block);
+      (first_of_several ? first_samples : samples).push_back(per_block);
     }
    }
     const auto t_clip = Clock::now();
@@ -660,12 +739,44 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   }
   j["seconds_per_token"] = secs;
   j["samples"] = samples;
+  j["first_samples"] = first_samples;
+  j["expert_samples"] = expert_samples;
+  j["routed"] = routed;
   std::vector<double> per_token;
   for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
   j["kept_per_token"] = per_token;
   j["model_state"] = optimizer->model_state(model.params).total();
   j["gemm_flops_per_s"] = gemm_rate;
   return j;
+}
+
+/// For each group count G dividing the experts (G > 1): the mean over the
+/// routed samples (one layer's tokens per expert in one micro-batch) of the
+/// most loaded group's tokens over the mean group's, the groups contiguous
+/// ranges of experts as an expert split places them. {G, factor} each.
+std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<double>>& routed) {
+  std::vector<std::vector<double>> out;
+  if (routed.empty()) return out;
+  const std::size_t E = routed.front().size();
+  for (std::size_t G = 2; G <= E; ++G) {
+    if (E % G != 0) continue;
+    double sum = 0;
+    int n = 0;
+    for (const auto& r : routed) {
+      if (r.size() != E) continue;
+      std::vector<double> load(G, 0.0);
+      double total = 0;
+      for (std::size_t e = 0; e < E; ++e) {
+        load[e / (E / G)] += r[e];
+        total += r[e];
+      }
+      if (total <= 0) continue;
+      sum += *std::max_element(load.begin(), load.end()) / (total / static_cast<double>(G));
+      ++n;
+    }
+    out.push_back({static_cast<double>(G), n > 0 ? sum / n : 1.0});
+  }
+  return out;
 }
 
 }  // namespace
@@ -701,23 +812,27 @@ Calibration calibrate(const Config& c) {
   // times, five steps each, twice over: each block's median over the ten
   // (a step or a process the machine slowed does not set the figure).
   constexpr int kTimedSteps = 7;
+  // Two micro-batches a step: the second's times are the blocks' (as most
+  // micro-batches of a step run), the first's excess what a step adds once.
   auto timed = [&](int n, int threads, int steps) {
     return nlohmann::json::parse(
-        in_children(n, [&](int) { return one_process(c, mbs, threads, false, 1, steps).dump(); }));
+        in_children(n, [&](int) { return one_process(c, mbs, threads, false, 2, steps).dump(); }));
   };
   auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
     auto x = a["seconds_per_token"].get<std::vector<double>>();
     auto samples = a["samples"].get<std::vector<std::vector<double>>>();
     for (const auto& v : b["samples"].get<std::vector<std::vector<double>>>()) samples.push_back(v);
+    a["first_samples_pooled"] = a["first_samples"];
+    for (const auto& v : b["first_samples"]) a["first_samples_pooled"].push_back(v);
     for (std::size_t i = 0; i < x.size(); ++i) {
       std::vector<double> v;
       for (const auto& sample : samples) v.push_back(sample.at(i));
       if (!v.empty()) x[i] = median(v);
     }
     a["seconds_per_token"] = x;
-    for (const char* k : {"grad_passes", "updates"}) {
-      auto v = a[k].get<std::vector<double>>();
-      for (double s : b[k].get<std::vector<double>>()) v.push_back(s);
+    for (const char* k : {"grad_passes", "updates", "expert_samples"}) {
+      auto v = a[k];
+      for (const auto& s : b[k]) v.push_back(s);
       a[k] = v;
     }
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
@@ -752,6 +867,36 @@ Calibration calibrate(const Config& c) {
     const double b = j[bytes].get<double>();
     return b > 0 ? median(j[what].get<std::vector<double>>()) / b : 0.0;
   };
+  // A MoE's routed-expert products per block (the median over the timed
+  // micro-batches), and how unevenly the routing loads the experts' groups.
+  auto expert_per_token = [&](const nlohmann::json& j) {
+    std::vector<double> out(cal.seconds_per_token_1.size(), 0.0);
+    const auto samples = j["expert_samples"].get<std::vector<std::vector<double>>>();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      std::vector<double> v;
+      for (const auto& sample : samples)
+        if (i < sample.size()) v.push_back(sample[i]);
+      out[i] = median(v);
+    }
+    return out;
+  };
+  cal.expert_seconds_per_token_1 = expert_per_token(loaded);
+  // What the first micro-batch after an update takes beyond the others, per
+  // block (seconds per token of the calibrated micro-batch).
+  auto first_extra = [&](const nlohmann::json& j) {
+    const auto later = j["seconds_per_token"].get<std::vector<double>>();
+    const auto first = j["first_samples_pooled"].get<std::vector<std::vector<double>>>();
+    std::vector<double> out(later.size(), 0.0);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      std::vector<double> v;
+      for (const auto& sample : first)
+        if (i < sample.size()) v.push_back(sample[i]);
+      out[i] = v.empty() ? 0.0 : std::max(0.0, median(v) - later[i]);
+    }
+    return out;
+  };
+  cal.first_micro_batch_extra_1 = first_extra(loaded);
+  cal.expert_group_imbalance = group_imbalance(small["routed"].get<std::vector<std::vector<double>>>());
   cal.grad_pass_seconds_per_byte_1 = per_byte(loaded, "grad_passes", "grad_bytes");
   cal.update_seconds_per_byte_1 = per_byte(loaded, "updates", "optimizer_bytes");
   {
@@ -769,11 +914,15 @@ Calibration calibrate(const Config& c) {
     const nlohmann::json all = pooled(timed(1, cal.cores, kTimedSteps), timed(1, cal.cores, kTimedSteps));
     cal.seconds_per_token_all = all["seconds_per_token"].get<std::vector<double>>();
     cal.grad_pass_seconds_per_byte_all = per_byte(all, "grad_passes", "grad_bytes");
+    cal.expert_seconds_per_token_all = expert_per_token(all);
+    cal.first_micro_batch_extra_all = first_extra(all);
     cal.update_seconds_per_byte_all = per_byte(all, "updates", "optimizer_bytes");
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {
     cal.seconds_per_token_all = cal.seconds_per_token_1;
     cal.grad_pass_seconds_per_byte_all = cal.grad_pass_seconds_per_byte_1;
+    cal.expert_seconds_per_token_all = cal.expert_seconds_per_token_1;
+    cal.first_micro_batch_extra_all = cal.first_micro_batch_extra_1;
     cal.update_seconds_per_byte_all = cal.update_seconds_per_byte_1;
     cal.gemm_flops_per_s_all = cal.gemm_flops_per_s_1;
   }
@@ -837,6 +986,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   const int replicas = role_size(mesh, dist::MeshRole::kReplicate);
   const int positions = role_size(mesh, dist::MeshRole::kSequence);
   const double tokens = static_cast<double>(mbs * seq) / positions;  // per micro-batch on a rank
+  const double calibrated_tokens = static_cast<double>(mbs * seq);  // per micro-batch at one process
   const int micro_batches = static_cast<int>(std::max<std::int64_t>(1, gbs / (replicas * mbs)));
   out.tokens_per_step = static_cast<double>(gbs * seq);
   const ModelInfo info = model_info(c);
@@ -889,7 +1039,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     // Each built block's parameters (and the loss's: those of no block).
     std::map<int, std::vector<const ParamEntry*>> by_block;
     for (const auto& p : b.model.params) by_block[p.block].push_back(&p);
-    double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0;
+    double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0, once = 0;
     double act_comm = 0, act_bytes_sent = 0;
     // A zero-bubble schedule's W queue: each split layer's output gradient
     // per token (a product's output width, an embedding's row, a norm's
@@ -918,6 +1068,9 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         act += bytes;
       }
       seconds += block_seconds(static_cast<std::size_t>(index), share) * tokens * (b.recomputed[i] ? 4.0 / 3 : 1.0);
+      const auto& first = out.threads_per_rank > 1 ? cal.first_micro_batch_extra_all : cal.first_micro_batch_extra_1;
+      if (static_cast<std::size_t>(index) < first.size())
+        once += first[static_cast<std::size_t>(index)] * calibrated_tokens * held_share(ps);
       // Experts split over a group of their own (not a base split: each
       // rank runs its experts on the rows routed to them): per micro-batch
       // the forward exchanges counts, rows out and results back, the
@@ -928,6 +1081,14 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         const double out_bytes = tokens * info.expert_rows_per_token * hidden * 4 * (experts_over - 1) / experts_over;
         act_comm += 5 * (cal.collective_latency_s + in_step) + 4 * out_bytes / cal.p2p_bytes_per_s * oversubscribed;
         act_bytes_sent += 4 * out_bytes;
+        // Each exchange waits for the group's most loaded rank: its experts
+        // take more rows than the mean by the calibrated routing's factor.
+        const auto& ex = out.threads_per_rank > 1 ? cal.expert_seconds_per_token_all : cal.expert_seconds_per_token_1;
+        double factor = 1;
+        for (const auto& g : cal.expert_group_imbalance)
+          if (static_cast<int>(g.at(0)) == experts_over) factor = g.at(1);
+        if (static_cast<std::size_t>(index) < ex.size())
+          act_comm += (factor - 1) * ex[static_cast<std::size_t>(index)] * tokens * slowdown;
       }
       const int t = split_group(ps, mesh);
       if (t > 1 && share < 1) {
@@ -987,7 +1148,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     // A replayed block holds its activations and their gradients at once.
     e.activations = kept + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0) +
                     w_queue_per_token * tokens * std::min<double>(shape.weight_pending, micro_batches);
-    e.compute = seconds * micro_batches * slowdown;
+    e.compute = (seconds * micro_batches + once) * slowdown;
     e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
 
     // Gradient sums over the partial dimensions' groups (once a step, or

@@ -70,6 +70,16 @@ struct Calibration {
   /// at 1 thread (every core busy) and at `cores` threads.
   double grad_pass_seconds_per_byte_1 = 0, grad_pass_seconds_per_byte_all = 0;
   double update_seconds_per_byte_1 = 0, update_seconds_per_byte_all = 0;
+  /// A MoE: per block (as seconds_per_token_*), the part of its seconds per
+  /// token its routed experts' products take (0 for other blocks); and for
+  /// each group count G dividing the experts, {G, the most loaded group's
+  /// rows over the mean group's} under the calibration's routing.
+  std::vector<double> expert_seconds_per_token_1, expert_seconds_per_token_all;
+  std::vector<std::vector<double>> expert_group_imbalance;
+  /// Per block: what the first micro-batch after an update takes beyond
+  /// the others (a MoE repacks its experts' weights once a step), seconds
+  /// per token of the calibrated micro-batch, at 1 thread and at `cores`.
+  std::vector<double> first_micro_batch_extra_1, first_micro_batch_extra_all;
   /// One-thread processes two per core against one per core: the time factor.
   double two_per_core_factor = 2;
   /// What a process holds at its peak besides its model state and

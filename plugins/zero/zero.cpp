@@ -71,15 +71,9 @@ class ZeroFeature : public Feature {
                   "backward); false keeps them until the step's end: less communication, more memory.");
   }
 
-  void validate(const FeatureContext& ctx, ConfigErrors& e) const override {
-    const Config& c = ctx.config;
-    if (!c.ok({kStage, kPerMicroBatch})) return;
-    if (c.is_set(kPerMicroBatch) && c.get_bool(kPerMicroBatch) && c.get_int(kStage) < 2) {
-      e.add(kPerMicroBatch, "true",
-            "stage 1 keeps every full gradient, so reducing per micro-batch would only add communication",
-            "features.zero.stage: 2 or 3, or reduce_per_micro_batch: false");
-    }
-  }
+  // Stage 1 with reduce_per_micro_batch: true (the default) reduces once a
+  // step, said in the option's text. It is not refused when set: a run's
+  // resolved config.yaml states every default, and it must run again.
 
   void install(FeatureRuntime& rt) override {
     const Config& c = rt.config();
