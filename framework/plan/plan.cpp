@@ -750,10 +750,8 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   return j;
 }
 
-/// For each group count G dividing the experts (G > 1): the mean over the
-/// routed samples (one layer's tokens per expert in one micro-batch) of the
-/// most loaded group's tokens over the mean group's, the groups contiguous
-/// ranges of experts as an expert split places them. {G, factor} each.
+}  // namespace
+
 std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<double>>& routed) {
   std::vector<std::vector<double>> out;
   if (routed.empty()) return out;
@@ -778,8 +776,6 @@ std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<d
   }
   return out;
 }
-
-}  // namespace
 
 Calibration calibrate(const Config& c) {
   const auto t_start = Clock::now();

@@ -102,6 +102,11 @@ std::string calibration_key(const Config& config);
 std::string calibration_path(const Config& config);
 /// Reads the cached calibration for `config`; false when there is none.
 bool load_calibration(const Config& config, Calibration& out);
+/// For each group count G dividing the experts (G > 1): the mean over
+/// `routed` (each one layer's tokens per expert in one micro-batch) of the
+/// most loaded group's tokens over the mean group's, the groups contiguous
+/// ranges of experts as an expert split places them. {G, factor} each.
+std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<double>>& routed);
 /// Measures (one process of the model in forked children, real tensors)
 /// and caches. Call it before this process runs a parallel region.
 Calibration calibrate(const Config& config);

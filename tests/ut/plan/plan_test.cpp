@@ -1,8 +1,9 @@
 // The planner's estimate of a layout from its planning build and a
 // calibration filled by hand (no measuring): what a rank keeps beside its
 // parameters follows the experts and layers it builds, fewer tokens per
-// rank than the calibrated micro-batch follow the measured peaks, and the
-// step's end follows the shards of the gradients and optimizer state.
+// rank than the calibrated micro-batch follow the measured peaks, the
+// step's end follows the shards of the gradients and optimizer state, and an
+// expert split waits for the rank the routing loads most.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -124,4 +125,37 @@ TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
   EXPECT_LT(z2.grads, dp.grads);
   EXPECT_DOUBLE_EQ(z2.update, z2.grads * 1e-9 + z2.optimizer * 3e-9);
   EXPECT_LT(z2.update, z1.update);
+}
+
+// The routing's loads per group of experts: 4 experts with 3, 1, 0, 0 rows
+// put 4 of 4 rows on the first of two groups (2x the mean) and 3 on the
+// first of four (3x); a second sample evenly loaded averages to 1.5 and 2.
+TEST(Planner, GroupImbalanceIsTheMostLoadedGroupOverTheMean) {
+  const auto one = hp::plan::group_imbalance({{3, 1, 0, 0}});
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(one[0], (std::vector<double>{2, 2.0}));
+  EXPECT_EQ(one[1], (std::vector<double>{4, 3.0}));
+  const auto two = hp::plan::group_imbalance({{3, 1, 0, 0}, {1, 1, 1, 1}});
+  EXPECT_EQ(two[0], (std::vector<double>{2, 1.5}));
+  EXPECT_EQ(two[1], (std::vector<double>{4, 2.0}));
+  EXPECT_TRUE(hp::plan::group_imbalance({}).empty());
+}
+
+// An expert split waits, per micro-batch and MoE block, for its most loaded
+// rank: (factor - 1) x the block's expert seconds per token x the rank's
+// tokens, on top of the exchanges; the same layout with even loads
+// (factor 1) waits for nothing more.
+TEST(Planner, ExpertSplitWaitsForTheMostLoadedRank) {
+  const hp::Setup ep = setup(std::string(kMoe) + "features: {expert_parallel: {enabled: true, size: 2}}\n", 2);
+  auto cal = calibration(setup(kMoe, 1), 100, 0);
+  cal.expert_seconds_per_token_1.assign(cal.seconds_per_token_1.size(), 0.0);
+  cal.expert_seconds_per_token_1[1] = cal.expert_seconds_per_token_1[2] = 2e-6;  // the two MoE blocks
+  cal.expert_group_imbalance = {{2, 1.0}, {4, 1.0}};
+  const auto even = hp::plan::estimate(ep, cal).ranks.at(0);
+  cal.expert_group_imbalance = {{2, 1.5}, {4, 3.0}};
+  const auto uneven = hp::plan::estimate(ep, cal).ranks.at(0);
+  // 2 blocks x 0.5 x 2e-6 s x 64 tokens x 1 micro-batch a rank (4 samples of
+  // 2 over dp=2), on one single-thread rank per core.
+  EXPECT_NEAR(uneven.comm - even.comm, 2 * 0.5 * 2e-6 * 64 * 1, 1e-12);
+  EXPECT_EQ(uneven.compute, even.compute);
 }
