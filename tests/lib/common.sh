@@ -75,6 +75,32 @@ print("recompute replayed %s regions per step on the logging rank" % sorted({r["
 # run NAME NPROC ARGS...: hp-train on $WORK/c.yaml with the caller's
 # `common` options (an array; may be empty) and ARGS, into $WORK/NAME, its
 # log in $WORK/NAME.log (printed when the run fails).
+# free_ports N: the first of N consecutive ports free on 127.0.0.1 now,
+# below the kernel's ephemeral range. A port found free inside that range
+# can be handed to another process's outgoing connection (tests running
+# side by side open many) before the server binds it: a rank's /metrics
+# endpoint once failed so.
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+first, last = (10000, low - n) if low - n > 12000 else (61000, 65535 - n)
+for _ in range(500):
+    p = random.randrange(first, last)
+    socks = []
+    try:
+        for r in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", p + r))
+            socks.append(s)
+    except OSError:
+        continue
+    print(p)
+    break
+PY
+}
+
 run() {
   local name=$1 n=$2; shift 2
   "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \

@@ -17,9 +17,7 @@ TORCHRUN=(torchrun --redirects 2 --tee 2)
 command -v torchrun > /dev/null || fail "torchrun is not installed (scripts/install-deps.sh installs python3-torch)"
 
 # A port free on 127.0.0.1 now (tests may run side by side: no fixed ports).
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+free_port() { free_ports 1; }
 
 # The reference: the same config under hp-launch, 2 workers of 1 intra-op
 # thread each (what torchrun gives its workers with OMP_NUM_THREADS=1).

@@ -12,17 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 command -v promtool >/dev/null || fail "promtool missing: install the Debian package 'prometheus'"
 small_config "$WORK/c.yaml"
 # Four free ports in a row (rank r serves port + r).
-port=$(python3 -c '
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 60000)
-    try:
-        socks = []
-        for r in range(4):
-            s = socket.socket(); s.bind(("127.0.0.1", p + r)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass')
+port=$(free_ports 4)
 [[ -n "$port" ]] || fail "no four free ports in a row"
 t0=$SECONDS
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 4 --set training.max_steps=60 --set metrics.peak_flops=1e10 \

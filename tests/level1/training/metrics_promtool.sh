@@ -7,19 +7,8 @@ command -v promtool >/dev/null || fail "promtool missing: install the Debian pac
 small_config "$WORK/c.yaml"
 # Rank r serves on port + r: a port whose next one is free too (another
 # test's endpoint on port + 1 made rank 1 fail to start its own).
-port=$(python3 - <<'PY'
-import socket
-while True:
-    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
-    b = socket.socket()
-    try:
-        b.bind(("127.0.0.1", p + 1))
-    except OSError:
-        continue
-    print(p)
-    break
-PY
-)
+port=$(free_ports 2)
+[[ -n "$port" ]] || fail "no two free ports in a row"
 "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --set training.max_steps=400 --set run.output_dir="$WORK/run" \
   --set metrics.prometheus.enabled=true --set metrics.prometheus.port=$port > "$WORK/log" 2>&1 &
 pid=$!
