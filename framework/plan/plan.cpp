@@ -85,6 +85,19 @@ double kept_copies_bytes(const std::vector<ParamEntry>& params) {
   return n;
 }
 
+/// Column i's median over `samples` (each a row of per-block figures), for
+/// i < n; 0 for a column no row reaches.
+std::vector<double> column_medians(const std::vector<std::vector<double>>& samples, std::size_t n) {
+  std::vector<double> out(n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<double> v;
+    for (const auto& sample : samples)
+      if (i < sample.size()) v.push_back(sample[i]);
+    out[i] = median(v);
+  }
+  return out;
+}
+
 /// One rank's model built on the meta device in a planning context.
 struct RankBuild {
   std::shared_ptr<dist::DistributedContext> ctx;
@@ -254,7 +267,8 @@ std::string calibration_key(const Config& c) {
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
   k << "calibration 6 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
-       "times the median of 5 steps in each of two processes; two per core over 2 steps)\n";
+       "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
+       "3 steps, the median over the processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
   return k.str();
@@ -734,13 +748,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   j["kept_copies_bytes"] = kept_copies_bytes(model.params);
   j["optimizer_bytes"] = state.optimizer;
   j["peak_above_start"] = peak_resident_memory_since_reset() - start;
-  std::vector<double> secs;
-  for (std::size_t b = 0; b <= nb; ++b) {
-    std::vector<double> v;
-    for (const auto& sample : samples) v.push_back(sample[b]);
-    secs.push_back(median(v));
-  }
-  j["seconds_per_token"] = secs;
+  j["seconds_per_token"] = column_medians(samples, nb + 1);
   j["samples"] = samples;
   j["first_samples"] = first_samples;
   j["expert_samples"] = expert_samples;
@@ -808,8 +816,8 @@ Calibration calibrate(const Config& c) {
   const nlohmann::json half = mbs >= 2 ? child(mbs / 2, 1, false, 4) : nlohmann::json();
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's
-  // times, five steps each, twice over: each block's median over the ten
-  // (a step or a process the machine slowed does not set the figure).
+  // times, five timed steps each, twice over: each block's median over the
+  // ten (a step or a process the machine slowed does not set the figure).
   constexpr int kTimedSteps = 7;
   // Two micro-batches a step: the second's times are the blocks' (as most
   // micro-batches of a step run), the first's excess what a step adds once.
@@ -826,23 +834,12 @@ Calibration calibrate(const Config& c) {
     return outs;
   };
   auto timed = [&](int n, int threads, int steps) { return nlohmann::json::parse(together(n, threads, steps).at(0)); };
+  // Two processes' samples together; each block's seconds their median.
   auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
-    auto x = a["seconds_per_token"].get<std::vector<double>>();
-    auto samples = a["samples"].get<std::vector<std::vector<double>>>();
-    for (const auto& v : b["samples"].get<std::vector<std::vector<double>>>()) samples.push_back(v);
-    a["first_samples_pooled"] = a["first_samples"];
-    for (const auto& v : b["first_samples"]) a["first_samples_pooled"].push_back(v);
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      std::vector<double> v;
-      for (const auto& sample : samples) v.push_back(sample.at(i));
-      if (!v.empty()) x[i] = median(v);
-    }
-    a["seconds_per_token"] = x;
-    for (const char* k : {"grad_passes", "updates", "expert_samples"}) {
-      auto v = a[k];
-      for (const auto& s : b[k]) v.push_back(s);
-      a[k] = v;
-    }
+    for (const char* k : {"samples", "first_samples", "expert_samples", "grad_passes", "updates"})
+      for (const auto& v : b[k]) a[k].push_back(v);
+    const auto samples = a["samples"].get<std::vector<std::vector<double>>>();
+    a["seconds_per_token"] = column_medians(samples, a["seconds_per_token"].size());
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
     return a;
   };
@@ -878,29 +875,17 @@ Calibration calibrate(const Config& c) {
   // A MoE's routed-expert products per block (the median over the timed
   // micro-batches), and how unevenly the routing loads the experts' groups.
   auto expert_per_token = [&](const nlohmann::json& j) {
-    std::vector<double> out(cal.seconds_per_token_1.size(), 0.0);
-    const auto samples = j["expert_samples"].get<std::vector<std::vector<double>>>();
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      std::vector<double> v;
-      for (const auto& sample : samples)
-        if (i < sample.size()) v.push_back(sample[i]);
-      out[i] = median(v);
-    }
-    return out;
+    return column_medians(j["expert_samples"].get<std::vector<std::vector<double>>>(),
+                          cal.seconds_per_token_1.size());
   };
   cal.expert_seconds_per_token_1 = expert_per_token(loaded);
   // What the first micro-batch after an update takes beyond the others, per
   // block (seconds per token of the calibrated micro-batch).
   auto first_extra = [&](const nlohmann::json& j) {
     const auto later = j["seconds_per_token"].get<std::vector<double>>();
-    const auto first = j["first_samples_pooled"].get<std::vector<std::vector<double>>>();
-    std::vector<double> out(later.size(), 0.0);
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      std::vector<double> v;
-      for (const auto& sample : first)
-        if (i < sample.size()) v.push_back(sample[i]);
-      out[i] = v.empty() ? 0.0 : std::max(0.0, median(v) - later[i]);
-    }
+    const auto first = j["first_samples"].get<std::vector<std::vector<double>>>();
+    std::vector<double> out = column_medians(first, later.size());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = first.empty() ? 0.0 : std::max(0.0, out[i] - later[i]);
     return out;
   };
   cal.first_micro_batch_extra_1 = first_extra(loaded);
