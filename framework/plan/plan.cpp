@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <tuple>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -266,9 +268,9 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 6 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 7 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
-       "3 steps, the median over the processes)\n";
+       "3 steps, the mean micro-batch, the mean over the processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
     << "\n";
   return k.str();
@@ -588,8 +590,12 @@ double shared_core_in_step(int n) {
 /// backward, AdamW update). Returns the peak resident memory above the
 /// start, the bytes each block's forward keeps (block cache), and the
 /// seconds of each block (forward, with backward shared as the forwards).
+/// With `finished`, the process goes on with untimed steps after its
+/// timed ones until finished() returns true (processes timed together keep
+/// their cores busy until the last is done).
 nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
-                           int steps = 4, const std::function<void()>& before_timed = {}) {
+                           int steps = 4, const std::function<void()>& before_timed = {},
+                           const std::function<bool()>& finished = {}) {
   at::set_num_threads(threads);
   // The heap as a rank keeps it (run.keep_freed_memory).
   if (c.get_bool("run.keep_freed_memory")) memory::keep_freed_memory();
@@ -636,18 +642,19 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   // the optimizer's update (over its state).
   std::vector<double> grad_passes, updates;
   const double grad_clip = c.get_float("optimizer.grad_clip");
-  for (int step = 0; step < steps; ++step) {
+  for (int step = 0; step < steps || (finished && !finished()); ++step) {
+   const bool timing = step < steps;
    if (step == timed_from && before_timed) before_timed();
    const auto t_zero = Clock::now();
    optimizer->zero_grad();
-   if (step > timed_from) grad_passes.back() += since(t_zero);
+   if (timing && step > timed_from) grad_passes.back() += since(t_zero);
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
    for (int mb = 0; mb < micro; ++mb) {
     // With two micro-batches or more a step, the first and the second are
     // timed apart: the first after an update pays what a layer redoes once
     // a step (a MoE repacks its experts' weights), the others do not.
-    const bool timed = step >= timed_from && mb < std::min(micro, 2);
+    const bool timed = timing && step >= timed_from && mb < std::min(micro, 2);
     const bool first_of_several = micro >= 2 && mb == 0;
     if (timed) {
       std::fill(fwd.begin(), fwd.end(), 0.0);
@@ -703,7 +710,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       for (double v : expert) per_block.push_back(v / tokens);
       expert_samples.push_back(per_block);
     }
-    for (std::size_t i = 0; i < moes.size(); ++i) {
+    for (std::size_t i = 0; i < moes.size() && timing; ++i) {
       const auto& now = moes[i].second->stats().tokens_per_expert;
       auto& was = routed_before[i];
       was.resize(now.size(), 0.0);
@@ -730,7 +737,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
     }
     const auto t_update = Clock::now();
     optimizer->step(1e-4);
-    if (step >= timed_from) {
+    if (timing && step >= timed_from) {
       grad_passes.push_back(std::chrono::duration<double>(t_update - t_clip).count());
       updates.push_back(since(t_update));
     }
@@ -823,13 +830,33 @@ Calibration calibrate(const Config& c) {
   // micro-batches of a step run), the first's excess what a step adds once.
   // Several processes start their timed steps together (a barrier, as ranks
   // meet at their collectives): every core busy while any is timed.
+  // And none stops before all are done timing: a process that did would
+  // leave its core to the others and speed up their last timed steps (a
+  // count of the finished in memory the children share).
   auto together = [&](int n, int threads, int steps) {
     const std::string file = store_file("hp_plan_store_timed_");
-    auto outs = in_children_all(n, [&](int rank) {
-      if (n == 1) return one_process(c, mbs, threads, false, 2, steps).dump();
-      auto ctx = join_group(rank, n, file);
-      return one_process(c, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }).dump();
-    });
+    void* shared = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) throw std::runtime_error("hp-plan calibration: mmap of a shared counter failed");
+    auto* done = new (shared) std::atomic<int>(0);
+    std::vector<std::string> outs;
+    try {
+      outs = in_children_all(n, [&](int rank) {
+        if (n == 1) return one_process(c, mbs, threads, false, 2, steps).dump();
+        auto ctx = join_group(rank, n, file);
+        bool counted = false;
+        auto finished = [&] {
+          if (!counted) done->fetch_add(1);
+          counted = true;
+          return done->load() >= n;
+        };
+        return one_process(c, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }, finished).dump();
+      });
+    } catch (...) {
+      munmap(shared, sizeof(std::atomic<int>));
+      std::filesystem::remove(file);
+      throw;
+    }
+    munmap(shared, sizeof(std::atomic<int>));
     std::filesystem::remove(file);
     return outs;
   };
@@ -902,13 +929,22 @@ Calibration calibrate(const Config& c) {
     const auto outs = together(2 * cal.cores, 1, 5);
     double one = 0;
     for (double v : cal.seconds_per_token_1) one += v;
+    // Each process's mean micro-batch over its timed ones, the mean over
+    // the processes: time slicing stretches a block when the process is
+    // switched out, and a median per block (summed) leaves those out
+    // (measured 1.71-2.06 that way against 2.17 for four hp-train runs of
+    // the GPT 4 x 256 side by side).
     std::vector<double> ratios;
     for (const auto& o : outs) {
+      const auto samples = nlohmann::json::parse(o)["samples"].get<std::vector<std::vector<double>>>();
       double two = 0;
-      for (double v : nlohmann::json::parse(o)["seconds_per_token"].get<std::vector<double>>()) two += v;
-      if (one > 0) ratios.push_back(two / one);
+      for (const auto& s : samples)
+        for (double v : s) two += v / static_cast<double>(samples.size());
+      if (one > 0 && !samples.empty()) ratios.push_back(two / one);
     }
-    cal.two_per_core_factor = ratios.empty() ? 2.0 : median(ratios);
+    double mean = 0;
+    for (double r : ratios) mean += r / static_cast<double>(ratios.size());
+    cal.two_per_core_factor = ratios.empty() ? 2.0 : mean;
   }
   cal.gemm_flops_per_s_1 = loaded["gemm_flops_per_s"].get<double>();
   if (cal.cores > 1) {
