@@ -399,11 +399,21 @@ LayerFactory factory() {
 /// expert's FFN split column/row over tp (fc1 by its output features, fc2
 /// by its input features), one all-reduce of the layer's output; fc2's bias
 /// is added once, after the reduction. Offered, not imposed: with
-/// expert_parallel the experts are split over ep instead.
+/// expert_parallel the experts are split over ep instead. The experts run
+/// as at one process (grouped by expert, the packed products where they
+/// apply) on their FFN slices; a loop over the experts with index_add
+/// measured 0.91 s a step against 0.44 s for dp=2 on the MoE GPT 4 x 256.
 class TensorParallelMoe : public MoeLayer {
  public:
   TensorParallelMoe(const LayerSpec& s, BuildContext& ctx)
-      : MoeLayer(s, ctx), g_(tp_group(ctx)), w_(make_experts(ctx, {}, kTp)) {}
+      : MoeLayer(s, ctx), g_(tp_group(ctx)), w_(make_experts(ctx, {}, kTp)) {
+    if (w_.b2.defined()) {
+      // The slices' outputs are partial sums and carry no bias: b2 (whole
+      // on every rank) is added once, after the sum over tp.
+      b2_ = w_.b2;
+      w_.b2 = at::zeros(b2_.sizes(), b2_.options());
+    }
+  }
 
  protected:
   at::Tensor dispatch(const at::Tensor& tokens, const Routing& r) override {
@@ -411,35 +421,26 @@ class TensorParallelMoe : public MoeLayer {
     // gradients they send back (to the tokens and to the routing weights)
     // are partial too: both enter through copy_to_group (all-reduce in
     // backward). The bias term uses the weights directly: it is whole.
-    at::Tensor x = dist::copy_to_group(tokens, g_);
-    at::Tensor flat_e = r.experts.reshape({-1}), kept = r.kept.reshape({-1});
-    at::Tensor flat_w = dist::copy_to_group(r.weights, g_).reshape({-1}), whole_w = r.weights.reshape({-1});
-    const std::int64_t k = r.experts.size(1);
-    std::vector<std::pair<at::Tensor, at::Tensor>> routed;  // per expert: tokens, weights
-    // Outputs weighted and summed in fp32 under mixed precision (the
-    // router's gradient in fp32, as combine_weighted), crossing in x's type.
-    const at::ScalarType acc = at::kFloat;
-    at::Tensor partial = precision::cast(x, acc) * 0;
-    for (std::int64_t e = 0; e < options().num_experts; ++e) {
-      at::Tensor slots = at::nonzero(flat_e.eq(e).logical_and(kept)).reshape({-1});
-      at::Tensor tok = at::div(slots, k, "floor");
-      at::Tensor w = flat_w.index_select(0, slots).unsqueeze(1).to(acc);
-      routed.emplace_back(tok, whole_w.index_select(0, slots).unsqueeze(1).to(x.scalar_type()));
-      if (slots.numel() == 0) continue;
-      at::Tensor h = w_.hidden(e, x.index_select(0, tok));
-      partial = partial.index_add(0, tok, precision::cast(precision::linear(h, w_.w2[e]), acc) * w);
-    }
-    at::Tensor out = precision::cast(dist::reduce_from_group(precision::cast(partial, x.scalar_type()), g_), acc);
-    for (std::int64_t e = 0; e < options().num_experts && w_.b2.defined(); ++e) {
-      const auto& [tok, w] = routed[static_cast<std::size_t>(e)];
-      if (tok.numel() > 0) out = out.index_add(0, tok, w_.b2[e].unsqueeze(0) * precision::cast(w, acc));
-    }
-    return precision::cast(out, x.scalar_type());
+    const ExpertGroups g = group_by_expert(r, 0, options().num_experts);
+    Routing split = r;
+    split.weights = dist::copy_to_group(r.weights, g_);
+    at::Tensor rows = w_.forward_grouped(rows_by_expert(dist::copy_to_group(tokens, g_), g), g.counts,
+                                         options().compute);
+    // Weighted and summed per token (in fp32 under mixed precision),
+    // crossing in the tokens' type.
+    at::Tensor out = dist::reduce_from_group(combine_weighted(rows, split, g), g_);
+    if (!b2_.defined()) return out;
+    const at::Tensor counts = at::tensor(g.counts, at::kLong);
+    const at::Tensor expert_of = at::repeat_interleave(at::arange(options().num_experts, at::kLong), counts);
+    const at::Tensor bias = combine_weighted(b2_.index_select(0, expert_of), r, g);
+    return precision::cast(precision::cast(out, at::kFloat) + precision::cast(bias, at::kFloat),
+                           tokens.scalar_type());
   }
 
  private:
   dist::Group& g_;
-  ExpertWeights w_;  ///< every expert, each FFN split over tp (b2 whole)
+  ExpertWeights w_;  ///< every expert, each FFN split over tp (b2 zeros: see b2_)
+  at::Tensor b2_;    ///< the whole fc2 bias, added after the sum over tp
 };
 
 void replace_kinds(LayerRegistry& r, const std::string& owner, const Options& o) {

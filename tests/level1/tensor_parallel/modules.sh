@@ -6,7 +6,8 @@
 #   4 ranks: attention 2, FFN 4, embedding 4, LM head 4 (and again with
 #            sequence parallel, zero and recompute); pp = 2 outside
 #            (attention 1, FFN 2, LM head 2)
-#   MoE (shared expert in the FFN kind): attention 1 + experts ep 4;
+#   MoE (shared expert in the FFN kind): every expert's FFN over tp 2 (no
+#            ep); attention 1 + experts ep 4;
 #            attention 2 + experts ep 2 + LM head 4; attention 2 + experts
 #            etp 2 x ep 2 (slices and padded expert compute)
 # and the bytes each module's outer group moves per step equal the RFC's
@@ -70,6 +71,9 @@ moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set model.moe.every
 common+=("${moe[@]}")
 REF=moe_ref
 E=(--set features.expert_parallel.enabled=true --set features.expert_parallel.size)
+# The MoE tensor-parallel mode (no expert parallel): every expert on both
+# ranks, each expert's FFN split over tp, fc2's bias added after the sum.
+case_ moe_tp2 2 "dp=1 tp=2" --set $P.size=2
 case_ moe_a1ep4 4 "dp=4 tp=1 ffn_tp_inner=1 ffn_tp_outer=4 ffn_dp=1 ep=4 edp=1" --set $P.size=1 --set $P.ffn_size=4 "${E[@]}=4"
 case_ moe_a2ep2 4 "dp=2 tp=2 head_tp_inner=2 head_tp_outer=2 head_dp=1 ep=2 edp=1" --set $P.size=2 --set $P.lm_head_size=4 "${E[@]}=2"
 # Expert tensor parallel: each expert's FFN split over the stream's tp too
