@@ -268,7 +268,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 7 (the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 8 (four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
@@ -616,10 +616,13 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   if (count_blocks) memory::use_block_cache(4096, 0);
   std::vector<double> fwd(nb + 1, 0.0), kept(nb + 1, 0.0);
   double bwd = 0;
-  // The first micro-batch of the steps after the first two is timed; each
+  // The micro-batches of the steps after the first four are timed; each
   // block's seconds are the median over those steps (a step slowed by
-  // another process on its core does not move it).
-  const int timed_from = 2;
+  // another process on its core does not move it). Four steps warm up:
+  // with two, a MoE's timed micro-batches still fell step after step (392,
+  // 373, 360, 353, 342 us a token in one calibration: the heap still
+  // growing to the routing's sizes), so the median sat above training's.
+  const int timed_from = 4;
   std::vector<std::vector<double>> samples, first_samples;
   // A MoE's layers: each block's routed-expert products timed (their
   // profile spans, forward and backward), and every micro-batch's tokens
@@ -825,7 +828,7 @@ Calibration calibrate(const Config& c) {
   // core at once (shared caches and memory bandwidth); the first one's
   // times, five timed steps each, twice over: each block's median over the
   // ten (a step or a process the machine slowed does not set the figure).
-  constexpr int kTimedSteps = 7;
+  constexpr int kTimedSteps = 9;
   // Two micro-batches a step: the second's times are the blocks' (as most
   // micro-batches of a step run), the first's excess what a step adds once.
   // Several processes start their timed steps together (a barrier, as ranks
@@ -926,7 +929,7 @@ Calibration calibrate(const Config& c) {
     // meet at their collectives) and the median over all of them is taken:
     // one process timed alone, the others starting or done around it,
     // measured 1.70-2.16 for the same model.
-    const auto outs = together(2 * cal.cores, 1, 5);
+    const auto outs = together(2 * cal.cores, 1, 7);
     double one = 0;
     for (double v : cal.seconds_per_token_1) one += v;
     // Each process's mean micro-batch over its timed ones, the mean over
