@@ -268,7 +268,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 8 (four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 9 (all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
@@ -289,6 +289,7 @@ std::string Calibration::to_json() const {
   j["baseline_bytes"] = baseline_bytes;
   j["collective_latency_s"] = collective_latency_s;
   j["collective_bytes_per_s"] = collective_bytes_per_s;
+  j["collective_large_bytes_per_s"] = collective_large_bytes_per_s;
   j["collective_in_step_s"] = collective_in_step_s;
   j["p2p_latency_s"] = p2p_latency_s;
   j["p2p_bytes_per_s"] = p2p_bytes_per_s;
@@ -325,6 +326,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.baseline_bytes = j.at("baseline_bytes").get<double>();
   c.collective_latency_s = j.at("collective_latency_s").get<double>();
   c.collective_bytes_per_s = j.at("collective_bytes_per_s").get<double>();
+  c.collective_large_bytes_per_s = j.at("collective_large_bytes_per_s").get<double>();
   c.collective_in_step_s = j.at("collective_in_step_s").get<double>();
   c.p2p_latency_s = j.at("p2p_latency_s").get<double>();
   c.p2p_bytes_per_s = j.at("p2p_bytes_per_s").get<double>();
@@ -505,11 +507,16 @@ std::string store_file(const char* what) {
 }
 
 struct CollectiveSpeed {
-  double latency_s = 0, bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
+  double latency_s = 0, bytes_per_s = 0, large_bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
   double ring_step_s = 0;
 };
 
 constexpr std::int64_t kRingMessageBytes = std::int64_t{1} << 19;
+
+/// Floats of the all-reduces timed besides a small one: 4 MiB (in the
+/// caches) and 64 MiB (gradient buckets' sizes, out of them).
+constexpr std::int64_t kMediumCollective = std::int64_t{1} << 20, kLargeCollective = std::int64_t{1} << 24;
+constexpr double kCachedCollectiveBytes = 4.0 * static_cast<double>(kMediumCollective);
 
 CollectiveSpeed collective_speed() {
   const std::string file = store_file("hp_plan_store_");
@@ -517,11 +524,13 @@ CollectiveSpeed collective_speed() {
     auto ctx = join_group(rank, 2, file);
     dist::Group& g = ctx->group("world");
     std::ostringstream o;
-    for (std::int64_t n : {std::int64_t{256}, std::int64_t{1} << 20}) {
+    // And as gradient buckets are (tens of MiB, out of the caches): the
+    // pair sums 4 MiB at ~35 GB/s, the bytes beyond it at a few GB/s.
+    for (std::int64_t n : {std::int64_t{256}, kMediumCollective, kLargeCollective}) {
       at::Tensor t = at::ones({n});
       g.all_reduce(t);
       double best = 1e30;
-      for (int i = 0; i < 5; ++i) {
+      for (int i = 0; i < (n > (1 << 20) ? 3 : 5); ++i) {
         g.barrier();
         const auto t0 = Clock::now();
         g.all_reduce(t);
@@ -558,13 +567,14 @@ CollectiveSpeed collective_speed() {
   std::filesystem::remove(file);
   std::istringstream in(out);
   CollectiveSpeed c;
-  double small = 0, large = 0, p2p_small = 0, p2p_large = 0, in_step = 0, ring = 0;
-  in >> small >> large >> p2p_small >> p2p_large >> in_step >> ring;
+  double small = 0, large = 0, larger = 0, p2p_small = 0, p2p_large = 0, in_step = 0, ring = 0;
+  in >> small >> large >> larger >> p2p_small >> p2p_large >> in_step >> ring;
   c.ring_step_s = std::max(0.0, ring);
   c.p2p_latency_s = p2p_small;
   c.p2p_bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, p2p_large - p2p_small);
   c.latency_s = small;
-  c.bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, large - small);
+  c.bytes_per_s = (4.0 * static_cast<double>(kMediumCollective) - 4.0 * 256) / std::max(1e-9, large - small);
+  c.large_bytes_per_s = 4.0 * static_cast<double>(kLargeCollective - kMediumCollective) / std::max(1e-9, larger - large);
   // What one all-reduce of 256 KiB costs between products beyond its own
   // time on an idle pair.
   c.in_step_extra_s = std::max(0.0, in_step - (small + 4.0 * (1 << 16) / c.bytes_per_s));
@@ -970,6 +980,7 @@ Calibration calibrate(const Config& c) {
   const CollectiveSpeed speed = collective_speed();
   cal.collective_latency_s = speed.latency_s;
   cal.collective_bytes_per_s = speed.bytes_per_s;
+  cal.collective_large_bytes_per_s = speed.large_bytes_per_s;
   cal.collective_in_step_s = speed.in_step_extra_s;
   cal.p2p_latency_s = speed.p2p_latency_s;
   cal.p2p_bytes_per_s = speed.p2p_bytes_per_s;
@@ -1035,10 +1046,14 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   const bool overlap = c.get_bool("distributed.overlap");
   const auto& per_token = out.threads_per_rank > 1 ? cal.seconds_per_token_all : cal.seconds_per_token_1;
   // A collective over n ranks: the calibrated pair's latency, and its bytes
-  // at the pair's speed times a ring's 2 (n - 1) / n over n = 2's 1; ranks
+  // (times a ring's 2 (n - 1) / n over n = 2's 1) at the pair's speed: the
+  // first 4 MiB at the cached speed, the rest at the large one; ranks
   // sharing cores share that speed too.
   auto collective = [&](double bytes, double n) {
-    return cal.collective_latency_s + bytes * (n - 1) / (n / 2) / cal.collective_bytes_per_s * oversubscribed;
+    const double b = bytes * (n - 1) / (n / 2), cached = std::min(b, kCachedCollectiveBytes);
+    const double beyond = cal.collective_large_bytes_per_s > 0 ? (b - cached) / cal.collective_large_bytes_per_s
+                                                               : (b - cached) / cal.collective_bytes_per_s;
+    return cal.collective_latency_s + (cached / cal.collective_bytes_per_s + beyond) * oversubscribed;
   };
   // What a collective issued between computations adds: measured on an
   // idle pair, and with two ranks per core (in proportion between).

@@ -40,6 +40,9 @@ struct Calibration {
   /// the bytes per second beyond it.
   double collective_latency_s = 0;
   double collective_bytes_per_s = 0;
+  /// Its bytes per second beyond the first 4 MiB (measured at 64 MiB: out
+  /// of the caches, as gradient buckets are).
+  double collective_large_bytes_per_s = 0;
   /// What such a sum costs beyond that when issued between computations
   /// (waiting for the peer, the hand-over to the communication thread).
   double collective_in_step_s = 0;

@@ -2,8 +2,9 @@
 // calibration filled by hand (no measuring): what a rank keeps beside its
 // parameters follows the experts and layers it builds, fewer tokens per
 // rank than the calibrated micro-batch follow the measured peaks, the
-// step's end follows the shards of the gradients and optimizer state, and an
-// expert split waits for the rank the routing loads most.
+// step's end and ZeRO's gathers follow the shards of the gradients,
+// parameters and optimizer state, and an expert split waits for the rank
+// the routing loads most.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -125,6 +126,10 @@ TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
   EXPECT_LT(z2.grads, dp.grads);
   EXPECT_DOUBLE_EQ(z2.update, z2.grads * 1e-9 + z2.optimizer * 3e-9);
   EXPECT_LT(z2.update, z1.update);
+  // ZeRO-1's gathers after the update: each holds the rank's own slices
+  // packed and a receive buffer of the whole parameters (1.5 x at dp=2),
+  // beside the same gradient buckets as plain data parallel.
+  EXPECT_NEAR(z1.buffers - dp.buffers, 1.5 * z1.params, 256.0);
 }
 
 // The routing's loads per group of experts: 4 experts with 3, 1, 0, 0 rows
