@@ -44,7 +44,7 @@ class ShardedOptimizer : public NamedStateOptimizer {
   /// Over a group of one member nothing is sharded.
   ModelStateBytes model_state(const std::vector<ParamEntry>&) override {
     ModelStateBytes m;
-    double gathered_after_step = 0, own_slices = 0, made_whole = 0;
+    double gathered_after_step = 0, made_whole = 0;
     std::map<int, double> block_whole;  // stage 3: each block's parameters, gathered whole
     for (const auto& c : s_->cuts) {
       const double item = static_cast<double>(c.param.tensor.element_size());
@@ -59,25 +59,19 @@ class ShardedOptimizer : public NamedStateOptimizer {
       // parameters take their updated slices back after the step, through
       // receive buffers of the gathers in flight (kGathersAhead buckets).
       if (grads_sharded) made_whole += whole;
-      if (shared && !params_sharded) {
-        gathered_after_step += whole;
-        own_slices += slice;
-      }
+      if (shared && !params_sharded) gathered_after_step += whole;
       if (params_sharded) {
         m.gathered_per_micro_batch += (s_->options.reshard_after_forward ? 2 : 1) * whole;
         block_whole[c.param.block] += whole;
       }
     }
     // At the peak: the whole gradients of a backward, the gathers of updated
-    // slices in flight (each this rank's slices packed and a receive buffer
-    // of the bucket's whole size: 1.5 times the parameters gathered at
-    // dp=2), and (stage 3) a block gathered whole with the ones prefetched
-    // behind it.
+    // slices in flight, and (stage 3) a block gathered whole with the ones
+    // prefetched behind it.
     double largest_block = 0;
     for (const auto& [block, bytes] : block_whole) largest_block = std::max(largest_block, bytes);
-    const double in_flight = std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes);
-    const double packed = gathered_after_step > 0 ? own_slices / gathered_after_step : 0;
-    m.transient = made_whole + in_flight * (1 + packed) + (1 + s_->options.prefetch) * largest_block;
+    m.transient = made_whole + std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes) +
+                  (1 + s_->options.prefetch) * largest_block;
     m.grads_per_micro_batch = s_->options.rounds();
     m.optimizer = static_cast<double>(state_bytes());
     return m;
