@@ -23,6 +23,7 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <random>
 #include <system_error>
 #include <utility>
 
@@ -73,23 +74,48 @@ int usable_cores() {
   return online > 0 ? static_cast<int>(online) : 1;
 }
 
-// The port is free when we look; a race with another program is possible but rare, and
-// concurrent launches on one machine (tests) no longer share a fixed port.
-int pick_free_port() {
+/// Whether `port` on 127.0.0.1 can be bound now (0: the kernel picks one;
+/// `got` gets the port bound).
+bool bindable(int port, int& got) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
   socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw std::system_error(err, std::generic_category(), "finding a free port on 127.0.0.1");
-  }
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int err = errno;
   ::close(fd);
-  return ntohs(addr.sin_port);
+  if (ok) got = ntohs(addr.sin_port);
+  errno = err;
+  return ok;
+}
+
+/// A port free on 127.0.0.1 now, below the kernel's ephemeral range when
+/// there is room (a port the kernel hands out can be taken by another
+/// process's outgoing connection between this probe and the store's bind;
+/// tests running side by side open many), else the kernel's pick.
+int pick_free_port() {
+  int low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
+  }
+  if (low > 12000) {
+    std::mt19937 pick(static_cast<std::uint32_t>(std::random_device{}() ^ static_cast<std::uint32_t>(::getpid())));
+    std::uniform_int_distribution<int> in_range(10000, low - 1);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      int got = 0;
+      if (bindable(in_range(pick), got)) return got;
+    }
+  }
+  int got = 0;
+  if (!bindable(0, got)) {
+    throw std::system_error(errno, std::generic_category(), "finding a free port on 127.0.0.1");
+  }
+  return got;
 }
 
 // Done before fork because a child of a multi-threaded host (hp-train) may only make
@@ -672,7 +698,8 @@ void add_flags(CLI::App& app, LaunchOptions& o) {
                  "address of rank 0's node (default 127.0.0.1)")
       ->type_name("ADDR");
   app.add_option("--master-port,--master_port", o.master_port,
-                 "rank 0's port (default: a free one for a single node, 29500 otherwise)")
+                 "rank 0's port (default: a free one below the kernel's ephemeral range for a single node, "
+                 "29500 otherwise)")
       ->type_name("PORT");
   app.add_option("--threads-per-worker", o.threads_per_worker,
                  "intra-op threads per worker (default: usable cores / N, at least 1)")

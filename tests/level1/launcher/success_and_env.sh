@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Two workers that succeed: exit 0, torchrun's variables, the thread split, prefixed output.
+# Two workers that succeed: exit 0, torchrun's variables, the thread split, prefixed output,
+# a master port picked below the ephemeral range.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -17,6 +18,12 @@ expect_rc 0
 
 port=$(sed -n 's/.*, master 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$WORK/err")
 [[ -n $port ]] && ((port > 0 && port < 65536)) || fail "no master port in the start line"
+# Picked below the kernel's ephemeral range (where another process's
+# outgoing connection could take it before the store binds it).
+low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+if ((low > 12000)); then
+  ((port >= 10000 && port < low)) || fail "master port $port is not below the ephemeral range (from $low)"
+fi
 expect_line err "hp-launch: starting 2 workers (ranks 0..1 of 2), $threads intra-op thread$(
   ((threads == 1)) || echo s) each, master 127.0.0.1:$port"
 for r in 0 1; do
