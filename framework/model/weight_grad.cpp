@@ -141,9 +141,9 @@ struct SplitLayerNorm : torch::autograd::Function<SplitLayerNorm> {
     const at::Tensor x = s[0], mean = s[1], rstd = s[2];
     item.grads = [gy, x, mean, rstd, w, b, dim] {
       // The weight's and bias's gradients do not read the weight's values,
-      // but ATen's kernel takes its pointer: ZeRO-3 may have released its
-      // storage before W runs (the gathered copy lives from B's gather to
-      // B's end), so the kernel gets ones of its shape then.
+      // but ATen's kernel takes its pointer: an optimizer that shards the
+      // parameters may have released its storage before W runs (gathered
+      // for B, released at B's end), so the kernel gets ones of its shape.
       const at::Tensor gamma = w.storage().data() != nullptr ? w : at::ones_like(w);
       auto r = at::native_layer_norm_backward(gy, x, {dim}, mean, rstd, gamma, b, {false, true, b.defined()});
       return std::vector<at::Tensor>{std::get<1>(r), std::get<2>(r)};

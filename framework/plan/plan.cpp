@@ -936,9 +936,9 @@ Calibration calibrate(const Config& c) {
     // Two one-thread processes per core (more ranks than cores): the time
     // against one per core (time slicing, caches shared by twice as many).
     // The processes start their timed steps together (a barrier, as ranks
-    // meet at their collectives) and the median over all of them is taken:
-    // one process timed alone, the others starting or done around it,
-    // measured 1.70-2.16 for the same model.
+    // meet at their collectives) and stay busy until all are done (one
+    // timed while the others were starting or done measured 1.70-2.16 for
+    // the same model).
     const auto outs = together(2 * cal.cores, 1, 7);
     double one = 0;
     for (double v : cal.seconds_per_token_1) one += v;

@@ -72,9 +72,6 @@ if bad: sys.exit("recompute replayed no region at steps %s of %s" % (bad[:5], sy
 print("recompute replayed %s regions per step on the logging rank" % sorted({r["recompute_regions_replayed"] for r in rows}))' "$1"
 }
 
-# run NAME NPROC ARGS...: hp-train on $WORK/c.yaml with the caller's
-# `common` options (an array; may be empty) and ARGS, into $WORK/NAME, its
-# log in $WORK/NAME.log (printed when the run fails).
 # free_ports N: the first of N consecutive ports free on 127.0.0.1 now,
 # below the kernel's ephemeral range. A port found free inside that range
 # can be handed to another process's outgoing connection (tests running
@@ -101,6 +98,9 @@ for _ in range(500):
 PY
 }
 
+# run NAME NPROC ARGS...: hp-train on $WORK/c.yaml with the caller's
+# `common` options (an array; may be empty) and ARGS, into $WORK/NAME, its
+# log in $WORK/NAME.log (printed when the run fails).
 run() {
   local name=$1 n=$2; shift 2
   "$BIN/hp-train" "$WORK/c.yaml" --nproc "$n" "${common[@]}" "$@" --set run.output_dir="$WORK/$name" \
