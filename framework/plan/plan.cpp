@@ -30,6 +30,7 @@
 #include "hp/comm/mesh.h"
 #include "hp/data/dataset.h"
 #include "hp/memory/allocator.h"
+#include "hp/memory/large_pool.h"
 #include "hp/memory/block_cache.h"
 #include "hp/model/aux_loss.h"
 #include "hp/model/extensions.h"
@@ -271,8 +272,9 @@ std::string calibration_key(const Config& c) {
   k << "calibration 9 (all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
-  k << "allocator " << memory::allocator_name() << (c.get_bool("run.keep_freed_memory") ? " keeping freed memory" : "")
-    << "\n";
+  const bool keep = c.get_bool("run.keep_freed_memory");
+  k << "allocator " << memory::allocator_name() << (keep ? " keeping freed memory" : "")
+    << (keep && c.get_bool("run.large_block_pool") ? ", large blocks from one best-fit pool" : "") << "\n";
   return k.str();
 }
 
@@ -608,7 +610,10 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
                            const std::function<bool()>& finished = {}) {
   at::set_num_threads(threads);
   // The heap as a rank keeps it (run.keep_freed_memory).
-  if (c.get_bool("run.keep_freed_memory")) memory::keep_freed_memory();
+  if (c.get_bool("run.keep_freed_memory")) {
+    memory::keep_freed_memory();
+    if (c.get_bool("run.large_block_pool")) memory::use_large_block_pool(memory::kLargeBlockMin);
+  }
   const double start = current_resident_bytes();
   reset_peak_resident_memory();
   const double gemm_rate = measure_matmul_flops();

@@ -24,6 +24,7 @@
 #include "hp/data/tokens.h"
 #include "hp/logging/logging.h"
 #include "hp/memory/allocator.h"
+#include "hp/memory/large_pool.h"
 #include "hp/model/dropout.h"
 #include "hp/model/kv_cache.h"
 #include "hp/model/extensions.h"
@@ -216,10 +217,16 @@ void TrainingRun::setup_process() {
   // (gradient buckets, gathered slices) were then unmapped and page-faulted
   // back every step (zero at dp=2: 4.3k -> 5.6k tokens/s with them kept,
   // RFC 0006). Kept for reuse instead.
-  if (setup_.config.get_bool("run.keep_freed_memory")) memory::keep_freed_memory();
+  // Large tensors from one best-fit pool: under mimalloc they shared 32 MiB
+  // segments with every thread's small pages, and the same run peaked 20
+  // MiB apart from one launch to the next (RFC 0002).
+  const bool keep = setup_.config.get_bool("run.keep_freed_memory");
+  const bool pool = keep && setup_.config.get_bool("run.large_block_pool");
+  if (keep) memory::keep_freed_memory();
+  if (pool) memory::use_large_block_pool(memory::kLargeBlockMin);
   if (rank0())
-    log->info("memory: {}{}", memory::allocator_name(),
-              setup_.config.get_bool("run.keep_freed_memory") ? ", freed memory kept for the next step" : "");
+    log->info("memory: {}{}{}", memory::allocator_name(), keep ? ", freed memory kept for the next step" : "",
+              pool ? ", tensors of 64 KiB and more from one best-fit pool" : "");
 
   // Data first: a missing or empty corpus is refused before anything starts.
   data_ = make_dataset(c);
