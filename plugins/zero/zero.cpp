@@ -12,6 +12,7 @@
 //    uses and gathered per block with prefetch (stage 3).
 // The numbers are stage 1's at every stage, bitwise (the same sums).
 #include "hp/memory/block_cache.h"
+#include "hp/memory/large_pool.h"
 #include "hp/config/config.h"
 #include "hp/metrics/registry.h"
 #include "hp/model/extensions.h"
@@ -46,7 +47,8 @@ class ZeroFeature : public Feature {
                   "activations) from mappings of their own, freed ones kept for reuse by size class (eight per "
                   "doubling, so an MoE's routing-sized buffers are reused too), instead of "
                   "glibc's heap, where blocks gathered and freed between the activations fragment it and the "
-                  "process holds far more than it uses.")
+                  "process holds far more than it uses. Not used when run.large_block_pool's pool is in place (it "
+                  "keeps freed blocks for reuse itself, with less memory).")
         .note("12 x 768 GPT, dp=2: peak resident memory 2152 -> 1487 MiB (bench/results/bench_zero.md)");
     s.add_int(prefix + "block_cache_mb", 256)
         .range(0, 1 << 20)
@@ -82,7 +84,12 @@ class ZeroFeature : public Feature {
     o.prefetch = static_cast<int>(c.get_int("features.zero.prefetch"));
     o.reshard_after_forward = c.get_bool("features.zero.reshard_after_forward");
     o.per_micro_batch = c.get_bool(kPerMicroBatch);
-    const bool block_cache = o.parts.shard_params && c.get_bool("features.zero.block_cache");
+    // The large block pool (run.large_block_pool) already keeps freed blocks
+    // for reuse, best fit: the cache on top of it held more (GPT 4 x 256 at
+    // dp=2, micro-batch 4: 157 against 142 MiB above start, MoE GPT 512
+    // against 497; step time the same).
+    const bool block_cache = o.parts.shard_params && c.get_bool("features.zero.block_cache") &&
+                             !memory::large_block_pool_installed();
     o.block_cache_bytes = block_cache ? static_cast<std::size_t>(c.get_int("features.zero.block_cache_mb")) << 20 : 0;
     if (block_cache) memory::use_block_cache(kBlockCacheMin, o.block_cache_bytes);
     metrics::Gauge* gauge = rt.has_metrics()
