@@ -1,5 +1,7 @@
 #include "hp/memory/block_cache.h"
 
+#include "backends/memory/detail/wrap.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
@@ -177,11 +179,7 @@ void BlockCache::free_any(void* p) {
 void use_block_cache(std::size_t min_bytes, std::size_t max_cached_bytes) {
   std::lock_guard<std::mutex> lock(g_install);
   if (g_cache == nullptr) {
-    c10::Allocator* before = c10::GetCPUAllocator();
-    if (before->raw_deleter() == nullptr) {
-      throw std::runtime_error("block cache: the CPU allocator in place has no raw deleter, so blocks it allocated "
-                               "could not be told from the cache's; run without the block cache");
-    }
+    c10::Allocator* before = detail::allocator_to_wrap("block cache");
     g_cache = new BlockCache(before);
     g_cache->fallback_deleter = before->raw_deleter();
     g_cache->set_min(min_bytes);

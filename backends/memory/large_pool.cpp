@@ -1,5 +1,7 @@
 #include "hp/memory/large_pool.h"
 
+#include "backends/memory/detail/wrap.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
@@ -183,11 +185,7 @@ void LargePool::free_any(void* p) {
 void use_large_block_pool(std::size_t min_bytes) {
   std::lock_guard<std::mutex> lock(g_install);
   if (g_pool != nullptr) return;
-  c10::Allocator* before = c10::GetCPUAllocator();
-  if (before->raw_deleter() == nullptr) {
-    throw std::runtime_error("large block pool: the CPU allocator in place has no raw deleter, so blocks it "
-                             "allocated could not be told from the pool's");
-  }
+  c10::Allocator* before = detail::allocator_to_wrap("large block pool");
   g_pool = new LargePool(before, std::max(min_bytes, kPage));
   g_pool->fallback_deleter = before->raw_deleter();
   c10::SetCPUAllocator(g_pool, /*priority=*/1);
