@@ -106,7 +106,7 @@ class LargePool final : public c10::Allocator {
       throw std::runtime_error("large block pool: reserving " + std::to_string(bytes) +
                                " bytes of address space: " + std::strerror(errno) +
                                " (out of address space, or vm.overcommit_memory=2 with too little commit "
-                               "left; run.keep_freed_memory=false runs without the pool)");
+                               "left; run.large_block_pool=false runs without the pool)");
     }
     regions_.push_back({static_cast<char*>(m), bytes, size});
     ++stats_.regions;

@@ -8,8 +8,8 @@
 // Under mimalloc the same sequence did not give the same resident size:
 // its large blocks share 32 MiB segments with the small pages every thread
 // touches, and a rank of the same run peaked 129 or 150 MiB above start
-// (GPT 4 x 256, ZeRO-1 at dp=2) with the same large requests in the same
-// order. Memory is kept for reuse, never returned (run.keep_freed_memory).
+// (GPT 4 x 256, optimizer state sharded over 2 ranks) with the same large
+// requests in the same order. Memory is kept for reuse, never returned (run.keep_freed_memory).
 // Smaller requests go to the allocator installed before. Process-wide and
 // never uninstalled; thread-safe.
 #include <cstddef>
