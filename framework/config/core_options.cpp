@@ -41,7 +41,8 @@ void declare_core_options(Schema& s) {
                 "joined) instead of the malloc heap, so where a block lands depends only on the order of large "
                 "requests and frees, and a freed block serves the next request it fits.")
       .note("measured (mimalloc without -> with): GPT 4 x 256 at dp=2 136 -> 124 MiB above start, ZeRO-1 129 or 150 "
-            "(varies run to run) -> 112, pp=2 x dp=2 144 -> 97, MoE GPT dp=2 566 -> 516; step time unchanged");
+            "(varies run to run) -> 112, pp=2 x dp=2 144 -> 97, MoE GPT dp=2 566 -> 516; step time -6..+9 % over two "
+            "runs (bench/results/bench_allocator.md)");
   s.add_bool("run.report", false)
       .describe("At the end of a successful run, write <run.output_dir>/report.html (what hp-report writes: curves of "
                 "metrics.jsonl, the config and, when profiled, one step's timeline); written by rank 0 at the end of "
