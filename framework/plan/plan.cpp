@@ -269,7 +269,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 9 (all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 10 (gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -316,6 +316,7 @@ std::string Calibration::to_json() const {
   j["first_micro_batch_extra_all"] = first_micro_batch_extra_all;
   j["two_per_core_factor"] = two_per_core_factor;
   j["process_extra_bytes"] = process_extra_bytes;
+  j["grads_made_whole_factor"] = grads_made_whole_factor;
   j["in_step_points"] = in_step_points;
   j["seconds"] = seconds;
   return j.dump(1);
@@ -353,6 +354,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.first_micro_batch_extra_all = j.at("first_micro_batch_extra_all").get<std::vector<double>>();
   c.two_per_core_factor = j.at("two_per_core_factor").get<double>();
   c.process_extra_bytes = j.at("process_extra_bytes").get<double>();
+  c.grads_made_whole_factor = j.at("grads_made_whole_factor").get<double>();
   c.in_step_points = j.at("in_step_points").get<std::vector<std::vector<double>>>();
   c.seconds = j.at("seconds").get<double>();
   return c;
@@ -607,7 +609,7 @@ double shared_core_in_step(int n) {
 /// their cores busy until the last is done).
 nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
                            int steps = 4, const std::function<void()>& before_timed = {},
-                           const std::function<bool()>& finished = {}) {
+                           const std::function<bool()>& finished = {}, bool release_grads = false) {
   at::set_num_threads(threads);
   // The heap as a rank keeps it (run.keep_freed_memory).
   if (c.get_bool("run.keep_freed_memory")) {
@@ -664,7 +666,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
    const bool timing = step < steps;
    if (step == timed_from && before_timed) before_timed();
    const auto t_zero = Clock::now();
-   optimizer->zero_grad();
+   if (!release_grads) optimizer->zero_grad();
    if (timing && step > timed_from) grad_passes.back() += since(t_zero);
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
@@ -755,6 +757,10 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
     }
     const auto t_update = Clock::now();
     optimizer->step(1e-4);
+    // Released as a sharded optimizer releases them: the next backward
+    // makes them anew among its activations.
+    if (release_grads)
+      for (auto& p : model.params) p.tensor.mutable_grad() = at::Tensor();
     if (timing && step >= timed_from) {
       grad_passes.push_back(std::chrono::duration<double>(t_update - t_clip).count());
       updates.push_back(since(t_update));
@@ -839,6 +845,13 @@ Calibration calibrate(const Config& c) {
   // 4 x 256), which a layout with fewer tokens per rank (positions split
   // over a sequence group) meets.
   const nlohmann::json half = mbs >= 2 ? child(mbs / 2, 1, false, 4) : nlohmann::json();
+  // And with the gradients released after every update (ZeRO stages 2
+  // and 3 make them whole in each backward): what a byte of them costs at
+  // the peak. Measured on the GPT 4 x 256 at two ranks, stage 2 and 3 peaks
+  // sat 3-16 MiB above their bytes in use: gradients made while the
+  // activations are freed do not fit the gaps those leave.
+  const nlohmann::json released =
+      nlohmann::json::parse(in_child([&] { return one_process(c, mbs, 1, false, 4, 4, {}, {}, true).dump(); }));
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's
   // times, five timed steps each, twice over: each block's median over the
@@ -901,6 +914,11 @@ Calibration calibrate(const Config& c) {
   cal.process_extra_bytes = std::max(0.0, small["peak_above_start"].get<double>() - slope * tokens -
                                               small["model_state"].get<double>() -
                                               small["kept_copies_bytes"].get<double>());
+  {
+    const double g = small["grad_bytes"].get<double>();
+    const double kept_peak = small["peak_above_start"].get<double>(), released_peak = released["peak_above_start"].get<double>();
+    if (g > 0) cal.grads_made_whole_factor = std::max(0.0, (released_peak - (kept_peak - g)) / g);
+  }
   // What a step adds besides the model state and the kept copies, at each
   // measured micro-batch (tokens, bytes).
   auto in_step = [&](const nlohmann::json& j, std::int64_t m) {
@@ -1101,19 +1119,24 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     for (const auto& p : b.model.params) by_block[p.block].push_back(&p);
     double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0, once = 0;
     double act_comm = 0, act_bytes_sent = 0;
-    // A zero-bubble schedule's W queue: each split layer's output gradient
-    // per token (a product's output width, an embedding's row, a norm's
-    // width; biases share their weight's), for the micro-batches whose W
-    // waits. Whole widths (an over-estimate for column-parallel slices);
-    // expert FFNs left out.
+    // A zero-bubble schedule's W queue: a micro-batch whose B ran and
+    // whose W waits holds, of its activations, what each split layer's W
+    // reads, per token its input and its output's gradient (a product's
+    // two widths as this rank holds it, a norm's width twice, an
+    // embedding's row; biases share their weight's), and frees the rest
+    // in B. Its activations count whole among those in flight; what W
+    // holds beyond them is added. (Counting the output gradients on top of
+    // whole activations put zb_h1 at +12 to +16 % at two stages of the GPT
+    // 4 x 256: its last stage measured 26 MiB above 1f1b's, that estimate
+    // 44.) Expert FFNs left out (their W runs in B).
     double w_queue_per_token = 0;
     if (shape.weight_pending > 0) {
       for (const auto& p : b.model.params) {
-        const auto& g = p.spec.global_shape;
+        const auto g = p.tensor.sizes();
         const std::string& n = p.spec.name;
         if (n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0) continue;
-        if (g.size() == 2) w_queue_per_token += static_cast<double>(p.embedding ? g[1] : g[0]) * 4;
-        if (g.size() == 1) w_queue_per_token += static_cast<double>(g[0]) * 4;
+        if (g.size() == 2) w_queue_per_token += static_cast<double>(p.embedding ? g[1] : g[0] + g[1]) * 4;
+        if (g.size() == 1) w_queue_per_token += static_cast<double>(2 * g[0]) * 4;
       }
     }
     for (std::size_t i = 0; i < b.model.indices.size(); ++i) {
@@ -1207,7 +1230,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     }
     // A replayed block holds its activations and their gradients at once.
     e.activations = kept + recompute_inputs * e.in_flight + (recompute_inputs > 0 ? 2 * largest_block : 0) +
-                    w_queue_per_token * tokens * std::min<double>(shape.weight_pending, micro_batches);
+                    std::max(0.0, w_queue_per_token * tokens - act) * std::min<double>(shape.weight_pending, micro_batches);
     e.compute = (seconds * micro_batches + once) * slowdown;
     e.idle = shape.idle_fraction < 1 ? e.compute * shape.idle_fraction / (1 - shape.idle_fraction) : 0;
 
@@ -1230,7 +1253,16 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
       grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
     }
-    e.buffers = extra + b.state.transient + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
+    // The optimizer's transient at the activations' peak, or, when larger,
+    // what it holds after the update (gathers still travelling) beside the
+    // next forward's first block: the peak is the larger of the two phases.
+    // (The first block: a micro-batch's activations over the rank's blocks.)
+    const double first_block =
+        b.model.indices.empty() ? 0 : kept / std::max(1.0, e.in_flight) / static_cast<double>(b.model.indices.size());
+    const double at_peak = b.state.transient + (cal.grads_made_whole_factor - 1) * b.state.made_whole;
+    const double after_update = b.state.after_update > 0 ? b.state.after_update + first_block - e.activations : 0;
+    const double optimizer_extra = std::max(at_peak, after_update);
+    e.buffers = extra + optimizer_extra + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
     e.kept_copies = kept_copies_bytes(b.model.params);
     // The reduction overlaps the backward (two thirds of the compute) where
     // the code overlaps it and a core is free to run it.

@@ -88,6 +88,11 @@ struct Calibration {
   /// What a process holds at its peak besides its model state and
   /// activations (code paged in, thread stacks, the start-up probe).
   double process_extra_bytes = 0;
+  /// The peak's bytes per byte of gradient made whole in each backward (a
+  /// process that releases its gradients after every update, against one
+  /// that keeps them): their own bytes plus the gaps left where they are
+  /// placed among the activations being freed.
+  double grads_made_whole_factor = 1;
   /// The peak above start less the model state and the layers' kept
   /// copies, {tokens per micro-batch, bytes}, at half the micro-batch
   /// (when it has one), the micro-batch and twice it.

@@ -156,6 +156,8 @@ class GradSlicer : public GradReducer {
       } else if (c.summed) {
         // A later round of the step (reduce_per_micro_batch) adds to the sum.
         c.slice_grad.add_(parts[k]);
+      } else if (c.own_slice_grad) {
+        c.slice_grad.copy_(parts[k]);
       } else {
         c.slice_grad = parts[k];
       }

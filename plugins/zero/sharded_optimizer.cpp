@@ -44,34 +44,55 @@ class ShardedOptimizer : public NamedStateOptimizer {
   /// Over a group of one member nothing is sharded.
   ModelStateBytes model_state(const std::vector<ParamEntry>&) override {
     ModelStateBytes m;
-    double gathered_after_step = 0, made_whole = 0;
+    double made_whole = 0;
     std::map<int, double> block_whole;  // stage 3: each block's parameters, gathered whole
+    auto whole_of = [](const Cut& c) {
+      return static_cast<double>(c.param.tensor.numel()) * static_cast<double>(c.param.tensor.element_size());
+    };
     for (const auto& c : s_->cuts) {
       const double item = static_cast<double>(c.param.tensor.element_size());
-      const double whole = static_cast<double>(c.param.tensor.numel()) * item;
+      const double whole = whole_of(c);
       const double slice = static_cast<double>(c.numel_of(c.me)) * item;
       const bool shared = s_->dist->group(c.shard_group).size() > 1;
       const bool params_sharded = s_->options.parts.shard_params && shared;
       const bool grads_sharded = s_->options.parts.release_full_grads && shared;
       m.params += params_sharded ? slice : whole;
       m.grads += grads_sharded ? slice : whole;
-      // A released gradient is made whole again in each backward; whole
-      // parameters take their updated slices back after the step, through
-      // receive buffers of the gathers in flight (kGathersAhead buckets).
+      // A released gradient is made whole again in each backward.
       if (grads_sharded) made_whole += whole;
-      if (shared && !params_sharded) gathered_after_step += whole;
       if (params_sharded) {
         m.gathered_per_micro_batch += (s_->options.reshard_after_forward ? 2 : 1) * whole;
         block_whole[c.param.block] += whole;
       }
     }
-    // At the peak: the whole gradients of a backward, the gathers of updated
-    // slices in flight, and (stage 3) a block gathered whole with the ones
-    // prefetched behind it.
+    // At the activations' peak: the whole gradients of a backward and
+    // (stage 3) a block gathered whole with the ones prefetched behind it.
     double largest_block = 0;
     for (const auto& [block, bytes] : block_whole) largest_block = std::max(largest_block, bytes);
-    m.transient = made_whole + std::min(gathered_after_step, kGathersAhead * s_->options.bucket_bytes) +
-                  (1 + s_->options.prefetch) * largest_block;
+    m.transient = made_whole + (1 + s_->options.prefetch) * largest_block;
+    m.made_whole = made_whole;
+    // After the update (whole parameters, stages 1 and 2): the gathers of
+    // updated slices travelling, kGathersAhead buckets at a time in model
+    // order, each a receive buffer of its parameters' whole size and this
+    // rank's slices packed. Their bytes are taken by the next forward as it
+    // goes, so they meet the activations only there (the update holds
+    // none); at the activations' peak they have all arrived.
+    std::vector<std::pair<std::size_t, double>> gathers;  // (first cut, bytes)
+    for (const auto& [held, group] : s_->bucket_cuts()) {
+      if (s_->options.parts.shard_params || s_->dist->group(group).size() <= 1) continue;
+      double bytes = 0;
+      for (std::size_t i : held) {
+        const Cut& c = s_->cuts[i];
+        bytes += whole_of(c) + static_cast<double>(c.numel_of(c.me)) * static_cast<double>(c.param.tensor.element_size());
+      }
+      gathers.emplace_back(*std::min_element(held.begin(), held.end()), bytes);
+    }
+    std::sort(gathers.begin(), gathers.end());
+    for (std::size_t first = 0; first < gathers.size(); ++first) {
+      double window = 0;
+      for (std::size_t k = first; k < std::min(gathers.size(), first + kGathersAhead); ++k) window += gathers[k].second;
+      m.after_update = std::max(m.after_update, window);
+    }
     m.grads_per_micro_batch = s_->options.rounds();
     m.optimizer = static_cast<double>(state_bytes());
     return m;

@@ -80,6 +80,8 @@ struct Cut {
   int me = 0;
   ShardSpec slice_spec;
   at::Tensor slice_grad;
+  /// slice_grad is storage of its own (each reduction copies into it).
+  bool own_slice_grad = false;
   /// slice_grad holds a sum of this step already (reduce_per_micro_batch:
   /// the next round's sum is added to it).
   bool summed = false;
@@ -126,6 +128,9 @@ class SlicePlan {
   /// list of partial dimensions and shard group; cut by the reducer's rule
   /// (cut_buckets) at options.bucket_bytes.
   std::vector<Bucket> buckets() const;
+  /// The same buckets' cut indices and groups only (no redistribution
+  /// planned): what a bucket holds, for sizes.
+  std::vector<std::pair<std::vector<std::size_t>, std::string>> bucket_cuts() const;
   /// The reduced gradients: each slice with its ShardSpec.
   std::vector<ParamEntry> gradients() const;
   /// Whether cut c's parameter is gathered per block: parameters sharded

@@ -66,9 +66,16 @@ struct ModelStateBytes {
   double params = 0;     ///< the parameters (master copies)
   double grads = 0;      ///< their gradients
   double optimizer = 0;  ///< the optimizer's state
-  /// Held at the step's peak beyond the above (gradients made whole in
-  /// backward before they are sharded again).
+  /// Held at the activations' peak beyond the above (gradients made whole
+  /// in backward before they are sharded again, parameters gathered whole).
   double transient = 0;
+  /// Held after the update until the next forward has taken it (updated
+  /// slices travelling back into whole parameters), while the forward's
+  /// first activations are made.
+  double after_update = 0;
+  /// Of `transient`: the gradients made whole in each backward (released
+  /// after the step), placed among the activations as they are made.
+  double made_whole = 0;
   /// Whether the gradients are summed once per micro-batch (else once a
   /// step), and the parameter bytes gathered per micro-batch (sharded
   /// parameters made whole for forward and backward).

@@ -141,6 +141,17 @@ TEST(ZeroUnits, GradSlicerLeavesEachRankTheSumOfItsSlice) {
         auto plan = std::make_shared<SlicePlan>(params, d, options_of(stage, false));
         auto residency = hp::zero::make_param_residency(plan);
         auto slicer = hp::zero::make_grad_slicer(plan, residency);
+        // Before any reduction: stage 2's slices have storage of their own
+        // (made with the model state), stage 1's placeholders one element.
+        std::vector<const void*> storage;
+        for (const auto& c : plan->cuts) {
+          storage.push_back(c.slice_grad.data_ptr());
+          if (stage == 1) {
+            EXPECT_LE(c.slice_grad.storage().nbytes(), c.slice_grad.element_size()) << c.param.spec.name;
+          } else {
+            EXPECT_EQ(c.slice_grad.storage().nbytes(), c.slice_grad.nbytes()) << c.param.spec.name;
+          }
+        }
         slicer->begin_step(1);
         for (std::size_t i = 0; i < params.size(); ++i) params[i].tensor.mutable_grad() = grad_of(params[i], i, d.rank());
         slicer->backward_done();
@@ -167,6 +178,9 @@ TEST(ZeroUnits, GradSlicerLeavesEachRankTheSumOfItsSlice) {
             EXPECT_TRUE(got.is_alias_of(c.param.tensor.grad())) << "stage 1's slice lives in the full gradient";
           } else {
             EXPECT_FALSE(c.param.tensor.grad().defined()) << c.param.spec.name << ": stage 2 releases it";
+            // The sum was copied into the slice's own storage: nothing
+            // made during the reduction outlives it.
+            EXPECT_EQ(got.data_ptr(), storage[i]) << c.param.spec.name << " rank " << d.rank();
           }
         }
         std::map<std::string, double> figures;
@@ -249,4 +263,48 @@ TEST(ZeroUnits, ShardedOptimizerIsTheUnshardedRuleOnTheSlices) {
     EXPECT_EQ(static_cast<double>(opt->state_bytes()), 2 * slice_bytes) << "exp_avg and exp_avg_sq of the slices";
     EXPECT_EQ(opt->state_bytes(), ref->state_bytes());
   });
+}
+
+// What the planner is told: stage 1 and 2 hold after the update the
+// gathers of kGathersAhead buckets at once (each a receive buffer of its
+// parameters' whole bytes and this rank's slices packed), the largest such
+// run of consecutive buckets; stage 3 gathers per block instead, so none
+// after the update, and makes its gradients whole in backward.
+TEST(ZeroUnits, ModelStateNamesWhatTheUpdateLeavesTravelling) {
+  for (int stage : {1, 2, 3}) {
+    hp::test::run_ranks(hp::test::grid(1, 2, 1), [&](hp::dist::DistributedContext& d) {
+      auto params = params_of(d);
+      auto plan = std::make_shared<SlicePlan>(params, d, options_of(stage, true));
+      auto residency = hp::zero::make_param_residency(plan);
+      auto opt = hp::zero::make_sharded_optimizer(hp::OptimizerOptions{}, plan, residency);
+      const auto m = opt->model_state(params);
+      std::vector<std::pair<std::size_t, double>> per_bucket;
+      double whole = 0;
+      for (const auto& b : plan->buckets()) {
+        double bytes = 0;
+        for (std::size_t i : b.cuts) {
+          const auto& c = plan->cuts[i];
+          bytes += static_cast<double>(c.param.tensor.nbytes() + c.numel_of(c.me) * c.param.tensor.element_size());
+          whole += static_cast<double>(c.param.tensor.nbytes());
+        }
+        per_bucket.emplace_back(*std::min_element(b.cuts.begin(), b.cuts.end()), bytes);
+      }
+      std::sort(per_bucket.begin(), per_bucket.end());
+      double expect = 0;
+      for (std::size_t f = 0; f < per_bucket.size(); ++f) {
+        double run = 0;
+        for (std::size_t k = f; k < std::min(per_bucket.size(), f + hp::zero::kGathersAhead); ++k)
+          run += per_bucket[k].second;
+        expect = std::max(expect, run);
+      }
+      if (stage == 3) {
+        EXPECT_EQ(m.after_update, 0.0);
+        EXPECT_EQ(m.made_whole, whole);
+      } else {
+        EXPECT_GT(expect, 0.0);
+        EXPECT_EQ(m.after_update, expect) << "stage " << stage;
+        EXPECT_EQ(m.made_whole, stage == 2 ? whole : 0.0);
+      }
+    });
+  }
 }
