@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <cmath>
@@ -142,6 +143,8 @@ class TrainingRun {
   ScheduleOptions schedule_;
   OptimizerOptions optim_;
   double training_peak_ = 0;  ///< resident peak after the last step, before its save
+  /// The large block pool's figures at the same point (zero without it).
+  memory::LargePoolStats training_pool_;
   double start_resident_ = 0;  ///< resident memory when fit() began
   std::string policy_text_;  ///< GroupPolicy::describe() of the run, recorded in checkpoints
   CheckpointOptions ckpt_;
@@ -650,7 +653,10 @@ void TrainingRun::cadence(std::int64_t step, const StepResult& r, FitResult& res
     }
   }
   // Each rank's training peak, before the final save gathers anything.
-  if (last) training_peak_ = resident_memory_bytes().second;
+  if (last) {
+    training_peak_ = resident_memory_bytes().second;
+    training_pool_ = memory::large_block_pool_stats();
+  }
   if ((ckpt_.interval > 0 && (step + 1) % ckpt_.interval == 0) || last) save(step + 1);
 }
 
@@ -704,28 +710,49 @@ FitResult TrainingRun::fit() {
   result.tokens_per_second = timed_seconds > 0 ? timed_tokens / timed_seconds : 0;
   // Every rank says what it holds, so sharding is visible per rank.
   const auto [anon, file] = resident_anon_and_file_bytes();
+  std::string pool;
+  if (memory::large_block_pool_installed()) {
+    char text[160];
+    std::snprintf(text, sizeof text, "; large block pool after the last step: %.1f MiB at most in use, extent %.1f MiB",
+                  training_pool_.peak_in_use_bytes / (1024.0 * 1024.0), training_pool_.touched_bytes / (1024.0 * 1024.0));
+    pool = text;
+  }
   log::logger()->info("this rank: optimizer state {} bytes, peak resident memory {:.1f} MiB (now {:.1f} MiB "
-                      "anonymous, {:.1f} MiB file-backed)",
+                      "anonymous, {:.1f} MiB file-backed){}",
                       optimizer_->state_bytes(), resident_memory_bytes().second / (1024.0 * 1024.0),
-                      anon / (1024.0 * 1024.0), file / (1024.0 * 1024.0));
+                      anon / (1024.0 * 1024.0), file / (1024.0 * 1024.0), pool);
   if (profiler_->enabled()) profiler_->write_rank_file();
   {
     // Every rank's training peak in one file (hp-plan --measure reads it).
-    at::Tensor mine = at::full({2}, training_peak_, at::kDouble);
-    mine[1] = start_resident_;
-    const at::Tensor all = ctx_->group("world").all_gather(mine).view({-1, 2});
+    // With the large block pool, its most in use and its extent (the
+    // bytes it ever handed out at once plus the gaps between them: what
+    // it holds resident) at the same point.
+    at::Tensor mine = at::tensor({training_peak_, start_resident_, static_cast<double>(training_pool_.peak_in_use_bytes),
+                                  static_cast<double>(training_pool_.touched_bytes)},
+                                 at::kDouble);
+    const at::Tensor all = ctx_->group("world").all_gather(mine).view({-1, 4});
     if (rank0()) {
-      std::string peaks, starts;
+      std::string columns[4];
       for (std::int64_t r = 0; r < all.size(0); ++r) {
-        peaks += (r ? ", " : "") + std::to_string(static_cast<long long>(all[r][0].item<double>()));
-        starts += (r ? ", " : "") + std::to_string(static_cast<long long>(all[r][1].item<double>()));
+        for (int k = 0; k < 4; ++k)
+          columns[k] += (r ? ", " : "") + std::to_string(static_cast<long long>(all[r][k].item<double>()));
       }
+      const bool pool = memory::large_block_pool_installed();
       const std::string path = run_.output_dir + "/peaks.json";
-      std::ofstream(path + ".tmp") << "{\"peak_resident_memory_bytes\": [" << peaks
-                                   << "], \"start_resident_memory_bytes\": [" << starts
-                                   << "], \"what\": \"each rank's peak resident memory after its last step "
-                                      "(before the final save), and its resident memory when it started "
-                                      "(LibTorch and the plugins loaded, nothing built)\"}\n";
+      std::ofstream out(path + ".tmp");
+      out << "{\"peak_resident_memory_bytes\": [" << columns[0] << "], \"start_resident_memory_bytes\": ["
+          << columns[1] << "], ";
+      if (pool) {
+        out << "\"large_block_pool_peak_in_use_bytes\": [" << columns[2] << "], \"large_block_pool_extent_bytes\": ["
+            << columns[3] << "], ";
+      }
+      out << "\"what\": \"each rank's peak resident memory after its last step (before the final save), and its "
+             "resident memory when it started (LibTorch and the plugins loaded, nothing built)"
+          << (pool ? "; the large block pool's most bytes in use at once and its extent (in use, freed and gaps "
+                     "between: what it holds resident) at the same point"
+                   : "")
+          << "\"}\n";
+      out.close();
       std::filesystem::rename(path + ".tmp", path);
     }
   }

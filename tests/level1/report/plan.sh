@@ -8,7 +8,8 @@
 # gradients and optimizer state under zero stages 1-3 at dp=2; the
 # optimizer state at tp=2 and at pp=2). (3) --measure 2: two runs through
 # hp-sweep, predicted against measured printed, predicted.json and
-# peaks.json in each run, the comparison page with the planner's table
+# peaks.json in each run (the large block pool's most in use and extent
+# per rank, in order), the comparison page with the planner's table
 # (one row per run). Figures are printed, never asserted (bench_plan.sh).
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
@@ -84,6 +85,18 @@ grep -qE "^memory error: mean [0-9.]+ %, max [0-9.]+ %; step time error: mean [0
   || fail "no error summary"
 for r in run-000 run-001; do
   [[ -s "$WORK/m/runs/$r/predicted.json" && -s "$WORK/m/runs/$r/peaks.json" ]] || fail "$r: predicted.json or peaks.json"
+  # The large block pool's figures per rank (on by default): its extent
+  # holds at least its most in use, and both sit within the rank's peak.
+  python3 - "$WORK/m/runs/$r/peaks.json" <<'PY' || fail "$r: the pool's figures in peaks.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+peak, start = j["peak_resident_memory_bytes"], j["start_resident_memory_bytes"]
+used, extent = j["large_block_pool_peak_in_use_bytes"], j["large_block_pool_extent_bytes"]
+assert len(peak) == len(start) == len(used) == len(extent) == 2, j
+for p, s, u, e in zip(peak, start, used, extent):
+    assert 0 < u <= e, (u, e)
+    assert e <= p, (e, p)
+PY
 done
 python3 - "$WORK/m/report.html" <<'PY' || fail "the page's planner table"
 import re, sys
