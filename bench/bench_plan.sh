@@ -27,6 +27,30 @@ run_case() {  # run_case NAME CONFIG NPROC MBS
   grep -E "calibrat" "$W/$1.err" || true
   sed -n '/^hp-plan:/p' "$W/$1.out"
   sed -n '/^predicted against measured/,$p' "$W/$1.out"
+  host_speed "$1"
+}
+# The host's speed when the case was calibrated and when its layouts ran:
+# the calibration's one-thread matmul rate with every core busy, and each
+# run's start-up matmul probe (one thread per rank, the ranks together; at
+# more ranks than cores they share one, and the probe reads lower). On this
+# machine the two drift apart by 20 % within minutes; a step-time error the
+# size of that gap says more about the host than the planner.
+host_speed() {
+  python3 - "$W" "$1" <<'PY'
+import glob, json, re, sys
+w, case = sys.argv[1], sys.argv[2]
+# The calibrations this case used (hp-plan names their cache files).
+paths = re.findall(r"(?:cached in|from) (\S+\.json)", open(f"{w}/{case}.err").read())
+cal = [json.load(open(f)).get("gemm_flops_per_s_1", 0) / 1e9 for f in dict.fromkeys(paths)]
+runs = []
+for log in sorted(glob.glob(f"{w}/{case}/runs/run-*.log")):
+    m = re.search(r"peak ([0-9.]+) GFLOP/s per rank for MFU: fp32 matmul probe", open(log, errors="replace").read())
+    if m:
+        runs.append(float(m.group(1)))
+if runs:
+    print(f"host speed: calibrations' matmul {', '.join(f'{c:.0f}' for c in cal)} GFLOP/s a thread; "
+          f"the runs' probes {min(runs):.0f}-{max(runs):.0f} (median {sorted(runs)[len(runs) // 2]:.0f})")
+PY
 }
 run_case gpt2 gpt 2 2,4
 run_case gpt4 gpt 4 2
