@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tests/support/refused_allocation.h"
 #include "hp/memory/block_cache.h"
 
 namespace {
@@ -117,20 +118,6 @@ TEST_F(BlockCache, RawAllocateAndDeallocateWorkForLargeAndSmallBlocks) {
 // the cause, thrown to the caller (not an abort): a child process under an
 // address-space limit asks for more than the limit allows.
 TEST_F(BlockCache, AMappingTheSystemRefusesIsAnErrorNamingTheSize) {
-  EXPECT_EXIT(
-      {
-        struct rlimit limit;
-        getrlimit(RLIMIT_AS, &limit);
-        limit.rlim_cur = std::size_t{4} << 30;  // 4 GiB of address space
-        setrlimit(RLIMIT_AS, &limit);
-        try {
-          at::Tensor t = at::empty({std::int64_t{2} << 30}, at::kFloat);  // 8 GiB
-          std::fprintf(stderr, "mapped\n");
-          std::exit(1);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::exit(0);
-        }
-      },
-      ::testing::ExitedWithCode(0), "block cache: mapping 8589934592 bytes: Cannot allocate memory \\(out of memory or address space\\)");
+  hp::test::expect_eight_gib_refused_with(
+      "block cache: mapping 8589934592 bytes: Cannot allocate memory \\(out of memory or address space\\)");
 }

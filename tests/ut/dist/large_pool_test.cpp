@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/refused_allocation.h"
 #include "hp/memory/large_pool.h"
 
 namespace {
@@ -124,22 +125,7 @@ TEST_F(LargePool, BlocksFreedOnAnotherThreadAreReusedAtOnce) {
 // caller (not an abort): a child process under an address-space limit asks
 // for more than the limit allows.
 TEST_F(LargePool, AReservationTheSystemRefusesIsAnErrorNamingTheFix) {
-  EXPECT_EXIT(
-      {
-        struct rlimit limit;
-        getrlimit(RLIMIT_AS, &limit);
-        limit.rlim_cur = std::size_t{4} << 30;  // 4 GiB of address space
-        setrlimit(RLIMIT_AS, &limit);
-        try {
-          at::Tensor t = at::empty({std::int64_t{2} << 30}, at::kFloat);  // 8 GiB
-          std::fprintf(stderr, "reserved\n");
-          std::exit(1);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::exit(0);
-        }
-      },
-      ::testing::ExitedWithCode(0),
+  hp::test::expect_eight_gib_refused_with(
       "large block pool: reserving 8589934592 bytes of address space: Cannot allocate memory \\(out of address "
       "space, or vm.overcommit_memory=2 with too little commit left; run.large_block_pool=false runs without the "
       "pool\\)");
