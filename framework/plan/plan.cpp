@@ -33,6 +33,7 @@
 #include "hp/memory/large_pool.h"
 #include "hp/memory/block_cache.h"
 #include "hp/model/aux_loss.h"
+#include "hp/model/block_attention.h"
 #include "hp/model/extensions.h"
 #include "hp/model/layers.h"
 #include "hp/model/model.h"
@@ -269,7 +270,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 10 (gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 11 (the attention core and attention by blocks timed apart; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -298,6 +299,10 @@ std::string Calibration::to_json() const {
   j["shared_core_collective_s"] = shared_core_collective_s;
   j["ring_step_s"] = ring_step_s;
   j["ring_step_bytes"] = ring_step_bytes;
+  j["attention_core_seconds_per_token_1"] = attention_core_seconds_per_token_1;
+  j["attention_core_seconds_per_token_all"] = attention_core_seconds_per_token_all;
+  j["attention_block_seconds_1"] = attention_block_seconds_1;
+  j["attention_block_seconds_all"] = attention_block_seconds_all;
   j["gemm_flops_per_s_1"] = gemm_flops_per_s_1;
   j["gemm_flops_per_s_all"] = gemm_flops_per_s_all;
   j["cores"] = cores;
@@ -336,6 +341,10 @@ Calibration Calibration::from_json(const std::string& text) {
   c.shared_core_collective_s = j.at("shared_core_collective_s").get<double>();
   c.ring_step_s = j.at("ring_step_s").get<double>();
   c.ring_step_bytes = j.at("ring_step_bytes").get<double>();
+  c.attention_core_seconds_per_token_1 = j.at("attention_core_seconds_per_token_1").get<double>();
+  c.attention_core_seconds_per_token_all = j.at("attention_core_seconds_per_token_all").get<double>();
+  c.attention_block_seconds_1 = j.at("attention_block_seconds_1").get<std::vector<std::vector<double>>>();
+  c.attention_block_seconds_all = j.at("attention_block_seconds_all").get<std::vector<std::vector<double>>>();
   c.gemm_flops_per_s_1 = j.at("gemm_flops_per_s_1").get<double>();
   c.gemm_flops_per_s_all = j.at("gemm_flops_per_s_all").get<double>();
   c.cores = j.at("cores").get<int>();
@@ -599,6 +608,93 @@ double shared_core_in_step(int n) {
   return std::max(0.0, std::stod(out));
 }
 
+/// The model's attention as one process runs it: heads, head width,
+/// sequence, and its core (model.attention resolved: eager, or by blocks of
+/// model.attention_block). No heads: the model has no attention.
+struct AttentionShape {
+  std::int64_t heads = 0, head_dim = 0, seq = 0, block = 0;
+  bool eager = true;
+};
+
+AttentionShape attention_shape(const Config& c) {
+  AttentionShape a;
+  const ModelInfo info = model_info(c);
+  const SplitSize* h = info.size("heads");
+  const SplitSize* hidden = info.size("hidden");
+  if (!info.uses("attention.heads") || !h || !hidden || h->value <= 0 || !c.has("model.attention")) return a;
+  a.heads = h->value;
+  a.head_dim = hidden->value / h->value;
+  a.seq = c.get_int("model.seq_len");
+  a.eager = resolve_attention(c.get_string("model.attention"), a.seq, c.get_int("model.attention_auto_seq")) == "eager";
+  a.block = c.get_int("model.attention_block");
+  return a;
+}
+
+/// The block lengths attention by blocks is timed at: a quarter of the
+/// sequence (one chunk of context parallel over 2) and its halvings down
+/// to 8, at most five; a length between two is interpolated.
+std::vector<std::int64_t> attention_block_lengths(std::int64_t seq) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t b = seq / 4; b >= 8 && out.size() < 5; b /= 2) out.push_back(b);
+  if (out.empty() && seq >= 2) out.push_back(std::max<std::int64_t>(1, seq / 4));
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+/// A table of {block length, seconds per block} (lengths ascending) at
+/// `length`: linear between two measured lengths; below the first, the
+/// first's (a small block costs its operations' overhead); beyond the last,
+/// the last's by the square of the lengths (its products). 0 when empty.
+double seconds_at_length(const std::vector<std::vector<double>>& table, std::int64_t length) {
+  if (table.empty()) return 0;
+  const double x = static_cast<double>(length);
+  if (x <= table.front().at(0)) return table.front().at(1);
+  if (x >= table.back().at(0)) return table.back().at(1) * (x / table.back().at(0)) * (x / table.back().at(0));
+  for (std::size_t i = 1; i < table.size(); ++i) {
+    const auto& lo = table[i - 1];
+    const auto& hi = table[i];
+    if (x <= hi.at(0)) return lo.at(1) + (hi.at(1) - lo.at(1)) * (x - lo.at(0)) / (hi.at(0) - lo.at(0));
+  }
+  return table.back().at(1);
+}
+
+/// Forward and backward seconds of attention over q, k, v of `shape`
+/// ([batch, seq, heads, head_dim], random) by `attend`.
+double time_attention(at::IntArrayRef shape, const std::function<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                                           const at::Tensor&)>& attend) {
+  c10::AutoGradMode grad(true);
+  auto q = at::randn(shape).requires_grad_(), k = at::randn(shape).requires_grad_(),
+       v = at::randn(shape).requires_grad_();
+  const auto t0 = Clock::now();
+  at::Tensor out = attend(q, k, v);
+  out.backward(at::ones_like(out));
+  return since(t0);
+}
+
+/// The attention's two figures at one step: the model's own core over one
+/// micro-batch (seconds per token), then for each of attention_block_lengths
+/// the seconds per block of one head, from block attention over four
+/// blocks' length (ten blocks a head; heads enough for the threads, the
+/// work bounded at about 2^22 scores whatever the length).
+std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs, int threads) {
+  std::vector<double> out;
+  const double tokens = static_cast<double>(mbs * a.seq);
+  out.push_back(time_attention({mbs, a.seq, a.heads, a.head_dim}, [&](const at::Tensor& q, const at::Tensor& k,
+                                                                      const at::Tensor& v) {
+                  return a.eager ? causal_attention(q, k, v) : block_causal_attention(q, k, v, a.block);
+                }) / tokens);
+  for (std::int64_t b : attention_block_lengths(a.seq)) {
+    const std::int64_t rows = std::max<std::int64_t>(
+        threads, std::min<std::int64_t>(mbs * a.heads, (std::int64_t{1} << 22) / (10 * b * b)));
+    const double s = time_attention({1, 4 * b, rows, a.head_dim}, [&](const at::Tensor& q, const at::Tensor& k,
+                                                                      const at::Tensor& v) {
+      return block_causal_attention(q, k, v, b);
+    });
+    out.push_back(s / static_cast<double>(10 * rows));
+  }
+  return out;
+}
+
 /// One process of the model at micro-batch `mbs` with `threads` threads:
 /// the trainer's own start-up probe, then `steps` training steps (forward,
 /// backward, AdamW update). Returns the peak resident memory above the
@@ -661,6 +757,8 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   // Two parts: what passes over the gradients (zeroing, norm, clip) and
   // the optimizer's update (over its state).
   std::vector<double> grad_passes, updates;
+  const AttentionShape attention = attention_shape(c);
+  std::vector<std::vector<double>> attention_samples;
   const double grad_clip = c.get_float("optimizer.grad_clip");
   for (int step = 0; step < steps || (finished && !finished()); ++step) {
    const bool timing = step < steps;
@@ -764,6 +862,9 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
     if (timing && step >= timed_from) {
       grad_passes.push_back(std::chrono::duration<double>(t_update - t_clip).count());
       updates.push_back(since(t_update));
+      // The attention apart, under the same load as the blocks: what a
+      // layout computing it by blocks (a sequence layout's) replaces.
+      if (attention.heads > 0) attention_samples.push_back(attention_figures(attention, mbs, threads));
     }
   }
   // The last step's zeroing was not timed.
@@ -783,6 +884,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   j["samples"] = samples;
   j["first_samples"] = first_samples;
   j["expert_samples"] = expert_samples;
+  j["attention_samples"] = attention_samples;
   j["routed"] = routed;
   std::vector<double> per_token;
   for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
@@ -894,7 +996,7 @@ Calibration calibrate(const Config& c) {
   auto timed = [&](int n, int threads, int steps) { return nlohmann::json::parse(together(n, threads, steps).at(0)); };
   // Two processes' samples together; each block's seconds their median.
   auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
-    for (const char* k : {"samples", "first_samples", "expert_samples", "grad_passes", "updates"})
+    for (const char* k : {"samples", "first_samples", "expert_samples", "attention_samples", "grad_passes", "updates"})
       for (const auto& v : b[k]) a[k].push_back(v);
     const auto samples = a["samples"].get<std::vector<std::vector<double>>>();
     a["seconds_per_token"] = column_medians(samples, a["seconds_per_token"].size());
@@ -952,6 +1054,18 @@ Calibration calibrate(const Config& c) {
     return out;
   };
   cal.first_micro_batch_extra_1 = first_extra(loaded);
+  // The model's attention core per token and a head's block at each timed
+  // length (the medians over the timed steps).
+  auto attention_of = [&](const nlohmann::json& j, double& core, std::vector<std::vector<double>>& blocks) {
+    const auto samples = j["attention_samples"].get<std::vector<std::vector<double>>>();
+    const auto lengths = attention_block_lengths(seq);
+    if (samples.empty()) return;
+    const auto med = column_medians(samples, 1 + lengths.size());
+    core = med[0];
+    blocks.clear();
+    for (std::size_t i = 0; i < lengths.size(); ++i) blocks.push_back({static_cast<double>(lengths[i]), med[i + 1]});
+  };
+  attention_of(loaded, cal.attention_core_seconds_per_token_1, cal.attention_block_seconds_1);
   cal.expert_group_imbalance = group_imbalance(small["routed"].get<std::vector<std::vector<double>>>());
   cal.grad_pass_seconds_per_byte_1 = per_byte(loaded, "grad_passes", "grad_bytes");
   cal.update_seconds_per_byte_1 = per_byte(loaded, "updates", "optimizer_bytes");
@@ -989,6 +1103,7 @@ Calibration calibrate(const Config& c) {
     cal.grad_pass_seconds_per_byte_all = per_byte(all, "grad_passes", "grad_bytes");
     cal.expert_seconds_per_token_all = expert_per_token(all);
     cal.first_micro_batch_extra_all = first_extra(all);
+    attention_of(all, cal.attention_core_seconds_per_token_all, cal.attention_block_seconds_all);
     cal.update_seconds_per_byte_all = per_byte(all, "updates", "optimizer_bytes");
     cal.gemm_flops_per_s_all = all["gemm_flops_per_s"].get<double>();
   } else {
@@ -996,6 +1111,8 @@ Calibration calibrate(const Config& c) {
     cal.grad_pass_seconds_per_byte_all = cal.grad_pass_seconds_per_byte_1;
     cal.expert_seconds_per_token_all = cal.expert_seconds_per_token_1;
     cal.first_micro_batch_extra_all = cal.first_micro_batch_extra_1;
+    cal.attention_core_seconds_per_token_all = cal.attention_core_seconds_per_token_1;
+    cal.attention_block_seconds_all = cal.attention_block_seconds_1;
     cal.update_seconds_per_byte_all = cal.update_seconds_per_byte_1;
     cal.gemm_flops_per_s_all = cal.gemm_flops_per_s_1;
   }
@@ -1065,6 +1182,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   out.tokens_per_step = static_cast<double>(gbs * seq);
   const ModelInfo info = model_info(c);
   const double hidden = info.size("hidden") ? static_cast<double>(info.size("hidden")->value) : 0.0;
+  const std::int64_t heads = info.uses("attention.heads") && info.size("heads") ? info.size("heads")->value : 0;
   const double bucket = c.get_float("distributed.bucket_size_mb") * kMiB;
   const bool overlap = c.get_bool("distributed.overlap");
   const auto& per_token = out.threads_per_rank > 1 ? cal.seconds_per_token_all : cal.seconds_per_token_1;
@@ -1214,6 +1332,28 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
           cal.p2p_latency_s + std::max(0.0, cal.ring_step_s - cal.p2p_latency_s) * pair / std::max(1.0, cal.ring_step_bytes);
       act_comm += layers * 4.0 * (positions - 1) * std::max(message(pair), ring_step * oversubscribed);
       act_bytes_sent += layers * 4.0 * (positions - 1) * pair;
+    }
+    // Attention computed by blocks under the rank's sequence layout (context
+    // parallel's ring): its blocks, at the calibrated seconds of a head's
+    // block of their length, replace the model's own attention in each
+    // attention layer's seconds (counted there per token). Measured on the
+    // GPT 4 x 256 at cp=2, micro-batch 4: the ring's block computations
+    // took 0.09 s a step where the layers' calibrated attention came to
+    // about 0.02, the step 31 % over the prediction without this.
+    const auto& layout = b.runtime->model().sequence_layout();
+    if (layout && layout->attention_blocks && heads > 0) {
+      const bool all = out.threads_per_rank > 1;
+      const auto blocks = layout->attention_blocks(seq);
+      const double per_block =
+          seconds_at_length(all ? cal.attention_block_seconds_all : cal.attention_block_seconds_1, blocks.size);
+      const double core = all ? cal.attention_core_seconds_per_token_all : cal.attention_core_seconds_per_token_1;
+      for (std::size_t i = 0; per_block > 0 && i < b.model.indices.size(); ++i) {
+        const int index = b.model.indices[i];
+        if (b.desc.blocks[static_cast<std::size_t>(index)].name.rfind("blocks.", 0) != 0) continue;
+        const double share = split_share(by_block[index], mesh);  // the rank's heads
+        seconds += (per_block * static_cast<double>(mbs * heads) * share * blocks.count - core * tokens) *
+                   (b.recomputed[i] ? 4.0 / 3 : 1.0);
+      }
     }
     // Below the calibrated micro-batch's tokens the peak follows the
     // measured points, not the slope above them (the heap's size classes).

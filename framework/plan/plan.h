@@ -56,6 +56,15 @@ struct Calibration {
   /// posted before a product and waited for after it: the seconds it adds
   /// to the product, for a message of ring_step_bytes.
   double ring_step_s = 0, ring_step_bytes = 0;
+  /// Attention: the model's own (model.attention as one process runs it)
+  /// forward + backward seconds per token of the calibrated micro-batch,
+  /// and attention by score blocks, {block length, forward + backward
+  /// seconds per block of one head} at a few lengths, at 1 thread (every
+  /// core busy) and at `cores` threads. A sequence layout that computes
+  /// its attention by blocks (context parallel's ring) replaces the one
+  /// with the other. Empty / 0 for a model without attention.
+  double attention_core_seconds_per_token_1 = 0, attention_core_seconds_per_token_all = 0;
+  std::vector<std::vector<double>> attention_block_seconds_1, attention_block_seconds_all;
   /// The start-up probe's product rate (FLOP/s) at 1 thread and at `cores`.
   double gemm_flops_per_s_1 = 0, gemm_flops_per_s_all = 0;
   int cores = 1;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,7 @@ at::Tensor gather_sequence(const at::Tensor& x, dist::Group& group) {
 namespace {
 
 RingTimes g_times;  // the ring runs on the threads that run the model's forward and backward, one at a time
+std::atomic<std::int64_t> g_blocks{0};  // counted on the threads that split the heads
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -74,6 +76,7 @@ void timed_step(const char* name, int step, const F& f) {
 RingTimes take_ring_times() {
   RingTimes t = g_times;
   g_times = RingTimes{};
+  t.blocks = g_blocks.exchange(0);
   return t;
 }
 
@@ -170,6 +173,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const at::Tensor kvf = narrow ? cur.to(at::kFloat) : cur;
       timed_step("ring_attention_step", s, [&] {
         bs::for_each_head(B * h, [&](std::int64_t bh) {
+          // The head's rows taken once, not per block (each a view op).
+          const at::Tensor q_h = q[bh], k_h = kvf[0][bh], v_h = kvf[1][bh];
+          const at::Tensor docs_h = docs.defined() ? docs[bh / h] : at::Tensor();
           for (int qi = 0; qi < 2; ++qi) {
             for (int ki = 0; ki < 2; ++ki) {
               const int qc = chunk_of(r, qi, cp), kc = chunk_of(src, ki, cp);
@@ -177,13 +183,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                              [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols,
                                  const at::Tensor& causal) {
                                at::Tensor mask = causal;
-                               if (docs.defined() &&
-                                   !bs::document_block(docs[bh / h], qc * L + r0, rows, kc * L + c0, cols, mask))
+                               if (docs_h.defined() &&
+                                   !bs::document_block(docs_h, qc * L + r0, rows, kc * L + c0, cols, mask))
                                  return;
+                               g_blocks.fetch_add(1, std::memory_order_relaxed);
                                auto& st = state[static_cast<std::size_t>((bh * 2 + qi) * nrb + r0 / block)];
-                               bs::add_block(st, q[bh].narrow(0, qi * L + r0, rows),
-                                             kvf[0][bh].narrow(0, ki * L + c0, cols),
-                                             kvf[1][bh].narrow(0, ki * L + c0, cols), mask, docs.defined());
+                               bs::add_block(st, q_h.narrow(0, qi * L + r0, rows), k_h.narrow(0, ki * L + c0, cols),
+                                             v_h.narrow(0, ki * L + c0, cols), mask, docs_h.defined());
                              });
             }
           }
@@ -261,7 +267,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       auto dkv = at::zeros(kv.sizes(), q.options());
       timed_step("ring_attention_backward_step", s, [&] {
         bs::for_each_head(BH, [&](std::int64_t bh) {
-          const auto do_h = do_heads[bh / h][bh % h];
+          // The head's rows taken once, not per block (each a view op).
+          const at::Tensor do_h = do_heads[bh / h][bh % h], q_h = q[bh], k_h = kvf[0][bh], v_h = kvf[1][bh];
+          const at::Tensor lse_h = lse3[bh], D_h = D[bh], dq_h = dq[bh], dk_h = dkv[0][bh], dv_h = dkv[1][bh];
+          const at::Tensor docs_h = docs.defined() ? docs[bh / h] : at::Tensor();
           for (int qi = 0; qi < 2; ++qi) {
             for (int ki = 0; ki < 2; ++ki) {
               const int qc = chunk_of(r, qi, cp), kc = chunk_of(src, ki, cp);
@@ -269,14 +278,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                   qc, kc, L, block, diag,
                   [&](std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols, const at::Tensor& causal) {
                     at::Tensor mask = causal;
-                    if (docs.defined() && !bs::document_block(docs[bh / h], qc * L + r0, rows, kc * L + c0, cols, mask))
+                    if (docs_h.defined() && !bs::document_block(docs_h, qc * L + r0, rows, kc * L + c0, cols, mask))
                       return;
+                    g_blocks.fetch_add(1, std::memory_order_relaxed);
                     const auto qr = qi * L + r0, kr = ki * L + c0;
-                    bs::backward_block(q[bh].narrow(0, qr, rows), kvf[0][bh].narrow(0, kr, cols),
-                                       kvf[1][bh].narrow(0, kr, cols), do_h.narrow(0, qr, rows),
-                                       lse3[bh].narrow(0, qr, rows), D[bh].narrow(0, qr, rows), mask,
-                                       dq[bh].narrow(0, qr, rows), dkv[0][bh].narrow(0, kr, cols),
-                                       dkv[1][bh].narrow(0, kr, cols));
+                    bs::backward_block(q_h.narrow(0, qr, rows), k_h.narrow(0, kr, cols), v_h.narrow(0, kr, cols),
+                                       do_h.narrow(0, qr, rows), lse_h.narrow(0, qr, rows), D_h.narrow(0, qr, rows),
+                                       mask, dq_h.narrow(0, qr, rows), dk_h.narrow(0, kr, cols),
+                                       dv_h.narrow(0, kr, cols));
                   });
             }
           }
@@ -327,6 +336,14 @@ SequenceLayout balanced_layout(dist::Group& g, std::int64_t block) {
   };
   layout.attention = [&g, block](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& documents) { return ring_attention(q, k, v, g, block, documents); };
+  // Each rank's queries see 2 parts - 1 chunks whole and its own two on
+  // the diagonal (the blocks at or below it), whatever its place in the
+  // ring: (2 parts - 1) nb^2 + nb (nb + 1) blocks of the chunk's nb.
+  layout.attention_blocks = [parts = g.size(), block](std::int64_t len) {
+    const std::int64_t chunk = len / (2 * parts), size = std::min(block, chunk);
+    const double nb = static_cast<double>((chunk + size - 1) / std::max<std::int64_t>(1, size));
+    return SequenceLayout::Blocks{size, (2.0 * parts - 1) * nb * nb + nb * (nb + 1)};
+  };
   layout.sum = [&g](at::Tensor& t) { g.all_reduce(t); };
   layout.gather = [&g](const at::Tensor& x) { return gather_sequence(x, g); };
   return layout;

@@ -47,6 +47,9 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 struct RingTimes {
   double compute_seconds = 0, wait_seconds = 0;
   std::int64_t steps = 0;
+  /// Score blocks of one head computed, forward and backward (what
+  /// SequenceLayout::attention_blocks counts per pass), over every thread.
+  std::int64_t blocks = 0;
 };
 RingTimes take_ring_times();
 

@@ -44,6 +44,15 @@ struct SequenceLayout {
   /// ...] in local order; returns [samples, global, ...] in global order. Not
   /// differentiable (decisions over a whole sequence: capacity).
   std::function<at::Tensor(const at::Tensor& x)> gather;
+  /// What `attention` computes on this rank, for cost models (the
+  /// planner): per head of one sample whose global sequence is
+  /// `global_len` long, `count` score blocks of at most `size` x `size`.
+  /// Unset when the attention is not computed by blocks.
+  struct Blocks {
+    std::int64_t size = 0;
+    double count = 0;
+  };
+  std::function<Blocks(std::int64_t global_len)> attention_blocks;
 
   /// The pieces of a local sequence of `local_len` positions.
   std::vector<SeqPiece> local_pieces(std::int64_t local_len) const { return pieces(local_len * parts); }

@@ -3,7 +3,8 @@
 // combination against one softmax over the whole row (blocks with rows that
 // see nothing included); ring attention on 1-4 real Gloo ranks against
 // eager attention over the whole sequence, forward and backward (max |a - b|
-// / max |b| <= 1e-6 per tensor); and the router's per-sequence decisions
+// / max |b| <= 1e-6 per tensor), the score blocks it computes equal to the
+// count its layout gives the planner; and the router's per-sequence decisions
 // (capacity, load-balancing loss) under the split equal to the whole
 // sequence's.
 #include <gtest/gtest.h>
@@ -120,6 +121,8 @@ void check_ring(int parts, std::int64_t seq, std::int64_t heads, std::int64_t bl
   auto fp = full.unbind(3);
   auto ref = hp::causal_attention(fp[0], fp[1], fp[2], docs);
   ref.backward(dout);
+  cp::take_ring_times();
+  std::int64_t counted = 0;  // the blocks the layout says each rank computes per pass (the planner's cost)
   hp::test::run_ranks(parts, [&](hp::dist::DistributedContext& ctx) {
     auto& g = ctx.group("dp");
     const auto pieces = cp::balanced_pieces(seq, parts, g.rank());
@@ -133,7 +136,21 @@ void check_ring(int parts, std::int64_t seq, std::int64_t heads, std::int64_t bl
     auto got = mine.grad().unbind(3), want = hp::take_pieces(full.grad(), 1, pieces).unbind(3);
     const char* names[] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; ++i) EXPECT_LE(rel(got[i], want[i]), 1e-6) << at << " " << names[i];
+    if (g.rank() == 0) {
+      const auto blocks = cp::balanced_layout(g, block).attention_blocks(seq);
+      EXPECT_LE(blocks.size, block);
+      counted = static_cast<std::int64_t>(blocks.count);
+    }
   });
+  // Without documents every such block is computed, forward and backward,
+  // on every rank (documents skip some).
+  const std::int64_t computed = cp::take_ring_times().blocks;
+  if (documents) {
+    EXPECT_LE(computed, 2 * parts * B * heads * counted);
+  } else {
+    EXPECT_EQ(computed, 2 * parts * B * heads * counted)
+        << parts << " ranks, seq " << seq << ", block " << block << ": blocks computed against the layout's count";
+  }
 }
 
 TEST(RingAttention, MatchesEagerOverTheWholeSequenceOnOneToFourRanks) {

@@ -142,6 +142,33 @@ TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
   EXPECT_DOUBLE_EQ(z1_big.buffers, dp_big.buffers);
 }
 
+// Context parallel computes attention by score blocks: each of the rank's
+// attention layers costs its layout's blocks (cp=2 at seq 32: chunks of 8,
+// one block a chunk pair, 2 x 2 - 1 whole + 2 diagonal = 5 a head) at the
+// calibrated seconds of a block of that length, in place of the model's
+// own attention over its tokens; a length between two measured ones is
+// interpolated.
+TEST(Planner, ContextParallelAttentionCostsItsBlocks) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 4, micro_batch_size: 2}\n"
+      "features: {context_parallel: {enabled: true, size: 2}}\n";
+  const std::string dp = gpt.substr(0, gpt.find("features:"));
+  auto cal = calibration(setup(dp, 1), 1000, 0);
+  const auto without = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
+  cal.attention_core_seconds_per_token_1 = 1e-6;
+  cal.attention_block_seconds_1 = {{4, 1e-5}, {16, 4e-5}};  // a block of 8: 2e-5
+  const auto with = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
+  // Per micro-batch and layer: 2 samples x 4 heads x 5 blocks x 2e-5 s,
+  // less the model's attention over 2 x 32 / 2 tokens; 2 micro-batches, 2
+  // layers, no cores shared.
+  EXPECT_NEAR(with.compute - without.compute, (2 * 4 * 5 * 2e-5 - 1e-6 * 32) * 2 * 2, 1e-12);
+  // Without a sequence layout the blocks are not counted.
+  EXPECT_DOUBLE_EQ(hp::plan::estimate(setup(dp, 2), cal).ranks.at(0).compute,
+                   hp::plan::estimate(setup(dp, 2), calibration(setup(dp, 1), 1000, 0)).ranks.at(0).compute);
+}
+
 // The routing's loads per group of experts: 4 experts with 3, 1, 0, 0 rows
 // put 4 of 4 rows on the first of two groups (2x the mean) and 3 on the
 // first of four (3x); a second sample evenly loaded averages to 1.5 and 2.
