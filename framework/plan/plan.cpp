@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -55,6 +56,9 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr double kMiB = 1024.0 * 1024.0;
+/// A member's slot in a group's shared-memory segment (the collectives of
+/// ranks on one host, backends/comm): the largest piece sent at once.
+constexpr double kShmSlotBytes = 2 * kMiB;
 
 double numel(const std::vector<std::int64_t>& shape) {
   double n = 1;
@@ -270,7 +274,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 11 (the attention core and attention by blocks timed apart; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 11 (the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -695,6 +699,88 @@ std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs,
   return out;
 }
 
+/// ZeRO stages 2 and 3's gradient reduction as its memory goes, without the
+/// communication (one process): the gradients cut into buckets of
+/// distributed.bucket_size_mb in reverse order; once a bucket's gradients
+/// of a micro-batch are complete (the trainer's hooks), a flat copy of them
+/// and the received half are made and the whole gradients released; at
+/// most two buckets travel, the oldest then summed into the rank's half
+/// (made at setup). The released-gradients calibration runs it, so its peak
+/// shows what whole gradients and these buffers cost among a backward's
+/// activations, the pool's gaps included: at four ranks stages 2 and 3
+/// measured 10-16 MiB under a model of the gradients alone.
+class EmulatedSlicer {
+ public:
+  EmulatedSlicer(const std::vector<ParamEntry>& params, double bucket_bytes) : params_(params) {
+    std::vector<std::size_t> current;
+    double bytes = 0;
+    for (std::size_t k = params.size(); k-- > 0;) {
+      if (!params[k].tensor.requires_grad()) continue;
+      current.push_back(k);
+      bytes += static_cast<double>(params[k].tensor.numel()) * 4;
+      if (bytes >= bucket_bytes) {
+        buckets_.push_back(current);
+        current.clear();
+        bytes = 0;
+      }
+    }
+    if (!current.empty()) buckets_.push_back(current);
+    std::vector<std::size_t> order;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      std::int64_t n = 0;
+      for (std::size_t i : buckets_[b]) n += params[i].tensor.numel();
+      halves_.push_back(at::zeros({(n + 1) / 2}));
+      order.push_back(b);
+    }
+    launcher_ = std::make_unique<BucketLauncher>(params, buckets_, std::vector<std::vector<std::size_t>>{order},
+                                                 std::vector<bool>{true}, true, 0, [this](std::size_t b) { launch(b); });
+    launcher_->learn_rounds();
+  }
+  void begin_step(int micro_batches) { launcher_->guess_first_step(micro_batches); }
+  /// After the step's last backward: what is left launched and summed.
+  void end_backward() {
+    launcher_->flush();
+    while (!in_flight_.empty()) finish_oldest();
+    launcher_->end_step();
+  }
+  double half_bytes() const {
+    double b = 0;
+    for (const auto& h : halves_) b += static_cast<double>(h.nbytes());
+    return b;
+  }
+
+ private:
+  void launch(std::size_t b) {
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    for (std::size_t i : buckets_[b]) {
+      auto& p = params_[i].tensor;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad().reshape({-1}));
+    }
+    at::Tensor flat = at::cat(grads);
+    grads.clear();
+    at::Tensor half = flat.narrow(0, 0, halves_[b].numel()).clone();
+    for (std::size_t i : buckets_[b]) params_[i].tensor.mutable_grad() = at::Tensor();
+    in_flight_.push_back({b, flat, half});
+    while (in_flight_.size() > 2) finish_oldest();
+  }
+  void finish_oldest() {
+    auto& f = in_flight_.front();
+    halves_[f.bucket].add_(f.half);
+    in_flight_.pop_front();
+  }
+  struct InFlight {
+    std::size_t bucket;
+    at::Tensor flat, half;
+  };
+  std::vector<ParamEntry> params_;
+  std::vector<std::vector<std::size_t>> buckets_;
+  std::vector<at::Tensor> halves_;
+  std::deque<InFlight> in_flight_;
+  std::unique_ptr<BucketLauncher> launcher_;  // last: its hooks go quiet first
+};
+
 /// One process of the model at micro-batch `mbs` with `threads` threads:
 /// the trainer's own start-up probe, then `steps` training steps (forward,
 /// backward, AdamW update). Returns the peak resident memory above the
@@ -760,11 +846,15 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   const AttentionShape attention = attention_shape(c);
   std::vector<std::vector<double>> attention_samples;
   const double grad_clip = c.get_float("optimizer.grad_clip");
+  std::unique_ptr<EmulatedSlicer> slicer;
+  if (release_grads)
+    slicer = std::make_unique<EmulatedSlicer>(model.params, c.get_float("distributed.bucket_size_mb") * kMiB);
   for (int step = 0; step < steps || (finished && !finished()); ++step) {
    const bool timing = step < steps;
    if (step == timed_from && before_timed) before_timed();
    const auto t_zero = Clock::now();
    if (!release_grads) optimizer->zero_grad();
+   if (slicer) slicer->begin_step(micro);
    if (timing && step > timed_from) grad_passes.back() += since(t_zero);
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
@@ -846,6 +936,14 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       (first_of_several ? first_samples : samples).push_back(per_block);
     }
    }
+    if (slicer) {
+      slicer->end_backward();
+      // The update as a whole process runs it (the optimizer's state
+      // made as in the other processes), on zero gradients.
+      c10::NoGradGuard no_grad;
+      for (auto& p : model.params)
+        if (p.tensor.requires_grad() && !p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+    }
     const auto t_clip = Clock::now();
     {
       std::vector<ParamEntry> grads;
@@ -890,6 +988,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   for (double k : kept) per_token.push_back(std::max(0.0, k) / tokens);
   j["kept_per_token"] = per_token;
   j["model_state"] = optimizer->model_state(model.params).total();
+  j["emulated_slices_bytes"] = slicer ? slicer->half_bytes() : 0.0;
   j["gemm_flops_per_s"] = gemm_rate;
   return j;
 }
@@ -1019,7 +1118,11 @@ Calibration calibrate(const Config& c) {
   {
     const double g = small["grad_bytes"].get<double>();
     const double kept_peak = small["peak_above_start"].get<double>(), released_peak = released["peak_above_start"].get<double>();
-    if (g > 0) cal.grads_made_whole_factor = std::max(0.0, (released_peak - (kept_peak - g)) / g);
+    // (Less the rank's half of the gradients the released process keeps:
+    // counted with the model state.)
+    if (g > 0)
+      cal.grads_made_whole_factor =
+          std::max(0.0, (released_peak - released["emulated_slices_bytes"].get<double>() - (kept_peak - g)) / g);
   }
   // What a step adds besides the model state and the kept copies, at each
   // measured micro-batch (tokens, bytes).
@@ -1237,6 +1340,9 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     for (const auto& p : b.model.params) by_block[p.block].push_back(&p);
     double act = 0, recompute_inputs = 0, largest_block = 0, seconds = 0, once = 0;
     double act_comm = 0, act_bytes_sent = 0;
+    // The largest message of each kind of group the rank's collectives
+    // run over, with the group's size: its shared-memory pages (below).
+    double split_message = 0, split_n = 1, expert_message = 0, expert_n = 1;
     // A zero-bubble schedule's W queue: a micro-batch whose B ran and
     // whose W waits holds, of its activations, what each split layer's W
     // reads, per token its input and its output's gradient (a product's
@@ -1281,6 +1387,8 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       if (experts_over > 1 && info.expert_rows_per_token > 0) {
         const double out_bytes = tokens * info.expert_rows_per_token * hidden * 4 * (experts_over - 1) / experts_over;
         act_comm += 5 * (cal.collective_latency_s + in_step) + 4 * out_bytes / cal.p2p_bytes_per_s * oversubscribed;
+        expert_message = std::max(expert_message, out_bytes);
+        expert_n = std::max<double>(expert_n, experts_over);
         act_bytes_sent += 4 * out_bytes;
         // Each exchange waits for the group's most loaded rank: its experts
         // take more rows than the mean by the calibrated routing's factor.
@@ -1297,6 +1405,8 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         // in backward (two of each for a transformer block).
         act_comm += 4 * (collective(hidden * 4 * tokens, t) + in_step);
         act_bytes_sent += 4 * hidden * 4 * tokens * 2.0 * (t - 1) / t;
+        split_message = std::max(split_message, hidden * 4 * tokens);
+        split_n = std::max<double>(split_n, t);
       }
     }
     if (b.model.loss) {
@@ -1402,7 +1512,23 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     const double at_peak = b.state.transient + (cal.grads_made_whole_factor - 1) * b.state.made_whole;
     const double after_update = b.state.after_update > 0 ? b.state.after_update + first_block - e.activations : 0;
     const double optimizer_extra = std::max(at_peak, after_update);
-    e.buffers = extra + optimizer_extra + (grad_bytes > 0 ? 2 * std::min(bucket, grad_bytes) : 0);
+    // Collectives between ranks of this host go through one shared-memory
+    // segment per group, two sets of slots of at most kShmSlotBytes a
+    // member; a rank's resident memory holds the pages its operations
+    // touched: of its own slots a piece (the largest message, at most a
+    // slot), of the other members' all of it where it gathers (ZeRO's
+    // slices) and two parts in n where it only sums or exchanges (its part
+    // of each slot, and the members' sums). Measured on the GPT 4 x 256
+    // with buckets of 4 MiB (RssShmem): 8 MiB a rank at dp=2, 11.6-12.2 at
+    // dp=4, 16.0-16.4 at dp=4 under ZeRO (stages 1-3).
+    auto segment = [](double message, double n, bool gathers) {
+      if (n <= 1 || message <= 0) return 0.0;
+      const double piece = std::min(message, kShmSlotBytes);
+      return 2 * piece * (gathers ? n : 1 + (n - 1) * std::min(1.0, 2 / n));
+    };
+    const bool gathers = b.state.after_update > 0 || b.state.gathered_per_micro_batch > 0;
+    e.buffers = extra + optimizer_extra + segment(std::min(bucket, grad_bytes), group, gathers) +
+                segment(split_message, split_n, false) + segment(expert_message, expert_n, false);
     e.kept_copies = kept_copies_bytes(b.model.params);
     // The reduction overlaps the backward (two thirds of the compute) where
     // the code overlaps it and a core is free to run it.

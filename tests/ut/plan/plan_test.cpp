@@ -3,7 +3,9 @@
 // parameters follows the experts and layers it builds, fewer tokens per
 // rank than the calibrated micro-batch follow the measured peaks, the
 // step's end and ZeRO's gathers follow the shards of the gradients,
-// parameters and optimizer state, and an expert split waits for the rank
+// parameters and optimizer state, the shared-memory pages of the
+// collectives follow the group and whether it gathers, context parallel's
+// attention costs its score blocks, and an expert split waits for the rank
 // the routing loads most.
 #include <gtest/gtest.h>
 
@@ -101,8 +103,10 @@ TEST(Planner, FewerTokensThanCalibratedFollowTheMeasuredPoints) {
 
   const hp::Setup cp = setup(gpt + "features: {context_parallel: {enabled: true, size: 2}}\n", 2);
   for (const auto& r : hp::plan::estimate(cp, cal).ranks) {
-    // The rank's blocks keep 32 tokens' worth: the lower point itself.
-    EXPECT_NEAR(r.activations + r.buffers - 2 * std::min(r.grads, 25 * kMiB), 1 * kMiB, 1.0) << "rank " << r.rank;
+    // The rank's blocks keep 32 tokens' worth: the lower point itself
+    // (beside the shared-memory pages of the gradients' sums over the two
+    // ranks: both members' two slots, each as large as the gradients).
+    EXPECT_NEAR(r.activations + r.buffers - 2 * 2 * std::min(r.grads, 2 * kMiB), 1 * kMiB, 1.0) << "rank " << r.rank;
     EXPECT_LT(r.activations, slope * T / 2) << "rank " << r.rank;
   }
 }
@@ -140,6 +144,28 @@ TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
       hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 2), big).ranks.at(0);
   ASSERT_GT(z1_big.activations, 2 * z1_big.params);
   EXPECT_DOUBLE_EQ(z1_big.buffers, dp_big.buffers);
+}
+
+// The shared-memory segment of the gradients' sums: a rank touches its own
+// two slots and two parts in n of each other member's where it only sums
+// (4 pieces at two ranks, 5 at four), every member's where it also gathers
+// (ZeRO's updated slices: 8 at four); a piece is the largest message, the
+// whole gradients here (below a slot and a bucket).
+TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 8, micro_batch_size: 2}\n";
+  const auto cal = calibration(setup(gpt, 1), 1000, 0);
+  const auto dp2 = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
+  const auto dp4 = hp::plan::estimate(setup(gpt, 4), cal).ranks.at(0);
+  const double piece = dp2.grads;
+  ASSERT_LT(piece, 2 * kMiB);
+  EXPECT_DOUBLE_EQ(dp2.buffers, 4 * piece);
+  EXPECT_DOUBLE_EQ(dp4.buffers, 5 * piece);
+  // ZeRO-1 at four: the whole segment, beside its gathers' own bytes.
+  const auto z1 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 4), cal).ranks.at(0);
+  EXPECT_GE(z1.buffers, 8 * piece);
 }
 
 // Context parallel computes attention by score blocks: each of the rank's
