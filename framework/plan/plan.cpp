@@ -41,6 +41,7 @@
 #include "hp/model/model_info.h"
 #include "hp/model/moe.h"
 #include "hp/profile/trace.h"
+#include "hp/optim/buckets.h"
 #include "hp/optim/grad_sync.h"
 #include "hp/optim/optimizer.h"
 #include "hp/plugin/feature_runtime.h"
@@ -56,9 +57,6 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr double kMiB = 1024.0 * 1024.0;
-/// A member's slot in a group's shared-memory segment (the collectives of
-/// ranks on one host, backends/comm): the largest piece sent at once.
-constexpr double kShmSlotBytes = 2 * kMiB;
 
 double numel(const std::vector<std::int64_t>& shape) {
   double n = 1;
@@ -274,7 +272,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 12 (the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 13 (buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -712,24 +710,24 @@ std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs,
 class EmulatedSlicer {
  public:
   EmulatedSlicer(const std::vector<ParamEntry>& params, double bucket_bytes) : params_(params) {
-    std::vector<std::size_t> current;
-    double bytes = 0;
+    // The reducers' own rule (hp/optim/buckets.h) over the parameters in
+    // reverse order.
+    std::vector<std::size_t> reversed;
+    std::vector<double> bytes;
     for (std::size_t k = params.size(); k-- > 0;) {
       if (!params[k].tensor.requires_grad()) continue;
-      current.push_back(k);
-      bytes += static_cast<double>(params[k].tensor.numel()) * 4;
-      if (bytes >= bucket_bytes) {
-        buckets_.push_back(current);
-        current.clear();
-        bytes = 0;
-      }
+      reversed.push_back(k);
+      bytes.push_back(static_cast<double>(params[k].tensor.nbytes()));
     }
-    if (!current.empty()) buckets_.push_back(current);
+    for (const auto& run : cut_buckets(bytes, bucket_bytes)) {
+      buckets_.emplace_back();
+      for (std::size_t i : run) buckets_.back().push_back(reversed[i]);
+    }
     std::vector<std::size_t> order;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       std::int64_t n = 0;
       for (std::size_t i : buckets_[b]) n += params[i].tensor.numel();
-      halves_.push_back(at::zeros({(n + 1) / 2}));
+      halves_.push_back(at::zeros({(n + 1) / 2}, params[buckets_[b].front()].tensor.options()));
       order.push_back(b);
     }
     launcher_ = std::make_unique<BucketLauncher>(params, buckets_, std::vector<std::vector<std::size_t>>{order},
@@ -1467,7 +1465,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     // attention layer's seconds (counted there per token). Measured on the
     // GPT 4 x 256 at cp=2, micro-batch 4: the ring's block computations
     // took 0.09 s a step where the layers' calibrated attention came to
-    // about 0.02, the step 31 % over the prediction without this.
+    // about 0.04, the step 31 % under the prediction without this.
     const auto& layout = b.runtime->model().sequence_layout();
     if (layout && layout->attention_blocks && heads > 0) {
       const bool all = out.threads_per_rank > 1;

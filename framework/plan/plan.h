@@ -30,6 +30,11 @@
 
 namespace hp::plan {
 
+/// A member's slot in a group's shared-memory segment (the collectives of
+/// ranks on one host; backends/comm's ShmCollectives::kSlotBytes, which
+/// ut.Planner holds it to): the largest piece sent at once.
+constexpr double kShmSlotBytes = 2.0 * 1024 * 1024;
+
 /// What the calibration measured (cached per machine and model).
 struct Calibration {
   std::string key;  ///< what it was measured for (machine, model, micro-batch)

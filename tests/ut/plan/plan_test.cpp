@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "backends/comm/detail/shm_collectives.h"
 #include "framework/model/packed_gemm.h"
 #include "framework/plan/plan.h"
 #include "framework/runtime/setup.h"
@@ -163,6 +164,8 @@ TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
   ASSERT_LT(piece, 2 * kMiB);
   EXPECT_DOUBLE_EQ(dp2.buffers, 4 * piece);
   EXPECT_DOUBLE_EQ(dp4.buffers, 5 * piece);
+  // The planner's slot is the shared-memory collectives' own.
+  EXPECT_EQ(hp::plan::kShmSlotBytes, static_cast<double>(hp::dist::ShmCollectives::kSlotBytes));
   // ZeRO-1 at four: the whole segment, beside its gathers' own bytes.
   const auto z1 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 4), cal).ranks.at(0);
   EXPECT_GE(z1.buffers, 8 * piece);
