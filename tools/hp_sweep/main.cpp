@@ -2,6 +2,7 @@
 //
 //   hp-sweep CONFIG --grid KEY=V1,V2 ... [--variant "KEY=V KEY=V" ...]
 //            [--repeat K] [--nproc N] [--set KEY=V ...] --out SWEEP_DIR
+//   hp-sweep CONFIG --grid ... --dry-run
 //
 // Runs the product of the grids (each --variant, a set of keys taken
 // together, times that product) (and K seeds: run.seed, run.seed + 1, ...)
@@ -12,6 +13,8 @@
 // touched again; an unfinished one starts over. Another sweep in the same
 // directory is refused. At the end: a summary table and the comparison
 // page SWEEP_DIR/report.html (hp-report SWEEP_DIR writes it again).
+// --dry-run checks every variant as hp-train --dry-run would (one process
+// for the whole grid), prints one line per run, and writes nothing.
 // Exit codes: 0 every accepted run finished, 1 a run failed, 2 usage error.
 #include <fcntl.h>
 #include <spawn.h>
@@ -138,7 +141,11 @@ int main(int argc, char** argv) {
                  "With --nproc > 1: intra-op threads of each process")
       ->check(CLI::PositiveNumber);
   app.add_option("--set", sets, "KEY=V applied to every run before the grid's values");
-  app.add_option("--out", out, "The sweep's directory")->required();
+  app.add_option("--out", out, "The sweep's directory (required unless --dry-run)");
+  bool dry_run = false;
+  app.add_flag("--dry-run", dry_run,
+               "Check every variant with the config check, print one line per run (name, accepted or "
+               "refused, variant, reason), write nothing, and exit 0");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,6 +154,10 @@ int main(int argc, char** argv) {
 
   std::vector<Grid> grids;
   nlohmann::json plan;
+  if (out.empty() && !dry_run) {
+    std::fprintf(stderr, "hp-sweep: --out SWEEP_DIR is required (or --dry-run to check the variants only)\n");
+    return hp::kConfigErrorExitCode;
+  }
   if (grid_items.empty() && variant_items.empty()) {
     std::fprintf(stderr, "hp-sweep: give --grid KEY=V1,V2 or --variant \"KEY=V ...\" (see --help)\n");
     return hp::kConfigErrorExitCode;
@@ -241,6 +252,19 @@ int main(int argc, char** argv) {
     }
   }
   plan["runs"] = runs;
+  if (dry_run) {
+    std::size_t refused = 0;
+    for (const auto& run : runs) {
+      const bool ok = !run.contains("refused");
+      refused += ok ? 0 : 1;
+      std::printf("%s\t%s\t%s%s%s\n", run["name"].get<std::string>().c_str(), ok ? "accepted" : "refused",
+                  run["label"].get<std::string>().c_str(), ok ? "" : "\t",
+                  ok ? "" : run["refused"].get<std::string>().c_str());
+    }
+    std::printf("dry run: %zu runs, %zu accepted, %zu refused by the config check; nothing was started\n",
+                runs.size(), runs.size() - refused, refused);
+    return 0;
+  }
 
   const fs::path dir(out);
   const fs::path plan_file = dir / "sweep.json";
