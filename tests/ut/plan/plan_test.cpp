@@ -4,7 +4,8 @@
 // rank than the calibrated micro-batch follow the measured peaks, the
 // step's end and ZeRO's gathers follow the shards of the gradients,
 // parameters and optimizer state, the shared-memory pages of the
-// collectives follow the group and whether it gathers, context parallel's
+// collectives follow the group and whether it gathers, released gradients
+// still travel beside a steady pipeline's backward, context parallel's
 // attention costs its score blocks, and an expert split waits for the rank
 // the routing loads most.
 #include <gtest/gtest.h>
@@ -169,6 +170,36 @@ TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
   // ZeRO-1 at four: the whole segment, beside its gathers' own bytes.
   const auto z1 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 4), cal).ranks.at(0);
   EXPECT_GE(z1.buffers, 8 * piece);
+}
+
+// ZeRO-2 reduces each micro-batch's gradients as its backward makes them,
+// two buckets travelling at once. A pipeline stage in its steady phase
+// (1f1b's first stage: two micro-batches of four in flight) runs a backward
+// with its whole gradients made while the previous micro-batch's buckets
+// still travel: a flat copy and the received half of each (here all of the
+// stage's gradients, under one bucket), on top of GPipe's first stage,
+// whose peak is its first backward (all four in flight, nothing sent yet).
+// Reduced once a step (reduce_per_micro_batch: false), nothing travels in
+// a backward and the schedules hold the same buffers.
+TEST(Planner, ReleasedGradientsTravelBesideASteadyPipelinesBackward) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 4, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 16, micro_batch_size: 2}\n";
+  const auto cal = calibration(setup(gpt, 1), 1000, 0);
+  auto rank0 = [&](const char* schedule, bool per_micro_batch) {
+    const std::string f = std::string("features: {pipeline_parallel: {enabled: true, size: 2, schedule: ") +
+                          schedule + "}, zero: {enabled: true, stage: 2, reduce_per_micro_batch: " +
+                          (per_micro_batch ? "true" : "false") + "}}\n";
+    return hp::plan::estimate(setup(gpt + f, 4), cal).ranks.at(0);
+  };
+  const auto steady = rank0("1f1b", true), first = rank0("gpipe", true);
+  ASSERT_EQ(steady.in_flight, 2);
+  ASSERT_EQ(first.in_flight, 4);
+  const double made_whole = 2 * steady.grads;  // the rank's slice is half at dp=2
+  ASSERT_LT(made_whole, 4 * kMiB);
+  EXPECT_DOUBLE_EQ(steady.buffers - first.buffers, 1.5 * made_whole);
+  EXPECT_DOUBLE_EQ(rank0("1f1b", false).buffers, rank0("gpipe", false).buffers);
 }
 
 // Context parallel computes attention by score blocks: each of the rank's
