@@ -7,13 +7,18 @@
 # (4 x 256, 8 experts, top-2) at 2 ranks. Memory error on the peak minus
 # the process baseline (each rank's resident memory when it started:
 # LibTorch and the plugins loaded, nothing built), the largest rank; step
-# time error on the median step after the first two. The calibration runs
-# once per case into a fresh cache, so its time is printed too.
-#   bash bench/bench_plan.sh [steps=12] [per_case=8]
+# time error on the median step after the first two. Each case's layouts
+# run in ROUNDS rounds (hp-plan --rounds): a layout's step is its fastest
+# round, its memory its largest. On this machine one layout measured 0.273
+# and 0.326 s in two runs of this bench minutes apart, which made "ranked
+# first against the fastest measured" a coin toss between near-ties. The
+# calibration runs once per case into a fresh cache, so its time is printed
+# too.
+#   bash bench/bench_plan.sh [steps=12] [per_case=8] [rounds=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin
-STEPS=${1:-12}; K=${2:-8}
+STEPS=${1:-12}; K=${2:-8}; ROUNDS=${3:-2}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 export HP_PLAN_CACHE="$W/cache"
 . bench/small_gpt_config.sh
@@ -21,8 +26,8 @@ small_gpt_config "$W/gpt.yaml" 4 256 "$STEPS"
 small_gpt_config "$W/wide.yaml" 6 384 "$STEPS"
 small_gpt_config "$W/moe.yaml" 4 256 "$STEPS" moe
 run_case() {  # run_case NAME CONFIG NPROC MBS
-  echo "== $1: $BIN/hp-plan $2 --nproc $3 --micro-batch-sizes $4 --measure $K"
-  "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" --top 5 --measure "$K" --out "$W/$1" \
+  echo "== $1: $BIN/hp-plan $2 --nproc $3 --micro-batch-sizes $4 --measure $K --rounds $ROUNDS"
+  "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" --top 5 --measure "$K" --rounds "$ROUNDS" --out "$W/$1" \
     > "$W/$1.out" 2> "$W/$1.err" || { cat "$W/$1.err" "$W/$1.out"; exit 1; }
   grep -E "calibrat" "$W/$1.err" || true
   sed -n '/^hp-plan:/p' "$W/$1.out"

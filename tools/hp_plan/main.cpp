@@ -2,7 +2,7 @@
 // before anything runs, and checked against measurements on request.
 //
 //   hp-plan CONFIG --nproc N [--memory-per-rank GB] [--set KEY=V ...]
-//           [--micro-batch-sizes 1,2] [--top K] [--all] [--measure K --out DIR]
+//           [--micro-batch-sizes 1,2] [--top K] [--all] [--measure K [--rounds R] --out DIR]
 //
 // Enumerates the layouts of N ranks (data, tensor with and without sequence
 // parallel, pipeline with each schedule, context and expert parallel, ZeRO
@@ -11,7 +11,9 @@
 // step time (framework/plan/plan.h), and prints them fastest first with the
 // best one's breakdown. The calibration it needs is measured once per
 // machine and model and cached. --measure K runs the first K through
-// hp-sweep and prints predicted against measured with the error.
+// hp-sweep and prints predicted against measured with the error; with
+// --rounds R the K runs R times over, round after round, each layout's
+// step its fastest round and its memory its largest.
 // Exit codes: 0 done, 1 a measured run failed, 2 usage or config error.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -163,7 +165,7 @@ int run(int argc, char** argv) {
       "against measured. Exit codes: 0 done, 1 a measured run failed, 2 usage or config error."};
   std::string config, out, mbs_list;
   std::vector<std::string> sets;
-  int nproc = 0, top = 10, measure = 0;
+  int nproc = 0, top = 10, measure = 0, rounds = 1;
   double memory_gb = 0;
   bool all = false, recalibrate = false;
   app.add_option("config", config, "The config (YAML): the model, data and training to plan for")
@@ -183,6 +185,12 @@ int run(int argc, char** argv) {
                "arguments (and, refused, a tab and the reason); nothing is calibrated or predicted");
   app.add_flag("--recalibrate", recalibrate, "Measure the calibration again (it is cached per machine and model)");
   app.add_option("--measure", measure, "Run the first K layouts through hp-sweep and compare")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds,
+                 "With --measure: run the K layouts this many times over, one round after another; each "
+                 "layout's measured step is its fastest round (a slow spell of the host only adds time, and "
+                 "rounds spread it over every layout), its memory its largest")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--out", out, "With --measure: the sweep's directory");
   try {
@@ -324,11 +332,16 @@ int run(int argc, char** argv) {
     args.push_back(s);
   }
   nlohmann::json predicted = nlohmann::json::array();
+  // The variants in rounds: run r * K + i is layout i's round r.
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < k; ++i) {
+      std::string v;
+      for (const auto& o : fit[i]->overrides) v += (v.empty() ? "" : " ") + o;
+      args.push_back("--variant");
+      args.push_back(v);
+    }
+  }
   for (std::size_t i = 0; i < k; ++i) {
-    std::string v;
-    for (const auto& o : fit[i]->overrides) v += (v.empty() ? "" : " ") + o;
-    args.push_back("--variant");
-    args.push_back(v);
     const auto& e = fit[i]->estimate;
     nlohmann::json ranks = nlohmann::json::array();
     for (const auto& r : e.ranks)
@@ -347,29 +360,37 @@ int run(int argc, char** argv) {
   // order): each run gets its prediction (predicted.json), the comparison
   // page is written again with it.
   std::printf("\npredicted against measured (memory: the largest rank's peak after its last step minus its "
-              "resident memory at start; step: the median after the first two):\n");
+              "resident memory at start; step: the median after the first two%s):\n",
+              rounds > 1 ? ("; each layout's fastest step and largest memory of " + std::to_string(rounds) +
+                            " rounds").c_str()
+                         : "");
   std::printf("%-52s %10s %10s %7s %9s %9s %7s\n", "layout", "pred MiB", "meas MiB", "err %", "pred s", "meas s",
               "err %");
   std::vector<double> mem_err, time_err;
   for (std::size_t i = 0; i < k; ++i) {
-    char name[32];
-    std::snprintf(name, sizeof name, "run-%03zu", i);
-    const fs::path dir = fs::path(out) / "runs" / name;
     const auto& e = fit[i]->estimate;
     double pred_mem = 0;
     for (const auto& r : e.ranks) pred_mem = std::max(pred_mem, (r.peak() - r.baseline) / kMiB);
-    if (fs::exists(dir)) {
-      std::ofstream(dir / "predicted.json")
-          << nlohmann::json{{"layout", fit[i]->label}, {"step_seconds", e.step_seconds}, {"memory_mib", pred_mem}}
-                 .dump()
-          << "\n";
-    }
     hp::report::PlanCheck c;
-    try {
-      c = hp::report::plan_check(hp::report::load_run(dir.string(), name));
-    } catch (const std::exception&) {
-      c.predicted_step = e.step_seconds;
-      c.predicted_mib = pred_mem;
+    c.predicted_step = e.step_seconds;
+    c.predicted_mib = pred_mem;
+    for (int round = 0; round < rounds; ++round) {
+      char name[32];
+      std::snprintf(name, sizeof name, "run-%03zu", static_cast<std::size_t>(round) * k + i);
+      const fs::path dir = fs::path(out) / "runs" / name;
+      if (fs::exists(dir)) {
+        std::ofstream(dir / "predicted.json")
+            << nlohmann::json{{"layout", fit[i]->label}, {"step_seconds", e.step_seconds}, {"memory_mib", pred_mem}}
+                   .dump()
+            << "\n";
+      }
+      try {
+        const hp::report::PlanCheck m = hp::report::plan_check(hp::report::load_run(dir.string(), name));
+        if (!std::isnan(m.measured_step) && !(m.measured_step >= c.measured_step)) c.measured_step = m.measured_step;
+        if (!std::isnan(m.measured_mib) && !(m.measured_mib <= c.measured_mib)) c.measured_mib = m.measured_mib;
+      } catch (const std::exception&) {
+        // A run that failed or wrote no metrics: the other rounds' figures.
+      }
     }
     const double me = c.memory_error_percent(), te = c.step_error_percent();
     if (!std::isnan(me)) mem_err.push_back(std::abs(me));

@@ -8,8 +8,8 @@
 # the byte, what training reports (rank 0's metrics.jsonl: parameters,
 # gradients and optimizer state under zero stages 1-3 at dp=2; the
 # optimizer state at tp=2 and at pp=2). (3) --measure 2: two runs through
-# hp-sweep, predicted against measured printed, predicted.json and
-# peaks.json in each run (the large block pool's most in use and extent
+# hp-sweep in 2 rounds (4 runs; each layout's step its faster round),
+# predicted against measured printed, predicted.json and peaks.json in each run (the large block pool's most in use and extent
 # per rank, in order), the comparison page with the planner's table
 # (one row per run). Figures are printed, never asserted (bench_plan.sh).
 source "$(dirname "$0")/../../lib/common.sh"
@@ -91,15 +91,34 @@ state_case tp2 --set features.tensor_parallel.enabled=true --set features.tensor
 state_case pp2 --set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2
 
 # (3) --measure through the sweep, and the page
-"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 3 --measure 2 --out "$WORK/m" > "$WORK/m.out" 2> "$WORK/m.err" \
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 3 --measure 2 --rounds 2 --out "$WORK/m" > "$WORK/m.out" 2> "$WORK/m.err" \
   || { cat "$WORK/m.err" "$WORK/m.out"; fail "hp-plan --measure"; }
 cat "$WORK/m.out"
 grep -q "calibrated micro-batch 2" "$WORK/m.err" || fail "no calibration line"
 grep -qE "^ +1  [a-z]" "$WORK/m.out" || fail "no ranked layouts"
-grep -q "^predicted against measured" "$WORK/m.out" || fail "no comparison table"
+grep -q "^predicted against measured.*fastest step and largest memory of 2 rounds" "$WORK/m.out" \
+  || fail "no comparison table"
+# One row per layout: the first two ranked, each measured in both rounds
+# (runs 0 and 2, 1 and 3), its step the faster of its two.
+python3 - "$WORK/m.out" "$WORK/m/runs" <<'PY' || fail "the rounds' figures"
+import json, re, statistics, sys
+out, runs = open(sys.argv[1]).read(), sys.argv[2]
+ranked = re.findall(r"^ +[12]  (\S.*?\S) +\d+\.\d{3} ", out, re.M)
+rows = re.findall(r"^(\S.*?\S) +\d+ +\d+ +-?[\d.]+ +[\d.]+ +([\d.]+) +-?[\d.]+$", out.split("predicted against measured")[1], re.M)
+assert [r[0] for r in rows] == ranked, (rows, ranked)
+def step(run):
+    s = [json.loads(l)["step_seconds"] for l in open(f"{runs}/{run}/metrics.jsonl") if '"step_seconds"' in l]
+    return statistics.median(s[2:])
+for i, (label, measured) in enumerate(rows):
+    assert json.load(open(f"{runs}/run-{i:03d}/predicted.json"))["layout"] == label
+    assert json.load(open(f"{runs}/run-{i + 2:03d}/predicted.json"))["layout"] == label
+    fastest = min(step(f"run-{i:03d}"), step(f"run-{i + 2:03d}"))
+    assert abs(float(measured) - fastest) < 0.0006, (label, measured, fastest)
+print("2 layouts x 2 rounds: each row the faster round")
+PY
 grep -qE "^memory error: mean [0-9.]+ %, max [0-9.]+ %; step time error: mean [0-9.]+ %" "$WORK/m.out" \
   || fail "no error summary"
-for r in run-000 run-001; do
+for r in run-000 run-001 run-002 run-003; do
   [[ -s "$WORK/m/runs/$r/predicted.json" && -s "$WORK/m/runs/$r/peaks.json" ]] || fail "$r: predicted.json or peaks.json"
   # The large block pool's figures per rank (on by default): its extent
   # holds at least its most in use, and both sit within the rank's peak.
@@ -120,7 +139,7 @@ page = open(sys.argv[1]).read()
 table = re.search(r'<table class="planner">(.*?)</table>', page, re.S)
 assert table, "no planner table"
 rows = re.findall(r'<tr data-run="(run-\d+)">', table.group(1))
-assert rows == ["run-000", "run-001"], rows
+assert rows == ["run-000", "run-001", "run-002", "run-003"], rows
 assert re.search(r'class="num">[+-]\d+\.\d%', table.group(1)), "no error cell"
 PY
 # A second plan reads the cached calibration.
