@@ -761,7 +761,7 @@ class EmulatedSlicer {
     at::Tensor half = flat.narrow(0, 0, halves_[b].numel()).clone();
     for (std::size_t i : buckets_[b]) params_[i].tensor.mutable_grad() = at::Tensor();
     in_flight_.push_back({b, flat, half});
-    while (in_flight_.size() > static_cast<std::size_t>(kBucketsInFlight)) finish_oldest();
+    while (in_flight_.size() > kBucketsInFlight) finish_oldest();
   }
   void finish_oldest() {
     auto& f = in_flight_.front();
@@ -1534,16 +1534,14 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     // holding more than one micro-batch but fewer than the step's: 1f1b's
     // and zbv's steady phase), its peak comes later, with its whole
     // gradients made and the previous micro-batch's buckets still
-    // travelling: each a flat copy and the received half of its bytes.
-    // (GPipe's peak is its first backward: nothing travels yet.) Measured
+    // travelling (the optimizer says what they hold: ModelStateBytes::
+    // travelling). (GPipe's peak is its first backward: nothing travels
+    // yet.) Measured
     // on the GPT 4 x 256 at pp=2 x dp=2 (pool in use above ZeRO-1's, less
     // the released halves): 8.6 MiB on stage 0 of 1f1b, 11.8-12.5 under
     // zbv, stages of 6.0-6.7 MiB of gradients, where the factor alone gave
-    // 1.3; the peaks of stages 2 and 3 went from -9.5..-12.4 % to -3.4..0 %.
-    if (b.state.grads_per_micro_batch && b.state.made_whole > 0 && e.in_flight > 1 &&
-        e.in_flight < micro_batches) {
-      at_peak += 1.5 * std::min(b.state.made_whole, kBucketsInFlight * bucket);
-    }
+    // 1.3; the peaks of stages 2 and 3 went from -9.5..-12.6 % to -5.2..-0.4 %.
+    if (e.in_flight > 1 && e.in_flight < micro_batches) at_peak += b.state.travelling;
     const double after_update = b.state.after_update > 0 ? b.state.after_update + first_block - e.activations : 0;
     const double optimizer_extra = std::max(at_peak, after_update);
     // Collectives between ranks of this host go through one shared-memory

@@ -35,11 +35,6 @@ namespace hp::plan {
 /// ut.Planner holds it to): the largest piece sent at once.
 constexpr double kShmSlotBytes = 2.0 * 1024 * 1024;
 
-/// Gradient buckets a releasing reducer (ZeRO stages 2 and 3) keeps
-/// travelling at once, each a flat copy of its gradients and the received
-/// part (the zero plugin's GradSlicer; the emulated one here follows it).
-constexpr int kBucketsInFlight = 2;
-
 /// What the calibration measured (cached per machine and model).
 struct Calibration {
   std::string key;  ///< what it was measured for (machine, model, micro-batch)

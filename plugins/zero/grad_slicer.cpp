@@ -8,6 +8,7 @@
 #include "hp/comm/context.h"
 #include "hp/comm/group.h"
 #include "hp/memory/block_cache.h"
+#include "hp/optim/buckets.h"
 
 namespace hp::zero {
 
@@ -175,13 +176,13 @@ class GradSlicer : public GradReducer {
     // Stage 2: the redistribution holds its own copy of the bucket's
     // gradients (a group of one has none to send and keeps them).
     if (release() && !plan_[b].redist->steps().empty()) release_grads(plan_[b]);
-    // At most kInFlight buckets travel at once: each holds a flat copy of
+    // At most kBucketsInFlight buckets travel at once: each holds a flat copy of
     // its gradients, a receive buffer of the same size and its sum, so
     // launching every bucket before waiting any held three times the
     // gradients at the end of backward. Finishing the oldest is the same
     // sum, earlier.
     launched_.push_back(b);
-    while (launched_.size() > kInFlight) {
+    while (launched_.size() > kBucketsInFlight) {
       finish(launched_.front());
       launched_.pop_front();
     }
@@ -192,7 +193,6 @@ class GradSlicer : public GradReducer {
     works_[b].reset();
     finished_[b] = true;
   }
-  static constexpr std::size_t kInFlight = 2;
   mutable std::size_t launches_ = 0;  ///< this step's, until reported
   int micro_batches_ = 0;             ///< of the last step (the block cache's cap follows it)
   std::deque<std::size_t> launched_;

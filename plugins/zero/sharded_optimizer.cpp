@@ -7,6 +7,7 @@
 
 #include "hp/comm/context.h"
 #include "hp/comm/group.h"
+#include "hp/optim/buckets.h"
 
 namespace hp::zero {
 
@@ -86,6 +87,27 @@ class ShardedOptimizer : public NamedStateOptimizer {
         bytes += whole_of(c) + static_cast<double>(c.numel_of(c.me)) * static_cast<double>(c.param.tensor.element_size());
       }
       gathers.emplace_back(*std::min_element(held.begin(), held.end()), bytes);
+    }
+    // Sent once per micro-batch, released gradients travel by buckets
+    // (GradSlicer): the most kBucketsInFlight consecutive buckets of one
+    // group hold, each a flat copy of its gradients and this rank's part.
+    if (s_->options.rounds()) {
+      std::vector<std::pair<std::string, double>> sends;  // (group, bytes), in launch order
+      for (const auto& [held, group] : s_->bucket_cuts()) {
+        if (s_->dist->group(group).size() <= 1) continue;
+        double bytes = 0;
+        for (std::size_t i : held) {
+          const Cut& c = s_->cuts[i];
+          bytes += whole_of(c) + static_cast<double>(c.numel_of(c.me)) * static_cast<double>(c.param.tensor.element_size());
+        }
+        sends.emplace_back(group, bytes);
+      }
+      for (std::size_t first = 0; first < sends.size(); ++first) {
+        double window = 0;
+        for (std::size_t k = first; k < std::min(sends.size(), first + kBucketsInFlight); ++k)
+          if (sends[k].first == sends[first].first) window += sends[k].second;
+        m.travelling = std::max(m.travelling, window);
+      }
     }
     std::sort(gathers.begin(), gathers.end());
     for (std::size_t first = 0; first < gathers.size(); ++first) {

@@ -198,6 +198,10 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
   }
+  if (rounds > 1 && measure <= 0) {
+    std::fprintf(stderr, "hp-plan: --rounds %d needs --measure K (the layouts it runs again)\n", rounds);
+    return hp::kConfigErrorExitCode;
+  }
   if (measure > 0 && out.empty()) {
     std::fprintf(stderr, "hp-plan: --measure needs --out DIR (the sweep's directory)\n");
     return hp::kConfigErrorExitCode;

@@ -15,6 +15,12 @@ namespace hp {
 /// Bytes at which the first bucket closes when the cap is larger.
 constexpr double kFirstBucketBytes = 1024.0 * 1024.0;
 
+/// Buckets a reducer that releases the gradients it sends keeps travelling
+/// at once (each a flat copy of its gradients and the part it receives);
+/// launching another first finishes the oldest. The planner's emulation of
+/// that reducer keeps the same number.
+constexpr std::size_t kBucketsInFlight = 2;
+
 /// Consecutive runs of the tensors whose sizes are `bytes`, in order:
 /// indices into `bytes`.
 std::vector<std::vector<std::size_t>> cut_buckets(const std::vector<double>& bytes, double cap_bytes);

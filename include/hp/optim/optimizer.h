@@ -76,6 +76,11 @@ struct ModelStateBytes {
   /// Of `transient`: the gradients made whole in each backward (released
   /// after the step), placed among the activations as they are made.
   double made_whole = 0;
+  /// Gradients released as they are sent, once per micro-batch: what one
+  /// micro-batch's sends can still hold when the next backward has made
+  /// its gradients whole (the most kBucketsInFlight consecutive buckets
+  /// hold: each a flat copy and the part received).
+  double travelling = 0;
   /// Whether the gradients are summed once per micro-batch (else once a
   /// step), and the parameter bytes gathered per micro-batch (sharded
   /// parameters made whole for forward and backward).

@@ -4,14 +4,15 @@
 # replica), every layout it lists as accepted is accepted by the config
 # check and every one it lists as refused is refused, both kinds present
 # (all of them through hp-sweep --dry-run, the first of each kind through
-# hp-train --dry-run's exit code). (2) The model state it predicts per rank equals, to
-# the byte, what training reports (rank 0's metrics.jsonl: parameters,
-# gradients and optimizer state under zero stages 1-3 at dp=2; the
-# optimizer state at tp=2 and at pp=2). (3) --measure 2: two runs through
-# hp-sweep in 2 rounds (4 runs; each layout's step its faster round),
-# predicted against measured printed, predicted.json and peaks.json in each run (the large block pool's most in use and extent
-# per rank, in order), the comparison page with the planner's table
-# (one row per run). Figures are printed, never asserted (bench_plan.sh).
+# hp-train --dry-run's exit code). (2) The model state it predicts per
+# rank equals, to the byte, what training reports (rank 0's metrics.jsonl:
+# parameters, gradients and optimizer state under zero stages 1-3 at dp=2;
+# the optimizer state at tp=2 and at pp=2). (3) --measure 2 --rounds 2:
+# two layouts through hp-sweep twice over (4 runs; each layout's step its
+# faster round), predicted against measured printed, predicted.json and
+# peaks.json in each run (the large block pool's most in use and extent
+# per rank, in order), the comparison page with the planner's table (one
+# row per run). Figures are printed, never asserted (bench_plan.sh).
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 export HP_INTRA_OP_THREADS=1 HP_PLAN_CACHE="$WORK/cache"
@@ -21,6 +22,8 @@ sed -i 's/max_steps: 20/max_steps: 3/; s/eval_interval: 10/eval_interval: 0/; s/
 # Usage errors: exit 2 with the rule.
 out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --measure 2 2>&1); rc=$?
 [[ $rc -eq 2 && $out == *"--measure needs --out DIR"* ]] || fail "--measure without --out: exit $rc: $out"
+out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --rounds 2 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"--rounds 2 needs --measure K"* ]] || fail "--rounds without --measure: exit $rc: $out"
 out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,x 2>&1); rc=$?
 [[ $rc -eq 2 && $out == *"expected integers separated by commas"* ]] || fail "bad --micro-batch-sizes: exit $rc: $out"
 out=$("$BIN/hp-sweep" "$WORK/c.yaml" --out "$WORK/nogrid" 2>&1); rc=$?

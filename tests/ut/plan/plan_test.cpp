@@ -180,7 +180,8 @@ TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
 // stage's gradients, under one bucket), on top of GPipe's first stage,
 // whose peak is its first backward (all four in flight, nothing sent yet).
 // Reduced once a step (reduce_per_micro_batch: false), nothing travels in
-// a backward and the schedules hold the same buffers.
+// a backward and the schedules hold the same buffers. With small buckets
+// only two of them travel.
 TEST(Planner, ReleasedGradientsTravelBesideASteadyPipelinesBackward) {
   const std::string gpt =
       "model: {type: gpt, layers: 4, hidden: 64, heads: 4, seq_len: 32}\n"
@@ -200,6 +201,17 @@ TEST(Planner, ReleasedGradientsTravelBesideASteadyPipelinesBackward) {
   ASSERT_LT(made_whole, 4 * kMiB);
   EXPECT_DOUBLE_EQ(steady.buffers - first.buffers, 1.5 * made_whole);
   EXPECT_DOUBLE_EQ(rank0("1f1b", false).buffers, rank0("gpipe", false).buffers);
+  // Buckets of 50 KiB: only two travel at once, each at least the cap (a
+  // bucket closes once it reaches it), a flat copy and the half received.
+  const std::string small = gpt + "distributed: {bucket_size_mb: 0.05}\n";
+  auto rank0_small = [&](const char* schedule) {
+    const std::string f = std::string("features: {pipeline_parallel: {enabled: true, size: 2, schedule: ") +
+                          schedule + "}, zero: {enabled: true, stage: 2}}\n";
+    return hp::plan::estimate(setup(small + f, 4), cal).ranks.at(0);
+  };
+  const double travelling = rank0_small("1f1b").buffers - rank0_small("gpipe").buffers;
+  EXPECT_GE(travelling, 1.5 * 2 * 0.05 * kMiB);
+  EXPECT_LT(travelling, 1.5 * made_whole);
 }
 
 // Context parallel computes attention by score blocks: each of the rank's
