@@ -9,7 +9,7 @@
 # schedules, so the difference is what the schedule holds);
 # beside them the simulator's idle for the same P and M with equal F, B, W
 # and for the costs the run planned from (pipeline_idle_fraction_simulated:
-# zb_h1 and zbv re-plan from step 1's measured F, B and W).
+# zb_h1 and zbv re-plan from step 3's measured F, B and W).
 #   bash bench/bench_zero_bubble.sh [layers=12] [hidden=768] [steps=8]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ for rc in ("false", "true"):
         mem = max((a - b) / 2**20 for a, b in zip(p["peak_resident_memory_bytes"], p["start_resident_memory_bytes"]))
         theory = {"1f1b": "20.0 %", "zb_h1": "7.7 %", "zbv": "4.0 %"}[s]
         planned = fig(n, "pipeline_idle_fraction_simulated")
-        costs = "" if s == "1f1b" else f"  (plan from step 1: B {fig(n, 'pipeline_plan_b_over_f'):.2f} F, W {fig(n, 'pipeline_plan_w_over_f'):.2f} F)"
+        costs = "" if s == "1f1b" else f"  (plan from step 3: B {fig(n, 'pipeline_plan_b_over_f'):.2f} F, W {fig(n, 'pipeline_plan_w_over_f'):.2f} F)"
         print(f"{s:8s} {rc:9s} {100 * idle:12.1f}% {theory:>14s} {100 * planned:13.1f}% {step:8.3f} {mem:36.1f}{costs}")
         if base is None:
             base = (idle, step, mem)

@@ -207,10 +207,14 @@ class PipelineExecutor : public StepExecutor {
     std::optional<wgrad::SplitForward> split;
     if (split_backward) split.emplace();
     std::map<std::pair<int, int>, wgrad::WeightGradQueue> weights;
-    // The first training step of a zero-bubble schedule times its F, B and
+    // The third training step of a zero-bubble schedule times its F, B and
     // W (compute only: waits for messages left out); the later steps run
-    // the plan made for those costs (RFC 0019, 6.4).
-    const bool measure = split_backward && !costs_measured_;
+    // the plan made for those costs (RFC 0019, 6.5). Not the first: a
+    // MoE's first step took 2.7-3.2 x its later forwards and 1.9-3 x its
+    // B (the heap growing to the routing's sizes) but its W as later, so
+    // its plan was for B 0.5 F and W 0.25 F where its steps ran B 0.9 F
+    // and W 0.65 F (the GPT 4 x 256's first step gave B 1 F, W 0.5 F).
+    const bool measure = split_backward && !costs_measured_ && w.backward && training_steps_ + 1 == kCostStep;
     double spent[3] = {0, 0, 0};
     int counted[3] = {0, 0, 0};
     for (const Action& a : actions) {
@@ -367,8 +371,8 @@ class PipelineExecutor : public StepExecutor {
         costs_ = ActionCosts{1.0, quarter(b), quarter(wt)};
         costs_measured_ = true;
         if (stage_ == 0 && pp_.global_ranks().front() == 0) {
-          log::logger()->info("pipeline: {} planned from step 1's measured costs: B {:.2f} F, W {:.2f} F",
-                              to_string(kind_), costs_.b, costs_.w);
+          log::logger()->info("pipeline: {} planned from step {}'s measured costs: B {:.2f} F, W {:.2f} F",
+                              to_string(kind_), kCostStep, costs_.b, costs_.w);
         }
       }
       if (split_backward) {
@@ -382,6 +386,7 @@ class PipelineExecutor : public StepExecutor {
         rep.figures["pipeline_peak_in_flight" + tag] = all[s][1].item<double>();
         if (memory_probe_) rep.figures["pipeline_step_memory_growth_bytes" + tag] = all[s][2].item<double>();
       }
+      ++training_steps_;
     }
     return rep;
   }
@@ -416,8 +421,12 @@ class PipelineExecutor : public StepExecutor {
   ScheduleKind kind_;
   int V_;
   Placement placement_;
+  /// The training step (1-based, of this executor) whose F, B and W the
+  /// zero-bubble plans are made for.
+  static constexpr int kCostStep = 3;
   ActionCosts costs_;            ///< what zb_h1 and zbv plan for
-  bool costs_measured_ = false;  ///< after the first training step
+  bool costs_measured_ = false;  ///< after training step kCostStep
+  int training_steps_ = 0;       ///< training steps run
   std::map<std::tuple<int, double, double>, double> simulated_;  ///< (M, B, W) -> simulated idle
   std::map<std::tuple<int, double, double>, std::vector<Action>> lists_;  ///< (M, B, W) -> this stage's list
   std::vector<std::int64_t> balance_;
