@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "framework/model/registry.h"
+#include "framework/plan/emulated_slicer.h"
 #include "hp/comm/context.h"
 #include "hp/comm/group.h"
 #include "hp/comm/mesh.h"
@@ -696,88 +697,6 @@ std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs,
   }
   return out;
 }
-
-/// ZeRO stages 2 and 3's gradient reduction as its memory goes, without the
-/// communication (one process): the gradients cut into buckets of
-/// distributed.bucket_size_mb in reverse order; once a bucket's gradients
-/// of a micro-batch are complete (the trainer's hooks), a flat copy of them
-/// and the received half are made and the whole gradients released; at
-/// most two buckets travel, the oldest then summed into the rank's half
-/// (made at setup). The released-gradients calibration runs it, so its peak
-/// shows what whole gradients and these buffers cost among a backward's
-/// activations, the pool's gaps included: at four ranks stages 2 and 3
-/// measured 10-16 MiB under a model of the gradients alone.
-class EmulatedSlicer {
- public:
-  EmulatedSlicer(const std::vector<ParamEntry>& params, double bucket_bytes) : params_(params) {
-    // The reducers' own rule (hp/optim/buckets.h) over the parameters in
-    // reverse order.
-    std::vector<std::size_t> reversed;
-    std::vector<double> bytes;
-    for (std::size_t k = params.size(); k-- > 0;) {
-      if (!params[k].tensor.requires_grad()) continue;
-      reversed.push_back(k);
-      bytes.push_back(static_cast<double>(params[k].tensor.nbytes()));
-    }
-    for (const auto& run : cut_buckets(bytes, bucket_bytes)) {
-      buckets_.emplace_back();
-      for (std::size_t i : run) buckets_.back().push_back(reversed[i]);
-    }
-    std::vector<std::size_t> order;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      std::int64_t n = 0;
-      for (std::size_t i : buckets_[b]) n += params[i].tensor.numel();
-      halves_.push_back(at::zeros({(n + 1) / 2}, params[buckets_[b].front()].tensor.options()));
-      order.push_back(b);
-    }
-    launcher_ = std::make_unique<BucketLauncher>(params, buckets_, std::vector<std::vector<std::size_t>>{order},
-                                                 std::vector<bool>{true}, true, 0, [this](std::size_t b) { launch(b); });
-    launcher_->learn_rounds();
-  }
-  void begin_step(int micro_batches) { launcher_->guess_first_step(micro_batches); }
-  /// After the step's last backward: what is left launched and summed.
-  void end_backward() {
-    launcher_->flush();
-    while (!in_flight_.empty()) finish_oldest();
-    launcher_->end_step();
-  }
-  double half_bytes() const {
-    double b = 0;
-    for (const auto& h : halves_) b += static_cast<double>(h.nbytes());
-    return b;
-  }
-
- private:
-  void launch(std::size_t b) {
-    c10::NoGradGuard no_grad;
-    std::vector<at::Tensor> grads;
-    for (std::size_t i : buckets_[b]) {
-      auto& p = params_[i].tensor;
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad().reshape({-1}));
-    }
-    at::Tensor flat = at::cat(grads);
-    grads.clear();
-    at::Tensor half = flat.narrow(0, 0, halves_[b].numel()).clone();
-    for (std::size_t i : buckets_[b]) params_[i].tensor.mutable_grad() = at::Tensor();
-    in_flight_.push_back({b, flat, half});
-    while (in_flight_.size() > kBucketsInFlight) finish_oldest();
-  }
-  void finish_oldest() {
-    auto& f = in_flight_.front();
-    halves_[f.bucket].add_(f.half);
-    in_flight_.pop_front();
-  }
-  struct InFlight {
-    std::size_t bucket;
-    at::Tensor flat, half;
-  };
-  std::vector<ParamEntry> params_;
-  std::vector<std::vector<std::size_t>> buckets_;
-  std::vector<at::Tensor> halves_;
-  std::deque<InFlight> in_flight_;
-  std::unique_ptr<BucketLauncher> launcher_;  // last: its hooks go quiet first
-};
 
 /// One process of the model at micro-batch `mbs` with `threads` threads:
 /// the trainer's own start-up probe, then `steps` training steps (forward,
