@@ -214,7 +214,7 @@ class PipelineExecutor : public StepExecutor {
     // B (the heap growing to the routing's sizes) but its W as later, so
     // its plan was for B 0.5 F and W 0.25 F where its steps ran B 0.9 F
     // and W 0.65 F (the GPT 4 x 256's first step gave B 1 F, W 0.5 F).
-    const bool measure = split_backward && !costs_measured_ && w.backward && training_steps_ + 1 == kCostStep;
+    const bool measure = split_backward && training_steps_ + 1 == kCostStep;
     double spent[3] = {0, 0, 0};
     int counted[3] = {0, 0, 0};
     for (const Action& a : actions) {
@@ -369,7 +369,6 @@ class PipelineExecutor : public StepExecutor {
         const double f = sums[0].item<double>(), b = sums[1].item<double>(), wt = sums[2].item<double>();
         auto quarter = [&](double x) { return f > 0 ? std::max(0.25, std::round(4 * x / f) / 4) : 1.0; };
         costs_ = ActionCosts{1.0, quarter(b), quarter(wt)};
-        costs_measured_ = true;
         if (stage_ == 0 && pp_.global_ranks().front() == 0) {
           log::logger()->info("pipeline: {} planned from step {}'s measured costs: B {:.2f} F, W {:.2f} F",
                               to_string(kind_), kCostStep, costs_.b, costs_.w);
@@ -425,8 +424,7 @@ class PipelineExecutor : public StepExecutor {
   /// zero-bubble plans are made for.
   static constexpr int kCostStep = 3;
   ActionCosts costs_;            ///< what zb_h1 and zbv plan for
-  bool costs_measured_ = false;  ///< after training step kCostStep
-  int training_steps_ = 0;       ///< training steps run
+  int training_steps_ = 0;  ///< training steps run
   std::map<std::tuple<int, double, double>, double> simulated_;  ///< (M, B, W) -> simulated idle
   std::map<std::tuple<int, double, double>, std::vector<Action>> lists_;  ///< (M, B, W) -> this stage's list
   std::vector<std::int64_t> balance_;

@@ -10,13 +10,31 @@
 # zbv (two chunks per stage in a V) the same at pp=2 x dp=2 and with
 # recompute, its gradient norm within 1e-14 (other stage sums); with tensor
 # and sequence parallel (sums in another grouping) and with ZeRO-3 (at 4
-# layers) within the bars.
+# layers) within the bars. zb_h1 plans its steps after the third from the
+# third's measured costs, the equal-cost plan before.
 source "$(dirname "$0")/../../lib/common.sh"
 BIN=$1
 small_config "$WORK/c.yaml"
 common=(--set training.dump_grads_at_step=1)
 pp=(--set features.pipeline_parallel.enabled=true --set features.pipeline_parallel.size=2)
 "$BIN/hp-train" "$WORK/c.yaml" "${common[@]}" --set run.output_dir="$WORK/ref" > "$WORK/log" 2>&1 || { cat "$WORK/log"; fail "reference"; }
+# A zero-bubble run's plan: the equal-cost one for training steps 1-3,
+# then the one made from step 3's measured costs (its B and W as the log
+# gives them) for every later step.
+planned_from_step3() {  # name
+  python3 - "$WORK/$1/metrics.jsonl" "$WORK/log" <<'PY' || fail "$1: the zero-bubble plan's steps"
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"pipeline_plan_b_over_f"' in l]
+m = re.search(r"planned from step 3's measured costs: B ([0-9.]+) F, W ([0-9.]+) F", open(sys.argv[2]).read())
+assert m, "no plan from step 3's costs in the log"
+b, w = map(float, m.groups())
+assert max(r["step"] for r in rows) > 3, "no step after the third"
+for r in rows:
+    want = (1.0, 1.0) if r["step"] <= 3 else (b, w)
+    assert (r["pipeline_plan_b_over_f"], r["pipeline_plan_w_over_f"]) == want, (r["step"], want)
+print(f"plan: equal costs for steps 1-3, then B {b} F, W {w} F")
+PY
+}
 run() {  # name nproc mesh args...
   local name=$1 n=$2 mesh=$3; shift 3
   "$BIN/hp-train" "$WORK/c.yaml" --nproc $n "${common[@]}" "${pp[@]}" --set run.output_dir="$WORK/$name" "$@" \
@@ -44,6 +62,7 @@ run pp2rc 2 "pp=2 dp=1 over" --set features.recompute.enabled=true
 replayed_every_step "$WORK/pp2rc" || fail "recompute did not run at pp=2"
 compare pp2 pp2rc --exact --grads-step 1 --grad-rtol 0 --phase recompute
 run pp2dp2zb 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zb_h1
+planned_from_step3 pp2dp2zb
 compare pp2dp2 pp2dp2zb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 steps"
 run pp2dp2zbv 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zbv
 compare pp2dp2 pp2dp2zbv --exact --norm-rtol 1e-14 --grads-step 1 --grad-rtol 0 --phase "zbv steps"
@@ -51,6 +70,7 @@ run pp2dp2zbz2 4 "pp=2 dp=2 over" --set features.pipeline_parallel.schedule=zb_h
   --set features.zero.stage=2
 compare pp2dp2 pp2dp2zbz2 --grads-step 1 --first-loss-rtol 1e-6 --loss-rtol 1e-5 --grad-rtol 1e-5 --phase "zb_h1 with zero-2"
 run pp2rczb 2 "pp=2 dp=1 over" --set features.recompute.enabled=true --set features.pipeline_parallel.schedule=zb_h1
+planned_from_step3 pp2rczb
 replayed_every_step "$WORK/pp2rczb" || fail "recompute did not run at pp=2 with zb_h1"
 compare pp2rc pp2rczb --exact --grads-step 1 --grad-rtol 0 --phase "zb_h1 with recompute"
 # 4 layers: under zbv the first stage holds the embedding, the head and a
