@@ -273,7 +273,7 @@ std::string calibration_key(const Config& c) {
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 13 (buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 14 (a micro-batch of half the positions timed; buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -311,6 +311,7 @@ std::string Calibration::to_json() const {
   j["cores"] = cores;
   j["act_bytes_per_token"] = act_bytes_per_token;
   j["seconds_per_token_1"] = seconds_per_token_1;
+  j["seconds_per_token_half_positions_1"] = seconds_per_token_half_positions_1;
   j["seconds_per_token_all"] = seconds_per_token_all;
   j["backward_extra_per_token"] = backward_extra_per_token;
   j["grad_pass_seconds_per_byte_1"] = grad_pass_seconds_per_byte_1;
@@ -353,6 +354,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.cores = j.at("cores").get<int>();
   c.act_bytes_per_token = j.at("act_bytes_per_token").get<std::vector<double>>();
   c.seconds_per_token_1 = j.at("seconds_per_token_1").get<std::vector<double>>();
+  c.seconds_per_token_half_positions_1 = j.at("seconds_per_token_half_positions_1").get<std::vector<double>>();
   c.seconds_per_token_all = j.at("seconds_per_token_all").get<std::vector<double>>();
   c.backward_extra_per_token = j.at("backward_extra_per_token").get<double>();
   c.grad_pass_seconds_per_byte_1 = j.at("grad_pass_seconds_per_byte_1").get<double>();
@@ -708,7 +710,8 @@ std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs,
 /// their cores busy until the last is done).
 nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
                            int steps = 4, const std::function<void()>& before_timed = {},
-                           const std::function<bool()>& finished = {}, bool release_grads = false) {
+                           const std::function<bool()>& finished = {}, bool release_grads = false,
+                           bool time_half_positions = false) {
   at::set_num_threads(threads);
   // The heap as a rank keeps it (run.keep_freed_memory).
   if (c.get_bool("run.keep_freed_memory")) {
@@ -739,7 +742,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   // 373, 360, 353, 342 us a token in one calibration: the heap still
   // growing to the routing's sizes), so the median sat above training's.
   const int timed_from = 4;
-  std::vector<std::vector<double>> samples, first_samples;
+  std::vector<std::vector<double>> samples, first_samples, half_samples;
   // A MoE's layers: each block's routed-expert products timed (their
   // profile spans, forward and backward), and every micro-batch's tokens
   // per expert of each layer (the routing's loads).
@@ -775,22 +778,32 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
    if (timing && step > timed_from) grad_passes.back() += since(t_zero);
    // Other samples for every micro-batch, as in training: a MoE's expert
    // buffers change size with the routing, which the heap's peak shows.
-   for (int mb = 0; mb < micro; ++mb) {
+   // And, when asked, one more after them with half the positions of each
+   // sample (a context-parallel rank's share at two): a block's time is
+   // not proportional to its tokens (what each call costs whatever its
+   // size), so the time per token at half the tokens is timed, in the same
+   // steps as the whole micro-batches.
+   const bool add_half = time_half_positions && timing && step >= timed_from && seq >= 2;
+   for (int mb = 0; mb < micro + (add_half ? 1 : 0); ++mb) {
+    const bool half = mb == micro;
+    const std::int64_t mb_seq = half ? seq / 2 : seq;
+    const double mb_tokens = static_cast<double>(mbs * mb_seq);
     // With two micro-batches or more a step, the first and the second are
     // timed apart: the first after an update pays what a layer redoes once
     // a step (a MoE repacks its experts' weights), the others do not.
-    const bool timed = timing && step >= timed_from && mb < std::min(micro, 2);
+    const bool timed = timing && step >= timed_from && (mb < std::min(micro, 2) || half);
     const bool first_of_several = micro >= 2 && mb == 0;
+    const bool experts_timed = timed && !half && !moes.empty();
     if (timed) {
       std::fill(fwd.begin(), fwd.end(), 0.0);
       std::fill(expert.begin(), expert.end(), 0.0);
       bwd = 0;
-      if (!moes.empty()) {
+      if (experts_timed) {
         profile::take_events();
         profile::set_recording(true);
       }
     }
-    const Batch batch = make_batch(*data, Split::kTrain, step, mb * mbs, mbs, seq);
+    const Batch batch = make_batch(*data, Split::kTrain, step, (half ? 0 : mb) * mbs, mbs, mb_seq);
     c10::AutoGradMode grad(true);
     // Auxiliary losses collected as a training step does (a MoE's
     // balancing losses, and the routing statistics behind them).
@@ -806,7 +819,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
         lo = model.loss->forward(x, batch.targets);
       }
       if (timed) fwd[b] += since(t0);
-      if (timed && !moes.empty()) {
+      if (experts_timed) {
         for (double v : span_seconds(profile::take_events(), "moe.experts")) expert[b] += v;
       }
       if (count_blocks) {
@@ -816,17 +829,17 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       }
       if (b == nb) {
         const auto t1 = Clock::now();
-        at::Tensor total = lo.sum / tokens;
+        at::Tensor total = lo.sum / mb_tokens;
         const at::Tensor extra = aux.total();
-        if (extra.defined()) total = total + extra / tokens;
+        if (extra.defined()) total = total + extra / mb_tokens;
         total.backward();
         if (timed) bwd += since(t1);
       }
     }
-    if (timed && !moes.empty() && first_of_several) {
+    if (experts_timed && first_of_several) {
       profile::set_recording(false);
       profile::take_events();
-    } else if (timed && !moes.empty()) {
+    } else if (experts_timed) {
       profile::set_recording(false);
       // The backward runs the layers in reverse order.
       const auto back = span_seconds(profile::take_events(), "moe.experts.backward");
@@ -835,7 +848,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       for (double v : expert) per_block.push_back(v / tokens);
       expert_samples.push_back(per_block);
     }
-    for (std::size_t i = 0; i < moes.size() && timing; ++i) {
+    for (std::size_t i = 0; i < moes.size() && timing && !half; ++i) {
       const auto& now = moes[i].second->stats().tokens_per_expert;
       auto& was = routed_before[i];
       was.resize(now.size(), 0.0);
@@ -849,8 +862,8 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
       double fsum = 0;
       for (double f : fwd) fsum += f;
       std::vector<double> per_block;
-      for (double f : fwd) per_block.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / tokens);
-      (first_of_several ? first_samples : samples).push_back(per_block);
+      for (double f : fwd) per_block.push_back((f + (fsum > 0 ? bwd * f / fsum : 0)) / mb_tokens);
+      (half ? half_samples : first_of_several ? first_samples : samples).push_back(per_block);
     }
    }
     if (slicer) {
@@ -898,6 +911,7 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   j["seconds_per_token"] = column_medians(samples, nb + 1);
   j["samples"] = samples;
   j["first_samples"] = first_samples;
+  j["half_samples"] = half_samples;
   j["expert_samples"] = expert_samples;
   j["attention_samples"] = attention_samples;
   j["routed"] = routed;
@@ -982,7 +996,7 @@ Calibration calibrate(const Config& c) {
   // And none stops before all are done timing: a process that did would
   // leave its core to the others and speed up their last timed steps (a
   // count of the finished in memory the children share).
-  auto together = [&](int n, int threads, int steps) {
+  auto together = [&](int n, int threads, int steps, bool half = false) {
     const std::string file = store_file("hp_plan_store_timed_");
     void* shared = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) throw std::runtime_error("hp-plan calibration: mmap of a shared counter failed");
@@ -990,7 +1004,7 @@ Calibration calibrate(const Config& c) {
     std::vector<std::string> outs;
     try {
       outs = in_children_all(n, [&](int rank) {
-        if (n == 1) return one_process(c, mbs, threads, false, 2, steps).dump();
+        if (n == 1) return one_process(c, mbs, threads, false, 2, steps, {}, {}, false, half).dump();
         auto ctx = join_group(rank, n, file);
         bool counted = false;
         auto finished = [&] {
@@ -998,7 +1012,8 @@ Calibration calibrate(const Config& c) {
           counted = true;
           return done->load() >= n;
         };
-        return one_process(c, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }, finished).dump();
+        return one_process(c, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }, finished, false, half)
+            .dump();
       });
     } catch (...) {
       munmap(shared, sizeof(std::atomic<int>));
@@ -1014,10 +1029,10 @@ Calibration calibrate(const Config& c) {
   // core runs 5-10 % behind the other: the GPT 6 x 384 at dp=2 had rank 0
   // wait 0.07 s a step for rank 1's last gradients, and the first
   // process's times, taken before, put every dp layout 5-12 % under).
-  auto timed = [&](int n, int threads, int steps) {
+  auto timed = [&](int n, int threads, int steps, bool half = false) {
     nlohmann::json slowest;
     double most = -1;
-    for (const auto& o : together(n, threads, steps)) {
+    for (const auto& o : together(n, threads, steps, half)) {
       nlohmann::json j = nlohmann::json::parse(o);
       double sum = 0;
       for (double v : j["seconds_per_token"].get<std::vector<double>>()) sum += v;
@@ -1030,14 +1045,18 @@ Calibration calibrate(const Config& c) {
   };
   // Two processes' samples together; each block's seconds their median.
   auto pooled = [](nlohmann::json a, const nlohmann::json& b) {
-    for (const char* k : {"samples", "first_samples", "expert_samples", "attention_samples", "grad_passes", "updates"})
+    for (const char* k :
+         {"samples", "first_samples", "half_samples", "expert_samples", "attention_samples", "grad_passes", "updates"})
       for (const auto& v : b[k]) a[k].push_back(v);
     const auto samples = a["samples"].get<std::vector<std::vector<double>>>();
     a["seconds_per_token"] = column_medians(samples, a["seconds_per_token"].size());
     a["gemm_flops_per_s"] = std::max(a["gemm_flops_per_s"].get<double>(), b["gemm_flops_per_s"].get<double>());
     return a;
   };
-  const nlohmann::json loaded = pooled(timed(cal.cores, 1, kTimedSteps), timed(cal.cores, 1, kTimedSteps));
+  // (The one-thread processes also time a micro-batch of half the
+  // positions: only a layout of several ranks splits the positions.)
+  const nlohmann::json loaded =
+      pooled(timed(cal.cores, 1, kTimedSteps, true), timed(cal.cores, 1, kTimedSteps, true));
   const double tokens = static_cast<double>(mbs * seq);
   const double slope = std::max(0.0, (large["peak_above_start"].get<double>() - small["peak_above_start"].get<double>()) / tokens);
   const auto kept = counted["kept_per_token"].get<std::vector<double>>();
@@ -1070,6 +1089,10 @@ Calibration calibrate(const Config& c) {
   cal.in_step_points.push_back(in_step(small, mbs));
   cal.in_step_points.push_back(in_step(large, 2 * mbs));
   cal.seconds_per_token_1 = loaded["seconds_per_token"].get<std::vector<double>>();
+  {
+    const auto half = loaded["half_samples"].get<std::vector<std::vector<double>>>();
+    if (!half.empty()) cal.seconds_per_token_half_positions_1 = column_medians(half, cal.seconds_per_token_1.size());
+  }
   // The step's end per byte of the gradients and of the optimizer's state.
   auto per_byte = [](const nlohmann::json& j, const char* what, const char* bytes) {
     const double b = j[bytes].get<double>();
@@ -1245,8 +1268,27 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   // take that share; the rest of its measured time (norms, element-wise
   // ops, softmax) stays whole.
   const double rate = out.threads_per_rank > 1 ? cal.gemm_flops_per_s_all : cal.gemm_flops_per_s_1;
+  // Fewer tokens a micro-batch than calibrated (positions split over a
+  // sequence group): a block's seconds per micro-batch on the line through
+  // the whole micro-batch's and the half-positions one's (a part per call,
+  // a part per token), never under the whole's per token. Measured on the
+  // GPT 4 x 256 (micro-batch 2, 128 positions), dp=2 against the same at
+  // 64 positions: 0.303-0.320 s a step against 0.164-0.169 for half the
+  // tokens, and 4 micro-batches of 128 tokens 0.009-0.014 s more than 2
+  // of 256 (calibrated: 5-14 % more a token at half the positions).
+  const bool fewer_tokens = positions > 1 && out.threads_per_rank == 1 &&
+                            cal.seconds_per_token_half_positions_1.size() == per_token.size() && seq >= 2;
+  const double half_tokens = static_cast<double>(mbs * (seq / 2));
+  auto per_token_at = [&](std::size_t index) {
+    const double whole = per_token.at(index);
+    if (!fewer_tokens || tokens >= calibrated_tokens) return whole;
+    const double at_whole = whole * calibrated_tokens,
+                 at_half = cal.seconds_per_token_half_positions_1.at(index) * half_tokens;
+    const double t = at_half + (at_whole - at_half) * (tokens - half_tokens) / (calibrated_tokens - half_tokens);
+    return std::max(whole, t / tokens);
+  };
   auto block_seconds = [&](std::size_t index, double share) {
-    const double measured = per_token.at(index);
+    const double measured = per_token_at(index);
     const double flops = index < info.block_flops.size() ? info.block_flops[index] : info.loss_flops;
     const double products = std::min(measured, rate > 0 ? 3 * flops / rate : measured);
     return products * share + (measured - products);
@@ -1396,7 +1438,10 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         const int index = b.model.indices[i];
         if (b.desc.blocks[static_cast<std::size_t>(index)].name.rfind("blocks.", 0) != 0) continue;
         const double share = split_share(by_block[index], mesh);  // the rank's heads
-        seconds += (per_block * static_cast<double>(mbs * heads) * share * blocks.count - core * tokens) *
+        // (The blocks' own attention at the rank's positions: per token in
+        // proportion to its length, when timed at fewer positions.)
+        const double own = fewer_tokens ? core * tokens / positions : core * tokens;
+        seconds += (per_block * static_cast<double>(mbs * heads) * share * blocks.count - own) *
                    (b.recomputed[i] ? 4.0 / 3 : 1.0);
       }
     }

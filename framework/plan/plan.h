@@ -78,6 +78,11 @@ struct Calibration {
   /// seconds per token at 1 thread and at `cores` threads.
   std::vector<double> act_bytes_per_token;
   std::vector<double> seconds_per_token_1;
+  /// The same at 1 thread for a micro-batch of half the positions (each
+  /// sample's first seq_len / 2), timed in the same steps: a layout that
+  /// splits the positions runs its blocks on fewer tokens, which cost more
+  /// each (what a call costs whatever its size). Empty when not timed.
+  std::vector<double> seconds_per_token_half_positions_1;
   std::vector<double> seconds_per_token_all;
   /// Most bytes the backward needs beyond the activations, per token of one
   /// micro-batch (gradients of activations in flight), at one process.

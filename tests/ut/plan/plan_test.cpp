@@ -241,6 +241,44 @@ TEST(Planner, ContextParallelAttentionCostsItsBlocks) {
                    hp::plan::estimate(setup(dp, 2), calibration(setup(dp, 1), 1000, 0)).ranks.at(0).compute);
 }
 
+// Fewer tokens a micro-batch than calibrated (positions split over a
+// sequence group): a block's seconds per micro-batch lie on the line
+// through the whole micro-batch's (64 tokens at 1 us each) and the
+// half-positions one's (32 at 1.5 us: 48 us). cp=2 holds 32 tokens: 1.5 us
+// each; cp=4 holds 16: 40 us, 2.5 us each. Never under the whole's per
+// token; without the half-positions figures, the whole's. The blocks' own
+// attention (1 us a token at 32 positions) counts at the rank's positions
+// in proportion to their length (half of it at 16 of 32).
+TEST(Planner, FewerPositionsFollowTheHalfPositionsTimes) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  auto cp = [&](int n) {
+    return setup(gpt + "features: {context_parallel: {enabled: true, size: " + std::to_string(n) + "}}\n", n);
+  };
+  auto cal = calibration(setup(gpt, 1), 1000, 0);
+  const double whole2 = hp::plan::estimate(cp(2), cal).ranks.at(0).compute;
+  const double whole4 = hp::plan::estimate(cp(4), cal).ranks.at(0).compute;
+  cal.seconds_per_token_half_positions_1.assign(cal.seconds_per_token_1.size(), 1.5e-6);
+  EXPECT_NEAR(hp::plan::estimate(cp(2), cal).ranks.at(0).compute / whole2, 1.5, 1e-9);
+  EXPECT_NEAR(hp::plan::estimate(cp(4), cal).ranks.at(0).compute / whole4, 2.5, 1e-9);
+  // Data parallel holds the calibrated tokens: unchanged.
+  EXPECT_DOUBLE_EQ(hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0).compute,
+                   hp::plan::estimate(setup(gpt, 2), calibration(setup(gpt, 1), 1000, 0)).ranks.at(0).compute);
+  cal.seconds_per_token_half_positions_1.assign(cal.seconds_per_token_1.size(), 0.8e-6);
+  EXPECT_NEAR(hp::plan::estimate(cp(2), cal).ranks.at(0).compute, whole2, 1e-12);
+  // The attention by blocks in place of the blocks' own at the rank's
+  // positions: 2 x 4 heads x 5 blocks of 8 at 2e-5 s, less 32 tokens x 1
+  // us x 16 / 32, per micro-batch and layer (2 and 2).
+  cal.seconds_per_token_half_positions_1.assign(cal.seconds_per_token_1.size(), 1e-6);
+  const double before = hp::plan::estimate(cp(2), cal).ranks.at(0).compute;
+  cal.attention_core_seconds_per_token_1 = 1e-6;
+  cal.attention_block_seconds_1 = {{4, 1e-5}, {16, 4e-5}};
+  EXPECT_NEAR(hp::plan::estimate(cp(2), cal).ranks.at(0).compute - before, (2 * 4 * 5 * 2e-5 - 1e-6 * 32 / 2) * 2 * 2,
+              1e-12);
+}
+
 // The routing's loads per group of experts: 4 experts with 3, 1, 0, 0 rows
 // put 4 of 4 rows on the first of two groups (2x the mean) and 3 on the
 // first of four (3x); a second sample evenly loaded averages to 1.5 and 2.
