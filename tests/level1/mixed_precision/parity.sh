@@ -61,10 +61,12 @@ run cp2dp2 4 "" $(mp) $(cp 2)
 MOE=(--set model.moe.num_experts=4 --set model.moe.top_k=2 --set model.moe.z_loss_coef=0.001)
 run moeref 1 "" $(mp) "${MOE[@]}"
 run moeep2tp2 4 "" $(mp) "${MOE[@]}" $(ep 2) $(tp 2)
-run ppi2tp2sp32 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(sp)
-run dp2z332 2 "dp=2" $(zero) --set features.zero.stage=3
-run cp2dp232 4 "" $(cp 2)
-run moeep2tp232 4 "" "${MOE[@]}" $(ep 2) $(tp 2)
+# The fp32 twins are read at step 2 only (their bytes per step): 3 steps.
+TWIN=(--set training.max_steps=3 --set training.eval_interval=0)
+run ppi2tp2sp32 4 "pp=2 dp=1 tp=2" $(ppi 2) $(tp 2) $(sp) "${TWIN[@]}"
+run dp2z332 2 "dp=2" $(zero) --set features.zero.stage=3 "${TWIN[@]}"
+run cp2dp232 4 "" $(cp 2) "${TWIN[@]}"
+run moeep2tp232 4 "" "${MOE[@]}" $(ep 2) $(tp 2) "${TWIN[@]}"
 run native 1 "" $(mp) --set features.mixed_precision.product_kernel=native
 DNNL_MAX_CPU_ISA=AVX512_CORE run ppi2tp2native 4 "pp=2 dp=1 tp=2" $(mp) $(ppi 2) $(tp 2) \
   --set features.mixed_precision.product_kernel=native

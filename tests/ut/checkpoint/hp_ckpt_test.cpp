@@ -434,17 +434,18 @@ TEST(HpCkptConvert, UsageErrorsExit2) {
       {"verify", ckpt.dir / "no-such-dir"},
       {"inspect", ckpt.dir.path(), "--bogus"},
   };
+  std::vector<ToolRun> runs;
   for (const auto& args : cases) {
-    const ToolRun r = hp_ckpt(args);
+    runs.push_back(hp_ckpt(args));
+    const ToolRun& r = runs.back();
     EXPECT_EQ(r.code, 2) << (args.empty() ? "" : args[0]) << ": " << r.err;
     EXPECT_FALSE(r.err.empty());
   }
-  EXPECT_NE(hp_ckpt(cases[4]).err.find("target layout: ep=3 dp=2: ep (claimed by expert_parallel) is carved "
-                                       "out of dp and must divide its size (legal: a ep size dividing 2)"),
+  EXPECT_NE(runs[4].err.find("target layout: ep=3 dp=2: ep (claimed by expert_parallel) is carved "
+                             "out of dp and must divide its size (legal: a ep size dividing 2)"),
             std::string::npos)
-      << hp_ckpt(cases[4]).err;
-  EXPECT_NE(hp_ckpt(cases[6]).err.find("--per-rank with --pp 2: pipeline stages hold blocks"),
-            std::string::npos);
+      << runs[4].err;
+  EXPECT_NE(runs[6].err.find("--per-rank with --pp 2: pipeline stages hold blocks"), std::string::npos);
   EXPECT_EQ(hp_ckpt({"--help"}).code, 0);
 }
 
