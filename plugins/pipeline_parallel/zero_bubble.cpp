@@ -135,14 +135,22 @@ Plan plan(Scheme scheme, int P, int M, Costs costs) {
     int best_f = -1;
     // 1F1B's gate: activations from F to B within P - rank; and, for the
     // zero-bubble schemes, activations from F to W within P (1F1B's peak).
-    if (gate[ur] + unit <= limit_of(r) + 1e-9 &&
-        (fused || held[ur] + unit <= static_cast<double>(P) + 1e-9)) {
-      for (int c :
-           chunks[ur]) {  // the deepest chunk first: finish a micro-batch before starting another
-        const int m = next_f[c];
-        if (m >= M || ready_at(Op::Kind::kF, c, m) > t) continue;
-        if (best_f < 0 || c > best_f) best_f = c;
-      }
+    // Under ZB-V a micro-batch whose forward ran this rank's first chunk
+    // owes its second chunk's forward here before any of its B can run: a
+    // new micro-batch starts only with room left for the oldest of those
+    // (whose B then frees what the rest wait on). Without it, costs of B
+    // 1.75 F and W 0.25 F at two stages and 8 micro-batches filled both
+    // ranks' gates with first chunks whose B waited for second chunks that
+    // could no longer start: a deadlock.
+    const bool owes = V == 2 && next_f[chunks[ur].front()] > next_f[chunks[ur].back()];
+    for (int c : chunks[ur]) {  // the deepest chunk first: finish a micro-batch before starting another
+      const double need = unit + (owes && c == chunks[ur].front() ? unit : 0.0);
+      if (gate[ur] + need > limit_of(r) + 1e-9 ||
+          (!fused && held[ur] + need > static_cast<double>(P) + 1e-9))
+        continue;
+      const int m = next_f[c];
+      if (m >= M || ready_at(Op::Kind::kF, c, m) > t) continue;
+      if (best_f < 0 || c > best_f) best_f = c;
     }
     // 1F1B runs a ready B first; the zero-bubble schemes a ready F first
     // (within the limits above): the W's wait for the bubbles.

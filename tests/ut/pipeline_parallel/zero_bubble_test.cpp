@@ -113,6 +113,25 @@ TEST(ZeroBubble, VReachesItsLowerBound) {
   }
 }
 
+// Plans are made from measured costs (the pipeline's third step), so
+// every ratio a step can measure must give a complete plan, never a
+// deadlock: B from 0.25 to 3 F, W from 0.25 to 2 F (a bf16 run measured B
+// 1.75 F, W 0.25 F, which deadlocked zbv at two stages and 8 micro-batches
+// before the fix), at 2 and 4 stages, 1 to 8 micro-batches.
+TEST(ZeroBubble, EveryMeasuredCostRatioPlans) {
+  for (Scheme scheme : {Scheme::kZbH1, Scheme::kZbV})
+    for (int P : {2, 4})
+      for (int M : {1, 2, 3, 4, 8})
+        for (double b : {0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0})
+          for (double w : {0.25, 0.5, 0.75, 1.0, 1.5, 2.0}) {
+            SCOPED_TRACE(std::string(hp::pipeline::zb::to_string(scheme)) + " P " + std::to_string(P) + " M " +
+                         std::to_string(M) + " B " + std::to_string(b) + " W " + std::to_string(w));
+            Plan p;
+            ASSERT_NO_THROW(p = hp::pipeline::zb::plan(scheme, P, M, {1.0, b, w}));
+            check_valid(p);
+          }
+}
+
 TEST(ZeroBubble, HalfOfOneFOneBsIdleAtTwoStages) {
   const Plan one = hp::pipeline::zb::plan(Scheme::kOneFOneB, 2, 4);
   const Plan h1 = hp::pipeline::zb::plan(Scheme::kZbH1, 2, 4);
