@@ -41,6 +41,7 @@
 #include "hp/model/model.h"
 #include "hp/model/model_info.h"
 #include "hp/model/moe.h"
+#include "hp/model/precision.h"
 #include "hp/profile/trace.h"
 #include "hp/optim/buckets.h"
 #include "hp/optim/grad_sync.h"
@@ -259,7 +260,20 @@ std::vector<int> planned_ranks(const dist::ProcessMesh& mesh) {
   return out;
 }
 
-std::string calibration_key(const Config& c) {
+/// The precision the setup's features set on a rank's model (mixed
+/// precision's policy and the product kernel it picks), as the key names it.
+std::string precision_of(const Setup& setup) {
+  auto ctx = dist::DistributedContext::planning(setup.mesh, 0);
+  FeatureRuntime rt(setup.config, *ctx, nullptr);
+  rt.install(setup.features);
+  const PrecisionPolicy& p = rt.model().precision();
+  std::string out = "precision " + dtype_name(p.param_dtype) + ", sums " + dtype_name(p.reduce_dtype);
+  if (p.mixed()) out += std::string(", products ") + precision::to_string(precision::product_kernel());
+  return out;
+}
+
+std::string calibration_key(const Setup& setup) {
+  const Config& c = setup.config;
   std::ostringstream k;
   // The model's own options, the micro-batch it runs, the data's shape and this machine.
   const std::string yaml = c.to_yaml();
@@ -271,9 +285,10 @@ std::string calibration_key(const Config& c) {
     if (in_model) k << line << "\n";
   }
   k << "micro_batch_size " << c.get_int("training.micro_batch_size") << "\n";
+  k << precision_of(setup) << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 14 (a micro-batch of half the positions timed; buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 15 (blocks built under the features one rank installs; a micro-batch of half the positions timed; buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -282,8 +297,8 @@ std::string calibration_key(const Config& c) {
   return k.str();
 }
 
-std::string calibration_path(const Config& c) {
-  const std::string key = calibration_key(c);
+std::string calibration_path(const Setup& setup) {
+  const std::string key = calibration_key(setup);
   std::ostringstream name;
   name << std::hex << std::setw(16) << std::setfill('0') << XXH64(key.data(), key.size(), 0);
   return cache_dir() + "/" + name.str() + ".json";
@@ -374,8 +389,8 @@ Calibration Calibration::from_json(const std::string& text) {
   return c;
 }
 
-bool load_calibration(const Config& config, Calibration& out) {
-  std::ifstream in(calibration_path(config));
+bool load_calibration(const Setup& setup, Calibration& out) {
+  std::ifstream in(calibration_path(setup));
   if (!in) return false;
   std::stringstream s;
   s << in.rdbuf();
@@ -384,7 +399,7 @@ bool load_calibration(const Config& config, Calibration& out) {
   } catch (const std::exception&) {
     return false;  // an unreadable cache is measured again
   }
-  return out.key == calibration_key(config);
+  return out.key == calibration_key(setup);
 }
 
 namespace {
@@ -708,10 +723,11 @@ std::vector<double> attention_figures(const AttentionShape& a, std::int64_t mbs,
 /// With `finished`, the process goes on with untimed steps after its
 /// timed ones until finished() returns true (processes timed together keep
 /// their cores busy until the last is done).
-nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
+nlohmann::json one_process(const Setup& setup, std::int64_t mbs, int threads, bool count_blocks, int micro = 1,
                            int steps = 4, const std::function<void()>& before_timed = {},
                            const std::function<bool()>& finished = {}, bool release_grads = false,
                            bool time_half_positions = false) {
+  const Config& c = setup.config;
   at::set_num_threads(threads);
   // The heap as a rank keeps it (run.keep_freed_memory).
   if (c.get_bool("run.keep_freed_memory")) {
@@ -722,8 +738,13 @@ nlohmann::json one_process(const Config& c, std::int64_t mbs, int threads, bool 
   reset_peak_resident_memory();
   const double gemm_rate = measure_matmul_flops();
   auto single = dist::DistributedContext::single();
-  const LayerRegistry layers = LayerRegistry::dense();
-  BuildContext bctx(c, *single, layers, 1);
+  // The model as one rank builds it under the setup's features (none of
+  // which splits anything here): mixed precision's compute copies and
+  // bf16 activations when it is on.
+  FeatureRuntime runtime(c, *single, nullptr);
+  runtime.install(setup.features);
+  BuildContext bctx(c, *single, runtime.model().layers(), 1);
+  runtime.model().apply_to(bctx);
   const ModelDescription desc = describe_model(c);
   BuiltModel model = build_model(desc, bctx);
   for (auto& b : model.blocks) b->train();
@@ -951,17 +972,18 @@ std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<d
   return out;
 }
 
-Calibration calibrate(const Config& c) {
+Calibration calibrate(const Setup& setup) {
+  const Config& c = setup.config;
   const auto t_start = Clock::now();
   Calibration cal;
-  cal.key = calibration_key(c);
+  cal.key = calibration_key(setup);
   cal.cores = machine_cores();
   // A rank starts as a fork of its launcher (LibTorch and the plugins
   // loaded, nothing built): what a fork of this process holds at once.
   cal.baseline_bytes = std::stod(in_child([] { return std::to_string(current_resident_bytes()); }));
   const std::int64_t mbs = c.get_int("training.micro_batch_size"), seq = c.get_int("model.seq_len");
   auto child = [&](std::int64_t m, int threads, bool count, int micro) {
-    return nlohmann::json::parse(in_child([&] { return one_process(c, m, threads, count, micro).dump(); }));
+    return nlohmann::json::parse(in_child([&] { return one_process(setup, m, threads, count, micro).dump(); }));
   };
   // The bytes each block keeps, counted exactly (block cache), and the
   // peak a process reaches at two micro-batch sizes (glibc's heap, as in
@@ -983,7 +1005,7 @@ Calibration calibrate(const Config& c) {
   // sat 3-16 MiB above their bytes in use: gradients made while the
   // activations are freed do not fit the gaps those leave.
   const nlohmann::json released =
-      nlohmann::json::parse(in_child([&] { return one_process(c, mbs, 1, false, 4, 4, {}, {}, true).dump(); }));
+      nlohmann::json::parse(in_child([&] { return one_process(setup, mbs, 1, false, 4, 4, {}, {}, true).dump(); }));
   // One-thread ranks run with every core busy: the same process on each
   // core at once (shared caches and memory bandwidth); the first one's
   // times, five timed steps each, twice over: each block's median over the
@@ -1004,7 +1026,7 @@ Calibration calibrate(const Config& c) {
     std::vector<std::string> outs;
     try {
       outs = in_children_all(n, [&](int rank) {
-        if (n == 1) return one_process(c, mbs, threads, false, 2, steps, {}, {}, false, half).dump();
+        if (n == 1) return one_process(setup, mbs, threads, false, 2, steps, {}, {}, false, half).dump();
         auto ctx = join_group(rank, n, file);
         bool counted = false;
         auto finished = [&] {
@@ -1012,7 +1034,7 @@ Calibration calibrate(const Config& c) {
           counted = true;
           return done->load() >= n;
         };
-        return one_process(c, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }, finished, false, half)
+        return one_process(setup, mbs, threads, false, 2, steps, [&] { ctx->group("world").barrier(); }, finished, false, half)
             .dump();
       });
     } catch (...) {
@@ -1190,7 +1212,7 @@ Calibration calibrate(const Config& c) {
   // Twice as many ranks as cores.
   cal.shared_core_collective_s = shared_core_in_step(2 * cal.cores);
   cal.seconds = since(t_start);
-  const std::string path = calibration_path(c);
+  const std::string path = calibration_path(setup);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   const std::string tmp = path + ".tmp";
   std::ofstream(tmp) << cal.to_json();
@@ -1301,6 +1323,11 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
   for (double v : cal.act_bytes_per_token) slope += v;
   for (int r : planned_ranks(setup.mesh)) {
     const RankBuild b = build_rank(setup, r);
+    // Bytes an element of the activations (and of what crosses ranks with
+    // them) and of the gradients' sums take under the rank's precision.
+    const PrecisionPolicy& precision = b.runtime->model().precision();
+    const double act_elem = static_cast<double>(c10::elementSize(precision.param_dtype));
+    const double sum_elem = static_cast<double>(c10::elementSize(precision.reduce_dtype));
     RankEstimate e;
     e.rank = r;
     e.coords = mesh.tag(r);
@@ -1336,8 +1363,8 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         const auto g = p.tensor.sizes();
         const std::string& n = p.spec.name;
         if (n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0) continue;
-        if (g.size() == 2) w_queue_per_token += static_cast<double>(p.embedding ? g[1] : g[0] + g[1]) * 4;
-        if (g.size() == 1) w_queue_per_token += static_cast<double>(2 * g[0]) * 4;
+        if (g.size() == 2) w_queue_per_token += static_cast<double>(p.embedding ? g[1] : g[0] + g[1]) * act_elem;
+        if (g.size() == 1) w_queue_per_token += static_cast<double>(2 * g[0]) * act_elem;
       }
     }
     for (std::size_t i = 0; i < b.model.indices.size(); ++i) {
@@ -1347,7 +1374,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       const double bytes = cal.act_bytes_per_token.at(static_cast<std::size_t>(index)) * share * tokens;
       largest_block = std::max(largest_block, bytes);
       if (b.recomputed[i]) {
-        recompute_inputs += hidden * 4 * tokens;
+        recompute_inputs += hidden * act_elem * tokens;
       } else {
         act += bytes;
       }
@@ -1362,7 +1389,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       // token's top-k rows, the share bound for other ranks.
       const int experts_over = expert_group(ps, mesh);
       if (experts_over > 1 && info.expert_rows_per_token > 0) {
-        const double out_bytes = tokens * info.expert_rows_per_token * hidden * 4 * (experts_over - 1) / experts_over;
+        const double out_bytes = tokens * info.expert_rows_per_token * hidden * act_elem * (experts_over - 1) / experts_over;
         act_comm += 5 * (cal.collective_latency_s + in_step) + 4 * out_bytes / cal.p2p_bytes_per_s * oversubscribed;
         expert_message = std::max(expert_message, out_bytes);
         expert_n = std::max<double>(expert_n, experts_over);
@@ -1380,9 +1407,9 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       if (t > 1 && share < 1) {
         // A split block sums its output in forward and its input's gradient
         // in backward (two of each for a transformer block).
-        act_comm += 4 * (collective(hidden * 4 * tokens, t) + in_step);
-        act_bytes_sent += 4 * hidden * 4 * tokens * 2.0 * (t - 1) / t;
-        split_message = std::max(split_message, hidden * 4 * tokens);
+        act_comm += 4 * (collective(hidden * act_elem * tokens, t) + in_step);
+        act_bytes_sent += 4 * hidden * act_elem * tokens * 2.0 * (t - 1) / t;
+        split_message = std::max(split_message, hidden * act_elem * tokens);
         split_n = std::max<double>(split_n, t);
       }
     }
@@ -1400,8 +1427,8 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       double chunks = b.model.indices.empty() ? 0 : 1;
       for (std::size_t i = 1; i < b.model.indices.size(); ++i)
         if (b.model.indices[i] != b.model.indices[i - 1] + 1) ++chunks;
-      act_comm += 2 * chunks * message(hidden * 4 * tokens);
-      act_bytes_sent += 2 * chunks * hidden * 4 * tokens;
+      act_comm += 2 * chunks * message(hidden * act_elem * tokens);
+      act_bytes_sent += 2 * chunks * hidden * act_elem * tokens;
     }
     // Positions split over a sequence group: each layer's attention passes
     // its keys and values around the ring (c - 1 steps) in forward, and
@@ -1414,7 +1441,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       // products (its message in flight while a product runs, both
       // members waiting for each other), in proportion to its bytes above
       // a message's latency.
-      const double pair = 2 * tokens * hidden * 4;
+      const double pair = 2 * tokens * hidden * act_elem;
       const double ring_step =
           cal.p2p_latency_s + std::max(0.0, cal.ring_step_s - cal.p2p_latency_s) * pair / std::max(1.0, cal.ring_step_bytes);
       act_comm += layers * 4.0 * (positions - 1) * std::max(message(pair), ring_step * oversubscribed);
@@ -1474,7 +1501,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
         if (pl.placement.kind == dist::Placement::Kind::kPartial) n *= mesh.group_size(pl.dim);
       }
       if (n > 1) {
-        grad_bytes += static_cast<double>(p.tensor.numel()) * 4;
+        grad_bytes += static_cast<double>(p.tensor.numel()) * sum_elem;
         group = std::max(group, n);
       }
     }

@@ -122,21 +122,24 @@ struct Calibration {
   static Calibration from_json(const std::string& text);
 };
 
-/// The calibration's cache key for `config` (model section, micro-batch,
-/// sequence, CPU, threads): the same key reuses the cached measurements.
-std::string calibration_key(const Config& config);
+/// The calibration's cache key for `setup` (model section, micro-batch,
+/// sequence, the precision its features set, CPU, threads): the same key
+/// reuses the cached measurements.
+std::string calibration_key(const Setup& setup);
 /// The cache file: $HP_PLAN_CACHE, or $XDG_CACHE_HOME (~/.cache)/hyperparallel/plan/<hash>.json.
-std::string calibration_path(const Config& config);
-/// Reads the cached calibration for `config`; false when there is none.
-bool load_calibration(const Config& config, Calibration& out);
+std::string calibration_path(const Setup& setup);
+/// Reads the cached calibration for `setup`; false when there is none.
+bool load_calibration(const Setup& setup, Calibration& out);
 /// For each group count G dividing the experts (G > 1): the mean over
 /// `routed` (each one layer's tokens per expert in one micro-batch) of the
 /// most loaded group's tokens over the mean group's, the groups contiguous
 /// ranges of experts as an expert split places them. {G, factor} each.
 std::vector<std::vector<double>> group_imbalance(const std::vector<std::vector<double>>& routed);
-/// Measures (one process of the model in forked children, real tensors)
-/// and caches. Call it before this process runs a parallel region.
-Calibration calibrate(const Config& config);
+/// Measures (one process of the model in forked children, real tensors,
+/// built under `setup`'s features as one rank installs them: a setup of
+/// one process whose features split nothing; mixed precision's policy
+/// applies) and caches. Call it before this process runs a parallel region.
+Calibration calibrate(const Setup& setup);
 
 /// One rank of a layout.
 struct RankEstimate {

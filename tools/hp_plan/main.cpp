@@ -2,11 +2,12 @@
 // before anything runs, and checked against measurements on request.
 //
 //   hp-plan CONFIG --nproc N [--memory-per-rank GB] [--set KEY=V ...]
-//           [--micro-batch-sizes 1,2] [--top K] [--all] [--measure K [--rounds R] --out DIR]
+//           [--micro-batch-sizes 1,2] [--precisions fp32,bf16] [--top K] [--all] [--measure K [--rounds R] --out DIR]
 //
 // Enumerates the layouts of N ranks (data, tensor with and without sequence
 // parallel, pipeline with each schedule, context and expert parallel, ZeRO
-// stages, recompute, micro-batch sizes), keeps those the config check
+// stages, recompute, micro-batch sizes, and with --precisions fp32 and bf16
+// mixed precision), keeps those the config check
 // accepts (hp-train's own prepare), predicts each one's memory per rank and
 // step time (framework/plan/plan.h), and prints them fastest first with the
 // best one's breakdown. The calibration it needs is measured once per
@@ -51,8 +52,26 @@ struct Candidate {
   std::string label;
   std::string extra;  ///< the label's part after the degrees
   std::string refused;
+  std::string precision;  ///< "fp32" or "bf16" when --precisions names it, else "" (the config's own)
   hp::plan::LayoutEstimate estimate;
 };
+
+/// The keys that set a precision ("" sets none: the config's own).
+std::vector<std::string> precision_keys(const std::string& precision) {
+  if (precision.empty()) return {};
+  return {std::string("features.mixed_precision.enabled=") + (precision == "bf16" ? "true" : "false")};
+}
+
+std::vector<std::string> parse_precisions(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream s(list);
+  for (std::string item; std::getline(s, item, ',');) {
+    if (item != "fp32" && item != "bf16")
+      throw std::invalid_argument("--precisions " + list + ": each of fp32 and bf16 (bf16: mixed precision)");
+    out.push_back(item);
+  }
+  return out;
+}
 
 std::vector<int> divisors(int n) {
   std::vector<int> out;
@@ -78,7 +97,8 @@ std::vector<int> parse_ints(const std::string& list, const char* what) {
 
 /// The layouts of `n` ranks, each as the keys that set it (every parallel
 /// feature named explicitly, so the base config's choice does not leak in).
-std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& micro_batch_sizes) {
+std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& micro_batch_sizes,
+                                 const std::vector<std::string>& precisions) {
   std::vector<Candidate> out;
   for (int tp : divisors(n))
     for (int pp : divisors(n / tp))
@@ -91,8 +111,10 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
             for (int sp : tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})
               for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
                 for (int rc : {0, 1})
-                  for (int mbs : micro_batch_sizes) {
+                  for (int mbs : micro_batch_sizes)
+                   for (const auto& precision : precisions) {
                     Candidate c;
+                    c.precision = precision;
                     auto set = [&c](const std::string& k, const std::string& v) { c.overrides.push_back(k + "=" + v); };
                     // The label names features here; an accepted layout's is
                     // its mesh's shape (the mesh names its dimensions).
@@ -133,6 +155,8 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
                     if (rc) extra += " recompute";
                     set("training.micro_batch_size", std::to_string(mbs));
                     extra += " mbs" + std::to_string(mbs);
+                    for (const auto& k : precision_keys(precision)) c.overrides.push_back(k);
+                    if (precision == "bf16") extra += " bf16";
                     c.label = (l.empty() ? std::string("data_parallel") : l.substr(1)) + extra;
                     c.extra = extra;
                     out.push_back(std::move(c));
@@ -163,7 +187,7 @@ int run(int argc, char** argv) {
       "hp-plan: the layouts of N processes that the config check accepts, each with its predicted memory per "
       "rank and step time, fastest first; --measure K runs the first K (hp-sweep) and prints predicted "
       "against measured. Exit codes: 0 done, 1 a measured run failed, 2 usage or config error."};
-  std::string config, out, mbs_list;
+  std::string config, out, mbs_list, precision_list;
   std::vector<std::string> sets;
   int nproc = 0, top = 10, measure = 0, rounds = 1;
   double memory_gb = 0;
@@ -177,6 +201,9 @@ int run(int argc, char** argv) {
   app.add_option("--set", sets, "KEY=V applied before each layout's keys");
   app.add_option("--micro-batch-sizes", mbs_list,
                  "Micro-batch sizes to try, e.g. 1,2,4 (default: the config's training.micro_batch_size)");
+  app.add_option("--precisions", precision_list,
+                 "Precisions to try: fp32 and bf16 (bf16: the mixed_precision feature on; each calibrated "
+                 "apart) (default: the config's own)");
   app.add_option("--top", top, "Layouts printed")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--all", all, "Print every layout, the refused ones with their reason");
   bool layouts_only = false;
@@ -211,6 +238,7 @@ int run(int argc, char** argv) {
   // model and data every layout shares.
   hp::RawConfig base;
   std::vector<int> micro_batch_sizes;
+  std::vector<std::string> precisions{""};
   bool experts = false;
   try {
     base = hp::RawConfig::parse_file(config);
@@ -223,6 +251,7 @@ int run(int argc, char** argv) {
     experts = info.size("experts") != nullptr;
     micro_batch_sizes = mbs_list.empty() ? std::vector<int>{static_cast<int>(one.config.get_int("training.micro_batch_size"))}
                                          : parse_ints(mbs_list, "--micro-batch-sizes");
+    if (!precision_list.empty()) precisions = parse_precisions(precision_list);
   } catch (const hp::ConfigException& e) {
     std::fprintf(stderr, "hp-plan: %s: the config is refused at one process:\n", config.c_str());
     for (const auto& i : e.issues()) std::fprintf(stderr, "  %s\n", i.format().c_str());
@@ -235,34 +264,40 @@ int run(int argc, char** argv) {
   // The features' own start-up lines (a pipeline's partition) would repeat
   // for every layout and rank planned: warnings and errors only.
   hp::log::logger()->set_level(spdlog::level::warn);
-  // Calibrate first (one process, real tensors), per micro-batch size.
-  std::map<int, hp::plan::Calibration> cals;
-  for (int mbs : layouts_only ? std::vector<int>{} : micro_batch_sizes) {
+  // Calibrate first (one process, real tensors), per micro-batch size and
+  // precision: every feature that splits or replays off, the rest as
+  // configured (mixed precision's policy applies to the blocks timed).
+  std::map<std::pair<int, std::string>, hp::plan::Calibration> cals;
+  for (int mbs : layouts_only ? std::vector<int>{} : micro_batch_sizes)
+   for (const auto& precision : precisions) {
     hp::RawConfig r = base;
-    for (const char* f : {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero"})
+    for (const char* f :
+         {"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero", "recompute"})
       r.apply_override(std::string("features.") + f + ".enabled=false");
     r.apply_override("training.micro_batch_size=" + std::to_string(mbs));
+    for (const auto& k : precision_keys(precision)) r.apply_override(k);
+    const std::string what = "micro-batch " + std::to_string(mbs) + (precision.empty() ? "" : " " + precision);
     try {
       const hp::Setup s = hp::prepare(r, 1);
       hp::plan::Calibration cal;
-      if (!recalibrate && hp::plan::load_calibration(s.config, cal)) {
-        std::fprintf(stderr, "hp-plan: calibration for micro-batch %d from %s (measured in %.1f s)\n", mbs,
-                     hp::plan::calibration_path(s.config).c_str(), cal.seconds);
+      if (!recalibrate && hp::plan::load_calibration(s, cal)) {
+        std::fprintf(stderr, "hp-plan: calibration for %s from %s (measured in %.1f s)\n", what.c_str(),
+                     hp::plan::calibration_path(s).c_str(), cal.seconds);
       } else {
-        cal = hp::plan::calibrate(s.config);
-        std::fprintf(stderr, "hp-plan: calibrated micro-batch %d in %.1f s (cached in %s)\n", mbs, cal.seconds,
-                     hp::plan::calibration_path(s.config).c_str());
+        cal = hp::plan::calibrate(s);
+        std::fprintf(stderr, "hp-plan: calibrated %s in %.1f s (cached in %s)\n", what.c_str(), cal.seconds,
+                     hp::plan::calibration_path(s).c_str());
       }
-      cals[mbs] = cal;
+      cals[{mbs, precision}] = cal;
     } catch (const hp::ConfigException& e) {
-      std::fprintf(stderr, "hp-plan: micro-batch size %d is refused at one process: %s\n", mbs,
+      std::fprintf(stderr, "hp-plan: %s is refused at one process: %s\n", what.c_str(),
                    e.issues().empty() ? "" : e.issues().front().format().c_str());
       return hp::kConfigErrorExitCode;
     }
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Candidate> cands = enumerate(nproc, experts, micro_batch_sizes);
+  std::vector<Candidate> cands = enumerate(nproc, experts, micro_batch_sizes, precisions);
   std::vector<Candidate*> accepted;
   for (auto& c : cands) {
     hp::RawConfig r = base;
@@ -271,7 +306,7 @@ int run(int argc, char** argv) {
       const hp::Setup s = hp::prepare(r, nproc);
       c.label = mesh_label(s.mesh) + c.extra;
       const int mbs = static_cast<int>(s.config.get_int("training.micro_batch_size"));
-      if (!layouts_only) c.estimate = hp::plan::estimate(s, cals.at(mbs));
+      if (!layouts_only) c.estimate = hp::plan::estimate(s, cals.at({mbs, c.precision}));
       accepted.push_back(&c);
     } catch (const hp::ConfigException& e) {
       c.refused = e.issues().empty() ? "refused" : e.issues().front().format();

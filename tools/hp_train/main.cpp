@@ -150,7 +150,7 @@ int run(int argc, char** argv) {
     // device; activations too when hp-plan has calibrated this model here.
     try {
       hp::plan::Calibration cal;
-      if (hp::plan::load_calibration(setup.config, cal)) {
+      if (hp::plan::load_calibration(setup, cal)) {
         std::cout << hp::plan::describe_memory(hp::plan::estimate(setup, cal), true);
       } else {
         hp::plan::LayoutEstimate e;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hp-plan. (1) Its layouts against the config check: for the small GPT at 2
 # ranks with micro-batches 2 and 3 (3 does not divide the batch at one
-# replica), every layout it lists as accepted is accepted by the config
+# replica) in fp32 and bf16 (--precisions), every layout it lists as accepted is accepted by the config
 # check and every one it lists as refused is refused, both kinds present
 # (all of them through hp-sweep --dry-run, the first of each kind through
 # hp-train --dry-run's exit code). (2) The model state it predicts per
@@ -26,6 +26,8 @@ out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --rounds 2 2>&1); rc=$?
 [[ $rc -eq 2 && $out == *"--rounds 2 needs --measure K"* ]] || fail "--rounds without --measure: exit $rc: $out"
 out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,x 2>&1); rc=$?
 [[ $rc -eq 2 && $out == *"expected integers separated by commas"* ]] || fail "bad --micro-batch-sizes: exit $rc: $out"
+out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --precisions fp32,fp16 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"each of fp32 and bf16"* ]] || fail "bad --precisions: exit $rc: $out"
 out=$("$BIN/hp-sweep" "$WORK/c.yaml" --out "$WORK/nogrid" 2>&1); rc=$?
 [[ $rc -eq 2 && $out == *"give --grid"* ]] || fail "hp-sweep without a grid: exit $rc: $out"
 out=$("$BIN/hp-sweep" "$WORK/c.yaml" --grid optimizer.lr=0.1,0.2 2>&1); rc=$?
@@ -34,12 +36,14 @@ out=$("$BIN/hp-sweep" "$WORK/c.yaml" --variant "optimizer.lr" --out "$WORK/badva
 [[ $rc -eq 2 && $out == *"expected KEY=V items"* ]] || fail "hp-sweep bad --variant: exit $rc: $out"
 
 # (1) the enumeration against hp-train's own check
-"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,3 --layouts > "$WORK/layouts" 2> "$WORK/layouts.err" \
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,3 --precisions fp32,bf16 --layouts > "$WORK/layouts" 2> "$WORK/layouts.err" \
   || { cat "$WORK/layouts.err"; fail "hp-plan --layouts"; }
 accepted=$(grep -c '^accepted' "$WORK/layouts"); refused=$(grep -c '^refused' "$WORK/layouts")
 echo "hp-plan lists $accepted accepted and $refused refused layouts"
 [[ $accepted -gt 10 && $refused -gt 10 ]] || fail "expected both kinds of layouts, got $accepted and $refused"
 grep -q "refused.*micro_batch_size" "$WORK/layouts" || fail "a refusal without its reason"
+grep -q "^accepted.*features.mixed_precision.enabled=true" "$WORK/layouts" || fail "no bf16 layout accepted"
+grep -q "^accepted.*features.mixed_precision.enabled=false" "$WORK/layouts" || fail "no fp32 layout accepted"
 # Every listed layout through hp-sweep --dry-run (the config check hp-train
 # runs, one process for all of them), and the first of each kind through
 # hp-train --dry-run itself (exit 0 accepted, 2 refused).

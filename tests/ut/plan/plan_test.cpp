@@ -279,6 +279,34 @@ TEST(Planner, FewerPositionsFollowTheHalfPositionsTimes) {
               1e-12);
 }
 
+// Mixed precision: what crosses ranks with the activations goes in bf16
+// (a pipeline's stage messages: half the bytes), the gradients' sums in
+// fp32 unless reduce_dtype is bf16 (then half); the calibration's key names
+// the precision, so fp32 and bf16 are measured and cached apart.
+TEST(Planner, MixedPrecisionHalvesWhatCrossesRanksInBf16) {
+  const std::string gpt =
+      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+      "data: {type: synthetic}\n"
+      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const auto cal = calibration(setup(gpt, 1), 1000, 0);
+  auto bytes = [&](const std::string& features, int world) {
+    return hp::plan::estimate(setup(gpt + "features: {" + features + "}\n", world), cal).ranks.at(0).comm_bytes;
+  };
+  const std::string pp = "pipeline_parallel: {enabled: true, size: 2}";
+  const std::string mp = "mixed_precision: {enabled: true}";
+  const double stage_fp32 = bytes(pp, 2);
+  ASSERT_GT(stage_fp32, 0);
+  EXPECT_DOUBLE_EQ(bytes(pp + ", " + mp, 2), stage_fp32 / 2);
+  const double sums_fp32 = bytes("", 2);
+  ASSERT_GT(sums_fp32, 0);
+  EXPECT_DOUBLE_EQ(bytes(mp, 2), sums_fp32);
+  EXPECT_DOUBLE_EQ(bytes("mixed_precision: {enabled: true, reduce_dtype: bf16}", 2), sums_fp32 / 2);
+  const std::string fp32_key = hp::plan::calibration_key(setup(gpt, 1));
+  const std::string bf16_key = hp::plan::calibration_key(setup(gpt + "features: {" + mp + "}\n", 1));
+  EXPECT_NE(fp32_key.find("precision fp32"), std::string::npos) << fp32_key;
+  EXPECT_NE(bf16_key.find("precision bf16, sums fp32"), std::string::npos) << bf16_key;
+}
+
 // The routing's loads per group of experts: 4 experts with 3, 1, 0, 0 rows
 // put 4 of 4 rows on the first of two groups (2x the mean) and 3 on the
 // first of four (3x); a second sample evenly loaded averages to 1.5 and 2.
