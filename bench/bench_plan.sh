@@ -4,7 +4,8 @@
 # and prints predicted against measured; this script adds the errors up
 # over every case. Cases: the GPT (4 x 256) at 2 ranks (micro-batches 2
 # and 4) and at 4 ranks, a wider GPT (6 x 384) at 2 ranks, the MoE GPT
-# (4 x 256, 8 experts, top-2) at 2 ranks. Memory error on the peak minus
+# (4 x 256, 8 experts, top-2) at 2 ranks, and the GPT 4 x 256 at 2 ranks in
+# bf16 (mixed precision, hp-plan --precisions bf16). Memory error on the peak minus
 # the process baseline (each rank's resident memory when it started:
 # LibTorch and the plugins loaded, nothing built), the largest rank; step
 # time error on the median step after the first two. Each case's layouts
@@ -25,9 +26,11 @@ export HP_PLAN_CACHE="$W/cache"
 small_gpt_config "$W/gpt.yaml" 4 256 "$STEPS"
 small_gpt_config "$W/wide.yaml" 6 384 "$STEPS"
 small_gpt_config "$W/moe.yaml" 4 256 "$STEPS" moe
-run_case() {  # run_case NAME CONFIG NPROC MBS
-  echo "== $1: $BIN/hp-plan $2 --nproc $3 --micro-batch-sizes $4 --measure $K --rounds $ROUNDS"
-  "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" --top 5 --measure "$K" --rounds "$ROUNDS" --out "$W/$1" \
+run_case() {  # run_case NAME CONFIG NPROC MBS [hp-plan options...]
+  local name=$1 cfg=$2 n=$3 mbs=$4; shift 4
+  echo "== $name: $BIN/hp-plan $cfg --nproc $n --micro-batch-sizes $mbs $* --measure $K --rounds $ROUNDS"
+  set -- "$name" "$cfg" "$n" "$mbs" "$@"
+  "$BIN/hp-plan" "$W/$2.yaml" --nproc "$3" --micro-batch-sizes "$4" "${@:5}" --top 5 --measure "$K" --rounds "$ROUNDS" --out "$W/$1" \
     > "$W/$1.out" 2> "$W/$1.err" || { cat "$W/$1.err" "$W/$1.out"; exit 1; }
   grep -E "calibrat" "$W/$1.err" || true
   sed -n '/^hp-plan:/p' "$W/$1.out"
@@ -61,11 +64,12 @@ run_case gpt2 gpt 2 2,4
 run_case gpt4 gpt 4 2
 run_case wide2 wide 2 2
 run_case moe2 moe 2 2
+run_case bf16 gpt 2 2 --precisions bf16
 python3 - "$W" <<'PY'
 import re, statistics, sys
 w = sys.argv[1]
 mem, tim, first = [], [], []
-for case in ("gpt2", "gpt4", "wide2", "moe2"):
+for case in ("gpt2", "gpt4", "wide2", "moe2", "bf16"):
     rows = []
     on = False
     for line in open(f"{w}/{case}.out"):
