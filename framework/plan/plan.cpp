@@ -288,7 +288,7 @@ std::string calibration_key(const Setup& setup) {
   k << precision_of(setup) << "\n";
   k << "cpu " << cpu_model() << " x" << machine_cores() << "\n";
   // What the calibration measures; a new version measures afresh.
-  k << "calibration 15 (blocks built under the features one rank installs; a micro-batch of half the positions timed; buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
+  k << "calibration 16 (a bf16 sum against an fp32 one; blocks built under the features one rank installs; a micro-batch of half the positions timed; buckets cut by the reducers' rule; the slowest of the processes timed together; the attention core and attention by blocks timed apart; released gradients reduced by buckets as ZeRO 2-3 do, two in flight; gradients released after each update; all-reduce speed at 64 MiB; four steps warm up; the step's end timed; the layers' kept copies apart; peaks at half the micro-batch; experts timed, routing loads; timed processes start together and stay busy until all are done; a ring step between products; peaks over 4 steps of 4 micro-batches of other samples; "
        "times the median of 5 steps in each of two processes, the second of two micro-batches; two per core over "
        "3 steps, the mean micro-batch, the mean over the processes)\n";
   const bool keep = c.get_bool("run.keep_freed_memory");
@@ -316,6 +316,7 @@ std::string Calibration::to_json() const {
   j["p2p_bytes_per_s"] = p2p_bytes_per_s;
   j["shared_core_collective_s"] = shared_core_collective_s;
   j["ring_step_s"] = ring_step_s;
+  j["collective_bf16_sum_factor"] = collective_bf16_sum_factor;
   j["ring_step_bytes"] = ring_step_bytes;
   j["attention_core_seconds_per_token_1"] = attention_core_seconds_per_token_1;
   j["attention_core_seconds_per_token_all"] = attention_core_seconds_per_token_all;
@@ -359,6 +360,7 @@ Calibration Calibration::from_json(const std::string& text) {
   c.p2p_bytes_per_s = j.at("p2p_bytes_per_s").get<double>();
   c.shared_core_collective_s = j.at("shared_core_collective_s").get<double>();
   c.ring_step_s = j.at("ring_step_s").get<double>();
+  c.collective_bf16_sum_factor = j.at("collective_bf16_sum_factor").get<double>();
   c.ring_step_bytes = j.at("ring_step_bytes").get<double>();
   c.attention_core_seconds_per_token_1 = j.at("attention_core_seconds_per_token_1").get<double>();
   c.attention_core_seconds_per_token_all = j.at("attention_core_seconds_per_token_all").get<double>();
@@ -542,6 +544,7 @@ std::string store_file(const char* what) {
 struct CollectiveSpeed {
   double latency_s = 0, bytes_per_s = 0, large_bytes_per_s = 0, in_step_extra_s = 0, p2p_latency_s = 0, p2p_bytes_per_s = 0;
   double ring_step_s = 0;
+  double bf16_sum_factor = 1;
 };
 
 constexpr std::int64_t kRingMessageBytes = std::int64_t{1} << 19;
@@ -594,14 +597,30 @@ CollectiveSpeed collective_speed() {
     // the peer, the hand-over to the communication thread).
     o << between_products(g, 40) << " ";
     o << ring_between_products(g, kRingMessageBytes, 40) << " ";
+    // A bf16 sum against an fp32 one of as many elements (a tensor-parallel
+    // block's output, 128 Ki elements): Gloo has no bf16 sum, so ours
+    // exchanges the parts' bf16 bytes and sums them in fp32 on each member.
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      at::Tensor t = at::ones({std::int64_t{1} << 17}, at::TensorOptions().dtype(dtype));
+      g.all_reduce(t);
+      double best = 1e30;
+      for (int i = 0; i < 5; ++i) {
+        g.barrier();
+        const auto t0 = Clock::now();
+        g.all_reduce(t);
+        best = std::min(best, since(t0));
+      }
+      o << best << " ";
+    }
     g.barrier();
     return o.str();
   });
   std::filesystem::remove(file);
   std::istringstream in(out);
   CollectiveSpeed c;
-  double small = 0, large = 0, larger = 0, p2p_small = 0, p2p_large = 0, in_step = 0, ring = 0;
-  in >> small >> large >> larger >> p2p_small >> p2p_large >> in_step >> ring;
+  double small = 0, large = 0, larger = 0, p2p_small = 0, p2p_large = 0, in_step = 0, ring = 0, f32 = 0, bf16 = 0;
+  in >> small >> large >> larger >> p2p_small >> p2p_large >> in_step >> ring >> f32 >> bf16;
+  c.bf16_sum_factor = f32 > 0 && bf16 > 0 ? bf16 / f32 : 1.0;
   c.ring_step_s = std::max(0.0, ring);
   c.p2p_latency_s = p2p_small;
   c.p2p_bytes_per_s = (4.0 * (1 << 20) - 4.0 * 256) / std::max(1e-9, p2p_large - p2p_small);
@@ -1208,6 +1227,7 @@ Calibration calibrate(const Setup& setup) {
   cal.p2p_latency_s = speed.p2p_latency_s;
   cal.p2p_bytes_per_s = speed.p2p_bytes_per_s;
   cal.ring_step_s = speed.ring_step_s;
+  cal.collective_bf16_sum_factor = speed.bf16_sum_factor;
   cal.ring_step_bytes = static_cast<double>(kRingMessageBytes);
   // Twice as many ranks as cores.
   cal.shared_core_collective_s = shared_core_in_step(2 * cal.cores);
@@ -1315,6 +1335,12 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     const double products = std::min(measured, rate > 0 ? 3 * flops / rate : measured);
     return products * share + (measured - products);
   };
+  // A sum over n ranks of `elements`: an fp32 one's time, times the
+  // calibrated factor of a bf16 sum over an fp32 one of as many elements.
+  auto sum_seconds = [&](double elements, double n, bool bf16) {
+    const double t = collective(elements * 4, n);
+    return bf16 ? t * cal.collective_bf16_sum_factor : t;
+  };
   auto message = [&](double bytes) {
     return cal.p2p_latency_s + in_step + bytes / cal.p2p_bytes_per_s * oversubscribed;
   };
@@ -1407,7 +1433,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
       if (t > 1 && share < 1) {
         // A split block sums its output in forward and its input's gradient
         // in backward (two of each for a transformer block).
-        act_comm += 4 * (collective(hidden * act_elem * tokens, t) + in_step);
+        act_comm += 4 * (sum_seconds(hidden * tokens, t, act_elem < 4) + in_step);
         act_bytes_sent += 4 * hidden * act_elem * tokens * 2.0 * (t - 1) / t;
         split_message = std::max(split_message, hidden * act_elem * tokens);
         split_n = std::max<double>(split_n, t);
@@ -1507,7 +1533,7 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     }
     const double rounds = b.state.grads_per_micro_batch ? micro_batches : 1;
     if (grad_bytes > 0) {
-      grad_comm = rounds * (collective(grad_bytes, group) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
+      grad_comm = rounds * (sum_seconds(grad_bytes / sum_elem, group, sum_elem < 4) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
       grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
     }
     // The optimizer's transient at the activations' peak, or, when larger,

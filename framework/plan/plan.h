@@ -61,6 +61,9 @@ struct Calibration {
   /// posted before a product and waited for after it: the seconds it adds
   /// to the product, for a message of ring_step_bytes.
   double ring_step_s = 0, ring_step_bytes = 0;
+  /// A bf16 sum between two ranks over an fp32 one of as many elements
+  /// (ours exchanges the bf16 parts and sums them in fp32 on each member).
+  double collective_bf16_sum_factor = 1;
   /// Attention: the model's own (model.attention as one process runs it)
   /// forward + backward seconds per token of the calibrated micro-batch,
   /// and attention by score blocks, {block length, forward + backward

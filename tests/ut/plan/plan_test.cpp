@@ -301,6 +301,19 @@ TEST(Planner, MixedPrecisionHalvesWhatCrossesRanksInBf16) {
   ASSERT_GT(sums_fp32, 0);
   EXPECT_DOUBLE_EQ(bytes(mp, 2), sums_fp32);
   EXPECT_DOUBLE_EQ(bytes("mixed_precision: {enabled: true, reduce_dtype: bf16}", 2), sums_fp32 / 2);
+  // A bf16 sum costs the calibrated factor times an fp32 one of as many
+  // elements: tensor parallel's sums of bf16 activations, linear in it;
+  // fp32 layouts untouched.
+  auto comm = [&](const std::string& features, double factor) {
+    auto c = cal;
+    c.collective_bf16_sum_factor = factor;
+    return hp::plan::estimate(setup(gpt + "features: {" + features + "}\n", 2), c).ranks.at(0).comm;
+  };
+  const std::string tp = "tensor_parallel: {enabled: true, size: 2}";
+  const double one = comm(tp + ", " + mp, 1), two = comm(tp + ", " + mp, 2), three = comm(tp + ", " + mp, 3);
+  EXPECT_GT(two, one);
+  EXPECT_NEAR(three - one, 2 * (two - one), 1e-12);
+  EXPECT_DOUBLE_EQ(comm(tp, 3), comm(tp, 1));
   const std::string fp32_key = hp::plan::calibration_key(setup(gpt, 1));
   const std::string bf16_key = hp::plan::calibration_key(setup(gpt + "features: {" + mp + "}\n", 1));
   EXPECT_NE(fp32_key.find("precision fp32"), std::string::npos) << fp32_key;
