@@ -49,6 +49,15 @@ hp::plan::Calibration calibration(const hp::Setup& s, double per_token, double e
   return c;
 }
 
+/// The small GPT most tests plan (2 layers of 64, 32 positions, synthetic
+/// data) at a global batch of `global_batch` in micro-batches of 2.
+std::string small_gpt(int global_batch = 4) {
+  return "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
+         "data: {type: synthetic}\n"
+         "training: {global_batch_size: " +
+         std::to_string(global_batch) + ", micro_batch_size: 2}\n";
+}
+
 const char* kMoe =
     "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, moe: {num_experts: 4, top_k: 2}}\n"
     "data: {type: synthetic}\n"
@@ -89,10 +98,7 @@ TEST(Planner, KeptCopiesFollowTheExpertsAndLayersARankBuilds) {
 // and extra from the line through the measured points below the micro-batch,
 // not from the slope above it; at the calibrated tokens nothing changes.
 TEST(Planner, FewerTokensThanCalibratedFollowTheMeasuredPoints) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const std::string gpt = small_gpt();
   const hp::Setup one = setup(gpt, 1);
   auto cal = calibration(one, 1000, 4 * kMiB);
   const double slope = 1000.0 * static_cast<double>(cal.act_bytes_per_token.size());
@@ -116,10 +122,7 @@ TEST(Planner, FewerTokensThanCalibratedFollowTheMeasuredPoints) {
 // The step's end: the passes over the gradients a rank holds and the update
 // of the optimizer state it holds, each at its calibrated rate per byte.
 TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const std::string gpt = small_gpt();
   auto cal = calibration(setup(gpt, 1), 1000, 0);
   cal.grad_pass_seconds_per_byte_1 = 1e-9;
   cal.update_seconds_per_byte_1 = 3e-9;
@@ -154,10 +157,7 @@ TEST(Planner, StepEndFollowsTheGradientAndOptimizerShards) {
 // (ZeRO's updated slices: 8 at four); a piece is the largest message, the
 // whole gradients here (below a slot and a bucket).
 TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 8, micro_batch_size: 2}\n";
+  const std::string gpt = small_gpt(8);
   const auto cal = calibration(setup(gpt, 1), 1000, 0);
   const auto dp2 = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
   const auto dp4 = hp::plan::estimate(setup(gpt, 4), cal).ranks.at(0);
@@ -221,11 +221,7 @@ TEST(Planner, ReleasedGradientsTravelBesideASteadyPipelinesBackward) {
 // own attention over its tokens; a length between two measured ones is
 // interpolated.
 TEST(Planner, ContextParallelAttentionCostsItsBlocks) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 4, micro_batch_size: 2}\n"
-      "features: {context_parallel: {enabled: true, size: 2}}\n";
+  const std::string gpt = small_gpt() + "features: {context_parallel: {enabled: true, size: 2}}\n";
   const std::string dp = gpt.substr(0, gpt.find("features:"));
   auto cal = calibration(setup(dp, 1), 1000, 0);
   const auto without = hp::plan::estimate(setup(gpt, 2), cal).ranks.at(0);
@@ -250,10 +246,7 @@ TEST(Planner, ContextParallelAttentionCostsItsBlocks) {
 // attention (1 us a token at 32 positions) counts at the rank's positions
 // in proportion to their length (half of it at 16 of 32).
 TEST(Planner, FewerPositionsFollowTheHalfPositionsTimes) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const std::string gpt = small_gpt();
   auto cp = [&](int n) {
     return setup(gpt + "features: {context_parallel: {enabled: true, size: " + std::to_string(n) + "}}\n", n);
   };
@@ -284,10 +277,7 @@ TEST(Planner, FewerPositionsFollowTheHalfPositionsTimes) {
 // fp32 unless reduce_dtype is bf16 (then half); the calibration's key names
 // the precision, so fp32 and bf16 are measured and cached apart.
 TEST(Planner, MixedPrecisionHalvesWhatCrossesRanksInBf16) {
-  const std::string gpt =
-      "model: {type: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32}\n"
-      "data: {type: synthetic}\n"
-      "training: {global_batch_size: 4, micro_batch_size: 2}\n";
+  const std::string gpt = small_gpt();
   const auto cal = calibration(setup(gpt, 1), 1000, 0);
   auto bytes = [&](const std::string& features, int world) {
     return hp::plan::estimate(setup(gpt + "features: {" + features + "}\n", world), cal).ranks.at(0).comm_bytes;
