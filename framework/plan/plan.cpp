@@ -1520,20 +1520,22 @@ LayoutEstimate estimate(const Setup& setup, const Calibration& cal) {
     // Gradient sums over the partial dimensions' groups (once a step, or
     // per micro-batch when the optimizer shards them so), and the sharded
     // parameters gathered per micro-batch.
-    double grad_bytes = 0, grad_comm = 0, group = 1;
+    double grad_elements = 0, grad_comm = 0, group = 1;
     for (const auto& p : b.model.params) {
       double n = 1;
       for (const auto& pl : p.spec.grad) {
         if (pl.placement.kind == dist::Placement::Kind::kPartial) n *= mesh.group_size(pl.dim);
       }
       if (n > 1) {
-        grad_bytes += static_cast<double>(p.tensor.numel()) * sum_elem;
+        grad_elements += static_cast<double>(p.tensor.numel());
         group = std::max(group, n);
       }
     }
+    const double grad_bytes = grad_elements * sum_elem;
     const double rounds = b.state.grads_per_micro_batch ? micro_batches : 1;
     if (grad_bytes > 0) {
-      grad_comm = rounds * (sum_seconds(grad_bytes / sum_elem, group, sum_elem < 4) + std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
+      grad_comm = rounds * (sum_seconds(grad_elements, group, sum_elem < 4) +
+                            std::ceil(grad_bytes / bucket) * (cal.collective_latency_s + in_step));
       grad_comm += micro_batches * collective(b.state.gathered_per_micro_batch / 2, group);
     }
     // The optimizer's transient at the activations' peak, or, when larger,
