@@ -2,8 +2,8 @@
 // Finds and loads feature plugins: the library for feature `name` is
 // `libhp_feature_<name>.so`, searched in (1) config `plugins.path`, (2) the
 // colon-separated HP_PLUGIN_PATH, (3) the directories next to the installed
-// or built framework library. Each object a plugin makes holds its library,
-// so nothing is unloaded while something it made is alive.
+// or built framework library. A library once loaded stays loaded for the
+// process (a config check per layout does not load it again).
 #include <memory>
 #include <stdexcept>
 #include <string>
