@@ -178,6 +178,11 @@ struct LayoutEstimate {
 /// The ranks a plan builds: every rank up to ProcessMesh::kRankLines;
 /// beyond, the first member of each data and sequence group.
 std::vector<int> planned_ranks(const dist::ProcessMesh& mesh);
+/// Whether a view of `mesh` gathers samples: it refactors a base split
+/// dimension with replicate ones into more split ranks than the base split
+/// (a module above the stream's tensor-parallel degree; its members gather
+/// their neighbours' samples and split its weights over all of them).
+bool gathers_samples(const dist::MeshView& view, const dist::ProcessMesh& mesh);
 /// Model state per rank from the planning build alone (no calibration):
 /// params, grads and optimizer filled, the rest 0.
 std::vector<RankEstimate> model_state(const Setup& setup);

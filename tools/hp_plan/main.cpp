@@ -5,7 +5,8 @@
 //           [--micro-batch-sizes 1,2] [--precisions fp32,bf16] [--top K] [--all] [--measure K [--rounds R] --out DIR]
 //
 // Enumerates the layouts of N ranks (data, tensor with and without sequence
-// parallel, pipeline with each schedule, context and expert parallel, ZeRO
+// parallel and with per-module degrees, pipeline with each schedule and
+// chunk count, context and expert parallel (and its tensor size), ZeRO
 // stages, recompute, micro-batch sizes, and with --precisions fp32 and bf16
 // mixed precision), keeps those the config check
 // accepts (hp-train's own prepare), predicts each one's memory per rank and
@@ -18,15 +19,19 @@
 // Exit codes: 0 done, 1 a measured run failed, 2 usage or config error.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "framework/model/registry.h"
@@ -95,19 +100,62 @@ std::vector<int> parse_ints(const std::string& list, const char* what) {
   return out;
 }
 
+/// What the enumeration needs to know of the model.
+struct ModelShape {
+  bool experts = false;  ///< it builds moe layers (expert parallel and its tensor size apply)
+  bool tied = false;     ///< the LM head shares the embedding's weight (their degrees are one)
+  int blocks = 0;        ///< the pipeline's units (virtual stages up to blocks / pp)
+};
+
+/// The tensor-parallel module kinds with a degree of their own: the option
+/// and the label's short name.
+const std::pair<const char*, const char*> kModuleDegrees[] = {
+    {"attention_size", "attn"}, {"ffn_size", "ffn"}, {"embedding_size", "embed"}, {"lm_head_size", "head"}};
+
+/// The per-module degrees at stream degree `tp` with `dp` replicas: each
+/// kind's degree is tp or a multiple of it that gathers from dp neighbours
+/// (degree / tp dividing dp); a tied head takes the embedding's.
+std::vector<std::array<int, 4>> module_degrees(int n, int tp, int dp, bool tied) {
+  std::vector<int> opts;
+  for (int d : divisors(n))
+    if (d % tp == 0 && dp % (d / tp) == 0) opts.push_back(d);
+  std::vector<std::array<int, 4>> out;
+  for (int a : opts)
+    for (int f : opts)
+      for (int e : opts)
+        for (int h : opts)
+          if (!tied || e == h) out.push_back({a, f, e, h});
+  return out;
+}
+
 /// The layouts of `n` ranks, each as the keys that set it (every parallel
 /// feature named explicitly, so the base config's choice does not leak in).
-std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& micro_batch_sizes,
+/// Tensor parallel includes the per-module degrees (a stream of size 1 with
+/// some kind above it too), interleaved_1f1b every chunk count from 2 to
+/// blocks / pp, expert parallel its tensor size (1 or the stream's).
+std::vector<Candidate> enumerate(int n, const ModelShape& model, const std::vector<int>& micro_batch_sizes,
                                  const std::vector<std::string>& precisions) {
   std::vector<Candidate> out;
   for (int tp : divisors(n))
     for (int pp : divisors(n / tp))
       for (int cp : divisors(n / tp / pp))
-        for (int ep : experts ? divisors(n / tp / pp / cp) : std::vector<int>{1}) {
+        for (int ep : model.experts ? divisors(n / tp / pp / cp) : std::vector<int>{1}) {
           const int dp = n / tp / pp / cp;
-          std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1", "zbv"}
-                                                      : std::vector<std::string>{""};
-          for (const auto& schedule : schedules)
+          // (schedule, chunks per rank)
+          std::vector<std::pair<std::string, int>> schedules{{"", 1}};
+          if (pp > 1) {
+            schedules = {{"1f1b", 1}, {"gpipe", 1}};
+            for (int v = 2; v == 2 || pp * v <= model.blocks; ++v) schedules.push_back({"interleaved_1f1b", v});
+            schedules.push_back({"zb_h1", 1});
+            schedules.push_back({"zbv", 2});
+          }
+          std::vector<int> etps{1};
+          if (model.experts && ep > 1 && tp > 1) etps.push_back(tp);
+          for (const auto& degrees : module_degrees(n, tp, dp, model.tied)) {
+           const bool raised = std::any_of(degrees.begin(), degrees.end(), [tp](int d) { return d != tp; });
+           const bool tp_on = tp > 1 || raised;
+           for (const auto& [schedule, chunks] : schedules)
+            for (int etp : etps)
             for (int sp : tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})
               for (int zero : dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
                 for (int rc : {0, 1})
@@ -119,17 +167,25 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
                     // The label names features here; an accepted layout's is
                     // its mesh's shape (the mesh names its dimensions).
                     std::string l;
-                    set("features.tensor_parallel.enabled", tp > 1 ? "true" : "false");
-                    if (tp > 1) {
+                    set("features.tensor_parallel.enabled", tp_on ? "true" : "false");
+                    std::string extra;
+                    if (tp_on) {
                       set("features.tensor_parallel.size", std::to_string(tp));
                       set("features.tensor_parallel.sequence_parallel", sp ? "true" : "false");
+                      for (std::size_t m = 0; m < degrees.size(); ++m) {
+                        const bool own = degrees[m] != tp;
+                        set(std::string("features.tensor_parallel.") + kModuleDegrees[m].first,
+                            own ? std::to_string(degrees[m]) : "0");
+                        if (own) extra += std::string(" ") + kModuleDegrees[m].second + std::to_string(degrees[m]);
+                      }
                       l += " tensor_parallel=" + std::to_string(tp);
                     }
                     set("features.pipeline_parallel.enabled", pp > 1 ? "true" : "false");
                     if (pp > 1) {
                       set("features.pipeline_parallel.size", std::to_string(pp));
                       set("features.pipeline_parallel.schedule", schedule);
-                      set("features.pipeline_parallel.virtual_stages", schedule == "interleaved_1f1b" ? "2" : "1");
+                      set("features.pipeline_parallel.virtual_stages",
+                          std::to_string(schedule == "interleaved_1f1b" ? chunks : 1));
                       l += " pipeline_parallel=" + std::to_string(pp);
                     }
                     set("features.context_parallel.enabled", cp > 1 ? "true" : "false");
@@ -137,15 +193,20 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
                       set("features.context_parallel.size", std::to_string(cp));
                       l += " context_parallel=" + std::to_string(cp);
                     }
-                    if (experts) {
+                    if (model.experts) {
                       set("features.expert_parallel.enabled", ep > 1 ? "true" : "false");
                       if (ep > 1) {
                         set("features.expert_parallel.size", std::to_string(ep));
+                        set("features.expert_parallel.tensor_size", std::to_string(etp));
                         l += " expert_parallel=" + std::to_string(ep);
+                        if (etp > 1) extra += " etp" + std::to_string(etp);
                       }
                     }
-                    std::string extra = sp ? " sp" : "";
-                    if (pp > 1) extra += " " + schedule;
+                    if (sp) extra += " sp";
+                    if (pp > 1) {
+                      extra += " " + schedule;
+                      if (schedule == "interleaved_1f1b" && chunks != 2) extra += " v" + std::to_string(chunks);
+                    }
                     set("features.zero.enabled", zero > 0 ? "true" : "false");
                     if (zero > 0) {
                       set("features.zero.stage", std::to_string(zero));
@@ -161,16 +222,25 @@ std::vector<Candidate> enumerate(int n, bool experts, const std::vector<int>& mi
                     c.extra = extra;
                     out.push_back(std::move(c));
                   }
+          }
         }
   return out;
 }
 
-/// The mesh's shape without its dimensions of size 1 ("pp=2 dp=2").
+/// The mesh's shape without its dimensions of size 1 ("pp=2 dp=2"), nor
+/// those of the views that gather samples (the label's module degrees,
+/// "attn4", say what they split).
 std::string mesh_label(const hp::dist::ProcessMesh& mesh) {
   std::istringstream in(mesh.shape());
+  std::set<std::string> skip;
+  for (const auto& v : mesh.views())
+    if (hp::plan::gathers_samples(v, mesh))
+      for (const auto& d : v.dims) skip.insert(d.name);
   std::string out;
-  for (std::string item; in >> item;)
+  for (std::string item; in >> item;) {
+    if (skip.count(item.substr(0, item.find('=')))) continue;
     if (item.size() < 2 || item.compare(item.size() - 2, 2, "=1") != 0) out += (out.empty() ? "" : " ") + item;
+  }
   return out.empty() ? "one rank" : out;
 }
 
@@ -239,7 +309,7 @@ int run(int argc, char** argv) {
   hp::RawConfig base;
   std::vector<int> micro_batch_sizes;
   std::vector<std::string> precisions{""};
-  bool experts = false;
+  ModelShape shape;
   try {
     base = hp::RawConfig::parse_file(config);
     for (const auto& s : sets) base.apply_override(s);
@@ -248,7 +318,9 @@ int run(int argc, char** argv) {
       probe.apply_override(std::string("features.") + f + ".enabled=false");
     const hp::Setup one = hp::prepare(probe, 1);
     const hp::ModelInfo info = hp::model_info(one.config);
-    experts = info.size("experts") != nullptr;
+    shape.experts = info.size("experts") != nullptr;
+    shape.tied = !info.shared_parameter_key.empty();
+    shape.blocks = static_cast<int>(info.block_flops.size());
     micro_batch_sizes = mbs_list.empty() ? std::vector<int>{static_cast<int>(one.config.get_int("training.micro_batch_size"))}
                                          : parse_ints(mbs_list, "--micro-batch-sizes");
     if (!precision_list.empty()) precisions = parse_precisions(precision_list);
@@ -297,9 +369,10 @@ int run(int argc, char** argv) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Candidate> cands = enumerate(nproc, experts, micro_batch_sizes, precisions);
-  std::vector<Candidate*> accepted;
-  for (auto& c : cands) {
+  std::vector<Candidate> cands = enumerate(nproc, shape, micro_batch_sizes, precisions);
+  // Each layout checked and estimated on its own (a planning build per
+  // rank, no tensors shared): the cores take layouts in turn.
+  auto plan_one = [&](Candidate& c) {
     hp::RawConfig r = base;
     try {
       for (const auto& o : c.overrides) r.apply_override(o);
@@ -307,13 +380,26 @@ int run(int argc, char** argv) {
       c.label = mesh_label(s.mesh) + c.extra;
       const int mbs = static_cast<int>(s.config.get_int("training.micro_batch_size"));
       if (!layouts_only) c.estimate = hp::plan::estimate(s, cals.at({mbs, c.precision}));
-      accepted.push_back(&c);
     } catch (const hp::ConfigException& e) {
       c.refused = e.issues().empty() ? "refused" : e.issues().front().format();
     } catch (const std::exception& e) {
       c.refused = e.what();
     }
+  };
+  {
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i = next++; i < cands.size(); i = next++) plan_one(cands[i]);
+    };
+    const unsigned workers = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
   }
+  std::vector<Candidate*> accepted;
+  for (auto& c : cands)
+    if (c.refused.empty()) accepted.push_back(&c);
   const double planning = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (layouts_only) {
     for (const auto& c : cands) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# hp-plan. (1) Its layouts against the config check: for the small GPT at 2
-# ranks with micro-batches 2 and 3 (3 does not divide the batch at one
-# replica) in fp32 and bf16 (--precisions), every layout it lists as accepted is accepted by the config
-# check and every one it lists as refused is refused, both kinds present
+# hp-plan. (1) Its layouts against the config check: for the small GPT (4
+# layers) at 2 ranks with micro-batches 2 and 3 (3 does not divide the
+# batch at one replica) in fp32 and bf16 (--precisions), with per-module
+# tensor-parallel degrees and 2 or 3 interleaved chunks, every layout it
+# lists as accepted is accepted by the config check and every one it lists
+# as refused is refused, both kinds present
 # (all of them through hp-sweep --dry-run, the first of each kind through
 # hp-train --dry-run's exit code). (2) The model state it predicts per
 # rank equals, to the byte, what training reports (rank 0's metrics.jsonl:
@@ -36,7 +38,9 @@ out=$("$BIN/hp-sweep" "$WORK/c.yaml" --variant "optimizer.lr" --out "$WORK/badva
 [[ $rc -eq 2 && $out == *"expected KEY=V items"* ]] || fail "hp-sweep bad --variant: exit $rc: $out"
 
 # (1) the enumeration against hp-train's own check
-"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --micro-batch-sizes 2,3 --precisions fp32,bf16 --layouts > "$WORK/layouts" 2> "$WORK/layouts.err" \
+# (4 layers: 6 blocks, so interleaved_1f1b runs 2 or 3 chunks a rank)
+"$BIN/hp-plan" "$WORK/c.yaml" --set model.layers=4 --nproc 2 --micro-batch-sizes 2,3 --precisions fp32,bf16 --layouts \
+  > "$WORK/layouts" 2> "$WORK/layouts.err" \
   || { cat "$WORK/layouts.err"; fail "hp-plan --layouts"; }
 accepted=$(grep -c '^accepted' "$WORK/layouts"); refused=$(grep -c '^refused' "$WORK/layouts")
 echo "hp-plan lists $accepted accepted and $refused refused layouts"
@@ -44,6 +48,13 @@ echo "hp-plan lists $accepted accepted and $refused refused layouts"
 grep -q "refused.*micro_batch_size" "$WORK/layouts" || fail "a refusal without its reason"
 grep -q "^accepted.*features.mixed_precision.enabled=true" "$WORK/layouts" || fail "no bf16 layout accepted"
 grep -q "^accepted.*features.mixed_precision.enabled=false" "$WORK/layouts" || fail "no fp32 layout accepted"
+# The per-module degrees (a module at 2 over a stream of 1: the data-parallel
+# pair's samples gathered) and the chunk counts.
+grep -q "^accepted.*tensor_parallel.size=1 .*attention_size=2 .*ffn_size=0 " "$WORK/layouts" \
+  || fail "no layout with attention alone at degree 2"
+grep -q "^accepted.*tensor_parallel.size=2 .*attention_size=0 " "$WORK/layouts" || fail "no tp=2 layout"
+grep -q "^accepted.*interleaved_1f1b --set features.pipeline_parallel.virtual_stages=3" "$WORK/layouts" \
+  || fail "no interleaved layout of 3 chunks a rank"
 # Every listed layout through hp-sweep --dry-run (the config check hp-train
 # runs, one process for all of them), and the first of each kind through
 # hp-train --dry-run itself (exit 0 accepted, 2 refused).
@@ -52,7 +63,7 @@ while IFS=$'\t' read -r kind sets _; do
   kinds+=("$kind"); variants+=(--variant "${sets//--set /}")
 done < "$WORK/layouts"
 mkdir "$WORK/here"
-(cd "$WORK/here" && "$BIN/hp-sweep" "$WORK/c.yaml" --nproc 2 --dry-run "${variants[@]}") > "$WORK/checked" \
+(cd "$WORK/here" && "$BIN/hp-sweep" "$WORK/c.yaml" --set model.layers=4 --nproc 2 --dry-run "${variants[@]}") > "$WORK/checked" \
   2> "$WORK/checked.err" || { cat "$WORK/checked.err"; fail "hp-sweep --dry-run"; }
 [[ -z $(ls -A "$WORK/here") ]] || fail "hp-sweep --dry-run wrote files: $(ls -A "$WORK/here")"
 grep -q "^dry run: ${#kinds[@]} runs, $accepted accepted, $refused refused by the config check" "$WORK/checked" \
@@ -65,7 +76,7 @@ for kind in accepted refused; do
   sets=$(grep -m1 "^$kind" "$WORK/layouts" | cut -f2)
   code=0
   # shellcheck disable=SC2086
-  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run $sets > /dev/null 2>&1 || code=$?
+  "$BIN/hp-train" "$WORK/c.yaml" --nproc 2 --dry-run --set model.layers=4 $sets > /dev/null 2>&1 || code=$?
   [[ ($kind == accepted && $code -eq 0) || ($kind == refused && $code -eq 2) ]] \
     || fail "hp-train --dry-run exits $code for a layout hp-plan lists as $kind: $sets"
 done

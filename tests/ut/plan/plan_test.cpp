@@ -6,8 +6,9 @@
 // parameters and optimizer state, the shared-memory pages of the
 // collectives follow the group and whether it gathers, released gradients
 // still travel beside a steady pipeline's backward, context parallel's
-// attention costs its score blocks, and an expert split waits for the rank
-// the routing loads most.
+// attention costs its score blocks, an expert split waits for the rank
+// the routing loads most, and a module above the stream's tensor-parallel
+// degree computes as the stream does and gathers its neighbours' samples.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -170,6 +171,40 @@ TEST(Planner, SharedMemoryPagesFollowTheGroupAndWhetherItGathers) {
   // ZeRO-1 at four: the whole segment, beside its gathers' own bytes.
   const auto z1 = hp::plan::estimate(setup(gpt + "features: {zero: {enabled: true, stage: 1}}\n", 4), cal).ranks.at(0);
   EXPECT_GE(z1.buffers, 8 * piece);
+}
+
+// A module above the stream's tensor-parallel degree gathers its
+// neighbours' samples: each member computes on `samples` micro-batches with
+// 1 / (covered x samples) of the weights, so its compute equals the
+// stream's; it keeps the gathered input (samples - 1 more micro-batches of
+// hidden values) and, per micro-batch, gathers and reduce-scatters four
+// times. Small GPT (2 layers of 64, micro-batches of 2 x 32 tokens) at 4
+// ranks, attention and FFN at degree 4: over dp=4 (stream degree 1, 4
+// samples) and over tp=2 x dp=2 (2 samples). Collectives cost their
+// latency alone here, so the comm differs by the gathers' count.
+TEST(Planner, ModulesAboveTheStreamGatherTheirNeighboursSamples) {
+  const std::string gpt = small_gpt(8);
+  auto cal = calibration(setup(gpt, 1), 1000, 0);
+  cal.collective_bytes_per_s = 1e30;
+  const double piece = 64 * 4 * (2 * 32);  // a micro-batch's hidden values (fp32)
+  const std::string modules = "attention_size: 4, ffn_size: 4";
+  const auto dp4 = hp::plan::estimate(setup(gpt, 4), cal).ranks.at(0);
+  const auto dp4_modules = hp::plan::estimate(
+      setup(gpt + "features: {tensor_parallel: {enabled: true, size: 1, " + modules + "}}\n", 4), cal).ranks.at(0);
+  EXPECT_DOUBLE_EQ(dp4_modules.compute, dp4.compute);
+  EXPECT_DOUBLE_EQ(dp4_modules.activations - dp4.activations, 2 * 2 * 3 * piece);
+  // One micro-batch a step: 2 layers x 2 modules x 4 collectives.
+  EXPECT_NEAR(dp4_modules.comm - dp4.comm, 16 * cal.collective_latency_s, 1e-9);
+  EXPECT_LT(dp4_modules.params, dp4.params);
+
+  const auto tp2 = hp::plan::estimate(
+      setup(gpt + "features: {tensor_parallel: {enabled: true, size: 2}}\n", 4), cal).ranks.at(0);
+  const auto tp2_modules = hp::plan::estimate(
+      setup(gpt + "features: {tensor_parallel: {enabled: true, size: 2, " + modules + "}}\n", 4), cal).ranks.at(0);
+  EXPECT_DOUBLE_EQ(tp2_modules.compute, tp2.compute);
+  EXPECT_DOUBLE_EQ(tp2_modules.activations - tp2.activations, 2 * 2 * 1 * piece);
+  // Two micro-batches a step.
+  EXPECT_NEAR(tp2_modules.comm - tp2.comm, 2 * 16 * cal.collective_latency_s, 1e-9);
 }
 
 // ZeRO-2 reduces each micro-batch's gradients as its backward makes them,
