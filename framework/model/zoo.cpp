@@ -347,7 +347,11 @@ ModelInfo decoder_info(const Config& c, Decoder kind) {
   const bool attention = d.has_attention();
   ModelInfo m;
   m.name = name_of(kind);
-  m.layer_kinds = {"embedding.vocab", "dropout", "mlp", "linear.column", "linear.row", "loss.cross_entropy"};
+  m.layer_kinds = {"embedding.vocab", "dropout", "linear.column", "linear.row", "loss.cross_entropy"};
+  // A dense FFN: a block without experts, or a MoE layer's shared experts.
+  bool dense = !d.moe || d.moe->shared_experts > 0;
+  for (std::int64_t i = 0; i < d.layers && !dense; ++i) dense = !d.moe_block(i);
+  if (dense) m.layer_kinds.insert("mlp");
   if (d.llama()) {
     m.layer_kinds.insert("rms_norm");
     if (d.qk_norm) m.layer_kinds.insert("norm.heads");

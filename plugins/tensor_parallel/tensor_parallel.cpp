@@ -24,12 +24,15 @@ struct ModuleKind {
   const char* kind;
   const char* prefix;
   const char* what;
+  const char* layer;  ///< the model's layer kind it re-lays out (ModelInfo::uses)
 };
 const ModuleKind kModules[] = {
-    {"attention_size", "attention", "attn", "attention (qkv and output projections, by whole heads)"},
-    {"ffn_size", "ffn", "ffn", "the dense FFN (and a MoE layer's shared experts)"},
-    {"embedding_size", "embedding", "embed", "the token embedding (vocabulary split, uneven allowed)"},
-    {"lm_head_size", "lm_head", "head", "the LM head and its vocabulary-parallel loss"},
+    {"attention_size", "attention", "attn", "attention (qkv and output projections, by whole heads)",
+     "attention.heads"},
+    {"ffn_size", "ffn", "ffn", "the dense FFN (and a MoE layer's shared experts)", "mlp"},
+    {"embedding_size", "embedding", "embed", "the token embedding (vocabulary split, uneven allowed)",
+     "embedding.vocab"},
+    {"lm_head_size", "lm_head", "head", "the LM head and its vocabulary-parallel loss", "loss.cross_entropy"},
 };
 std::string key_of(const ModuleKind& m) { return std::string("features.tensor_parallel.") + m.option; }
 
@@ -162,6 +165,16 @@ class TensorParallelFeature : public Feature {
                   std::to_string(T));
         continue;
       }
+      // (A model of none of these kinds is refused whole, below.)
+      const bool language_model =
+          ctx.model.uses("embedding.vocab") && (ctx.model.uses("mlp") || ctx.model.uses("attention.heads"));
+      if (language_model && !ctx.model.uses(m.layer)) {
+        e.add(key_of(m), v,
+              "model '" + ctx.model.name + "' builds no " + m.layer + " layer for this degree to split (" + m.what +
+                  (std::string(m.kind) == "ffn" ? "; every layer is a MoE layer without shared experts" : "") + ")",
+              "0 (= size)");
+        continue;
+      }
       // That degree / size divides the data-parallel size of a stage is the
       // mesh's own rule (the view is refused when resolved), so a stage
       // with too few replicas is reported there, never here.
@@ -170,7 +183,7 @@ class TensorParallelFeature : public Feature {
     if (above.empty()) return;
     const ModuleKind& first = *above.front();
     const std::string v = std::to_string(degree(c, first));
-    if (!ctx.model.uses("embedding.vocab") || !ctx.model.uses("mlp")) {
+    if (!ctx.model.uses("embedding.vocab") || (!ctx.model.uses("mlp") && !ctx.model.uses("attention.heads"))) {
       e.add(key_of(first), v,
             "model '" + ctx.model.name + "' is not a language model built from embedding, attention or FFN and "
             "LM head kinds, which per-module degrees re-lay out",

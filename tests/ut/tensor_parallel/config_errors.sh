@@ -35,6 +35,12 @@ refused "distributed.mesh_order = dp-tp: per-module tensor-parallel degrees need
   4 --set $P.lm_head_size=2 --set distributed.mesh_order=dp-tp
 refused "features.tensor_parallel.lm_head_size = 2: model 'unet' is not a language model built from embedding, attention or FFN and LM head kinds, which per-module degrees re-lay out (legal: 0 (= size) for model unet)" \
   2 --set $P.lm_head_size=2 --set model.type=unet --set data.type=field
+# Every layer a MoE layer without shared experts: no dense FFN to split
+# (with one shared expert, the FFN's degree splits it).
+refused "features.tensor_parallel.ffn_size = 2: model 'gpt' builds no mlp layer for this degree to split (the dense FFN (and a MoE layer's shared experts); every layer is a MoE layer without shared experts) (legal: 0 (= size))" \
+  4 --set $P.ffn_size=2 --set model.moe.num_experts=4
+out=$("$HP_TRAIN" "$dir/c.yaml" --nproc 4 --dry-run --set $P.ffn_size=2 --set model.moe.num_experts=4 \
+  --set model.moe.shared_experts=1 2>&1) || fail "ffn_size with a shared expert refused: $out"
 # Expert tensor parallel: over the stream's split dimension, or not at all.
 X=(--set model.moe.num_experts=4 --set features.expert_parallel.enabled=true)
 refused "features.expert_parallel.tensor_size = 4: expert tensor parallel splits each expert's FFN over the mesh's split dimension, of size 2 (tensor_parallel) (legal: 1 or 2)" \
