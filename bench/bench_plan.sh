@@ -4,8 +4,10 @@
 # and prints predicted against measured; this script adds the errors up
 # over every case. Cases: the GPT (4 x 256) at 2 ranks (micro-batches 2
 # and 4) and at 4 ranks, a wider GPT (6 x 384) at 2 ranks, the MoE GPT
-# (4 x 256, 8 experts, top-2) at 2 ranks, and the GPT 4 x 256 at 2 ranks in
-# bf16 (mixed precision, hp-plan --precisions bf16). Memory error on the peak minus
+# (4 x 256, 8 experts, top-2) at 2 ranks, the GPT 4 x 256 at 2 ranks in
+# bf16 (mixed precision, hp-plan --precisions bf16), and the GPT 4 x 256 at
+# 4 ranks with attention or the FFN at a tensor-parallel degree above the
+# stream's (hp-plan --only). Memory error on the peak minus
 # the process baseline (each rank's resident memory when it started:
 # LibTorch and the plugins loaded, nothing built), the largest rank; step
 # time error on the median step after the first two. Each case's layouts
@@ -65,11 +67,15 @@ run_case gpt4 gpt 4 2
 run_case wide2 wide 2 2
 run_case moe2 moe 2 2
 run_case bf16 gpt 2 2 --precisions bf16
+# Attention or the FFN above the stream's tensor-parallel degree (the
+# planner ranks these below plain data parallel at this size, so the
+# gpt4 case alone never measures them).
+run_case modules4 gpt 4 2 --only '(attn|ffn)[0-9]'
 python3 - "$W" <<'PY'
 import re, statistics, sys
 w = sys.argv[1]
 mem, tim, first = [], [], []
-for case in ("gpt2", "gpt4", "wide2", "moe2", "bf16"):
+for case in ("gpt2", "gpt4", "wide2", "moe2", "bf16", "modules4"):
     rows = []
     on = False
     for line in open(f"{w}/{case}.out"):

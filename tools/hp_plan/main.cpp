@@ -2,7 +2,8 @@
 // before anything runs, and checked against measurements on request.
 //
 //   hp-plan CONFIG --nproc N [--memory-per-rank GB] [--set KEY=V ...]
-//           [--micro-batch-sizes 1,2] [--precisions fp32,bf16] [--top K] [--all] [--measure K [--rounds R] --out DIR]
+//           [--micro-batch-sizes 1,2] [--precisions fp32,bf16] [--only REGEX] [--top K] [--all]
+//           [--measure K [--rounds R] --out DIR]
 //
 // Enumerates the layouts of N ranks (data, tensor with and without sequence
 // parallel and with per-module degrees, pipeline with each schedule and
@@ -29,6 +30,7 @@
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -276,6 +278,10 @@ int run(int argc, char** argv) {
                  "apart) (default: the config's own)");
   app.add_option("--top", top, "Layouts printed")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--all", all, "Print every layout, the refused ones with their reason");
+  std::string only;
+  app.add_option("--only", only,
+                 "Keep the layouts whose label matches this regular expression (ECMAScript), e.g. 'etp|attn[0-9]' "
+                 "or 'pp=2 .*interleaved': what is ranked, printed and measured");
   bool layouts_only = false;
   app.add_flag("--layouts", layouts_only,
                "Only list the layouts, one a line: accepted or refused, a tab, the keys that set it as --set "
@@ -294,6 +300,13 @@ int run(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : hp::kConfigErrorExitCode;
+  }
+  std::regex only_re;
+  try {
+    if (!only.empty()) only_re = std::regex(only);
+  } catch (const std::regex_error& e) {
+    std::fprintf(stderr, "hp-plan: --only %s: not a regular expression (%s)\n", only.c_str(), e.what());
+    return hp::kConfigErrorExitCode;
   }
   if (rounds > 1 && measure <= 0) {
     std::fprintf(stderr, "hp-plan: --rounds %d needs --measure K (the layouts it runs again)\n", rounds);
@@ -412,13 +425,16 @@ int run(int argc, char** argv) {
   }
   std::vector<Candidate*> fit;
   for (auto* c : accepted)
-    if (memory_gb <= 0 || c->estimate.peak_bytes() <= memory_gb * 1024 * kMiB) fit.push_back(c);
+    if ((memory_gb <= 0 || c->estimate.peak_bytes() <= memory_gb * 1024 * kMiB) &&
+        (only.empty() || std::regex_search(c->label, only_re)))
+      fit.push_back(c);
   std::stable_sort(fit.begin(), fit.end(), [](const Candidate* a, const Candidate* b) {
     return a->estimate.step_seconds < b->estimate.step_seconds;
   });
   std::printf("hp-plan: %zu layouts of %d processes: %zu accepted by the config check, %zu within the memory "
-              "limit; planned in %.2f s\n",
-              cands.size(), nproc, accepted.size(), fit.size(), planning);
+              "limit%s; planned in %.2f s\n",
+              cands.size(), nproc, accepted.size(), fit.size(),
+              only.empty() ? "" : (" and matching --only " + only).c_str(), planning);
   std::printf("%4s  %-52s %10s %12s %10s %9s %9s\n", "#", "layout", "step s", "tokens/s", "peak MiB", "compute",
               "idle+comm");
   const std::size_t shown = all ? fit.size() : std::min<std::size_t>(fit.size(), static_cast<std::size_t>(top));
