@@ -152,10 +152,6 @@ RankBuild build_rank(const Setup& setup, int rank) {
   return b;
 }
 
-/// The share of a block's parameter values a rank holds over the base
-/// mesh's split dimensions (tensor parallel): its share of the block's
-/// work. Splits over other dimensions (experts over ep) leave each rank the
-/// same work (its experts take more tokens).
 /// A view that refactors a base split dimension together with replicate
 /// ones, its split dimensions larger than the base split they cover: its
 /// members gather the samples of their replicate neighbours and split the
@@ -204,6 +200,11 @@ std::vector<Gathering> gatherings(const std::vector<const ParamEntry*>& params, 
   return out;
 }
 
+/// The share of a block's parameter values a rank holds over the base
+/// mesh's split dimensions (tensor parallel): its share of the block's
+/// work. Splits over other dimensions (experts over ep) leave each rank the
+/// same work (its experts take more tokens); a gathering view's members the
+/// stream's share (1 / covered).
 double split_share(const std::vector<const ParamEntry*>& params, const dist::ProcessMesh& mesh) {
   double global = 0, mine = 0;
   for (const ParamEntry* p : params) {

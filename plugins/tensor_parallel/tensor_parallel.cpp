@@ -25,14 +25,16 @@ struct ModuleKind {
   const char* prefix;
   const char* what;
   const char* layer;  ///< the model's layer kind it re-lays out (ModelInfo::uses)
+  const char* absent; ///< when a language model builds none of it, why (or "")
 };
 const ModuleKind kModules[] = {
     {"attention_size", "attention", "attn", "attention (qkv and output projections, by whole heads)",
-     "attention.heads"},
-    {"ffn_size", "ffn", "ffn", "the dense FFN (and a MoE layer's shared experts)", "mlp"},
+     "attention.heads", ""},
+    {"ffn_size", "ffn", "ffn", "the dense FFN (and a MoE layer's shared experts)", "mlp",
+     "; every layer is a MoE layer without shared experts"},
     {"embedding_size", "embedding", "embed", "the token embedding (vocabulary split, uneven allowed)",
-     "embedding.vocab"},
-    {"lm_head_size", "lm_head", "head", "the LM head and its vocabulary-parallel loss", "loss.cross_entropy"},
+     "embedding.vocab", ""},
+    {"lm_head_size", "lm_head", "head", "the LM head and its vocabulary-parallel loss", "loss.cross_entropy", ""},
 };
 std::string key_of(const ModuleKind& m) { return std::string("features.tensor_parallel.") + m.option; }
 
@@ -146,6 +148,8 @@ class TensorParallelFeature : public Feature {
   /// neighbours that exist, on a model and mesh the re-layout handles.
   static void validate_modules(const FeatureContext& ctx, std::int64_t T, ConfigErrors& e) {
     const Config& c = ctx.config;
+    const bool language_model =
+        ctx.model.uses("embedding.vocab") && (ctx.model.uses("mlp") || ctx.model.uses("attention.heads"));
     std::vector<const ModuleKind*> above;
     for (const auto& m : kModules) {
       const auto D = degree(c, m);
@@ -166,12 +170,10 @@ class TensorParallelFeature : public Feature {
         continue;
       }
       // (A model of none of these kinds is refused whole, below.)
-      const bool language_model =
-          ctx.model.uses("embedding.vocab") && (ctx.model.uses("mlp") || ctx.model.uses("attention.heads"));
       if (language_model && !ctx.model.uses(m.layer)) {
         e.add(key_of(m), v,
               "model '" + ctx.model.name + "' builds no " + m.layer + " layer for this degree to split (" + m.what +
-                  (std::string(m.kind) == "ffn" ? "; every layer is a MoE layer without shared experts" : "") + ")",
+                  m.absent + ")",
               "0 (= size)");
         continue;
       }
@@ -183,7 +185,7 @@ class TensorParallelFeature : public Feature {
     if (above.empty()) return;
     const ModuleKind& first = *above.front();
     const std::string v = std::to_string(degree(c, first));
-    if (!ctx.model.uses("embedding.vocab") || (!ctx.model.uses("mlp") && !ctx.model.uses("attention.heads"))) {
+    if (!language_model) {
       e.add(key_of(first), v,
             "model '" + ctx.model.name + "' is not a language model built from embedding, attention or FFN and "
             "LM head kinds, which per-module degrees re-lay out",

@@ -160,7 +160,15 @@ rows = re.findall(r'<tr data-run="(run-\d+)">', table.group(1))
 assert rows == ["run-000", "run-001", "run-002", "run-003"], rows
 assert re.search(r'class="num">[+-]\d+\.\d%', table.group(1)), "no error cell"
 PY
-# A second plan reads the cached calibration.
-"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 1 > /dev/null 2> "$WORK/again.err" || fail "second plan"
+# A second plan reads the cached calibration; --only keeps the layouts whose
+# label matches (attention above the stream here), a bad expression exits 2.
+"$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --top 50 --only 'attn[0-9]' > "$WORK/again.out" 2> "$WORK/again.err" \
+  || fail "second plan"
 grep -q "calibration for micro-batch 2 from" "$WORK/again.err" || { cat "$WORK/again.err"; fail "the calibration was not reused"; }
+grep -q "matching --only attn\[0-9\]" "$WORK/again.out" || fail "--only not reported: $(head -1 "$WORK/again.out")"
+ranked=$(grep -cE "^ +[0-9]+  " "$WORK/again.out")
+[[ $ranked -gt 0 && $(grep -E "^ +[0-9]+  " "$WORK/again.out" | grep -c "attn2") -eq $ranked ]] \
+  || { cat "$WORK/again.out"; fail "--only 'attn[0-9]' ranked other layouts"; }
+out=$("$BIN/hp-plan" "$WORK/c.yaml" --nproc 2 --only '(attn' 2>&1); rc=$?
+[[ $rc -eq 2 && $out == *"--only (attn: not a regular expression"* ]] || fail "bad --only: exit $rc: $out"
 echo PASS
